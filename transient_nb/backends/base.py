@@ -1,0 +1,180 @@
+"""What every backend provides: VMs with a lifecycle that posts events.
+
+A VM is a :class:`distributed.deploy.spec.ProcessInterface` (as in dask-cloudprovider's
+``VMCluster``) with a lifecycle beside its Dask ``status``: requested, provisioning, running,
+notice, preempted, deleted. Preemption, replacement and cost logic live above the backends, in
+:class:`~transient_nb.cluster.TransientCluster`; a backend only creates, boots, notifies, kills
+and deletes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from distributed.core import Status
+from distributed.deploy.spec import ProcessInterface
+
+from transient_nb.prices import Price
+
+logger = logging.getLogger(__name__)
+
+PostEvent = Callable[..., Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class VMSpec:
+    """What to ask the provider for."""
+
+    name: str
+    role: str  # "worker" (preemptible GPU worker) or "ps" (never-preemptible PS/scheduler host)
+    gpu: str | None
+    zone: str
+    spot: bool
+    machine_type: str
+    price: Price
+    slot: int | None = None
+    resources: dict[str, float] = field(default_factory=dict)
+
+    def event_fields(self) -> dict[str, Any]:
+        """The fields every lifecycle event of this VM carries."""
+        return {
+            "worker": self.name,
+            "role": self.role,
+            "gpu": self.gpu,
+            "zone": self.zone,
+            "spot": self.spot,
+            "machine": self.machine_type,
+            "price": self.price.rate(self.spot),
+            "price_on_demand": self.price.on_demand,
+            "slot": self.slot,
+        }
+
+
+class CapacityError(RuntimeError):
+    """The provider has no capacity for this VM (e.g. ZONE_RESOURCE_POOL_EXHAUSTED)."""
+
+    def __init__(self, zone: str, gpu: str | None, reason: str = "ZONE_RESOURCE_POOL_EXHAUSTED"):
+        super().__init__(f"No capacity for {gpu or 'CPU'} VMs in {zone}: {reason}")
+        self.zone = zone
+        self.gpu = gpu
+        self.reason = reason
+
+
+class TransientVM(ProcessInterface):
+    """One VM of a transient cluster; subclasses implement the ``_`` methods.
+
+    Parameters
+    ----------
+    spec
+        What to create.
+    scheduler_address
+        Where the VM's worker connects.
+    post
+        Coroutine function ``post(kind, **fields)`` that logs an event on the scheduler.
+    on_running, on_exit
+        Callbacks to the cluster: the VM runs (billing starts); the VM stopped by itself.
+    """
+
+    def __init__(
+        self,
+        spec: VMSpec,
+        *,
+        scheduler_address: str,
+        post: PostEvent,
+        on_running: Callable[[TransientVM], None] | None = None,
+        on_exit: Callable[[TransientVM], None] | None = None,
+    ):
+        super().__init__()
+        self.spec = spec
+        self.name = spec.name
+        self.scheduler_address = scheduler_address
+        self._post_event = post
+        self._on_running = on_running
+        self._on_exit = on_exit
+        self.lifecycle = "created"
+        #: True once we stopped the VM on purpose (preemption or deletion).
+        self.stopped = False
+
+    async def post(self, kind: str, **fields: Any) -> None:
+        """Log a lifecycle event of this VM."""
+        self.lifecycle = kind if kind != "left" else self.lifecycle
+        await self._post_event(kind, **{**self.spec.event_fields(), **fields})
+
+    # -- ProcessInterface ------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Ask the provider for the VM; returns once it is accepted (not yet booted).
+
+        Raises :class:`CapacityError` when the provider has no room for it.
+        """
+        await self.post("requested")
+        await self._create()
+        await self.post("provisioning")
+        await super().start()
+
+    async def close(self) -> None:
+        """Delete the VM (scale-down or cluster close)."""
+        if not self.stopped:
+            self.stopped = True
+            try:
+                await self._delete()
+            finally:
+                try:
+                    await self.post("deleted")
+                except Exception:  # the scheduler may already be gone at interpreter exit
+                    logger.debug("could not post 'deleted' for %s", self.name, exc_info=True)
+        if self.status != Status.closed:
+            await super().close()
+
+    # -- preemption --------------------------------------------------------------------------------
+    async def preempt(self, *, notice: bool, deadline: float | None = None) -> None:
+        """Stop the VM as the provider would; ``notice`` first if asked for."""
+        self.stopped = True  # from here on, the VM going away is expected
+        if notice and deadline is not None:
+            await self._notify(deadline)
+            await self._wait_exit(deadline)
+        await self._kill()
+
+    async def running(self) -> None:
+        """To be called by subclasses when the VM is booted."""
+        await self.post("running")
+        if self._on_running is not None:
+            self._on_running(self)
+
+    def exited_by_itself(self) -> None:
+        """To be called by subclasses when the VM stopped without being asked to."""
+        if not self.stopped and self._on_exit is not None:
+            self._on_exit(self)
+
+    # -- to implement ------------------------------------------------------------------------------
+    async def _create(self) -> None:
+        raise NotImplementedError
+
+    async def _notify(self, deadline: float) -> None:
+        raise NotImplementedError
+
+    async def _wait_exit(self, deadline: float) -> None:
+        """Wait until the VM's worker has left by itself, or the deadline."""
+        await asyncio.sleep(0)
+
+    async def _kill(self) -> None:
+        raise NotImplementedError
+
+    async def _delete(self) -> None:
+        raise NotImplementedError
+
+
+class Backend:
+    """Makes VMs. Subclasses set ``name`` and implement :meth:`make_vm`."""
+
+    name = "base"
+
+    def make_vm(self, spec: VMSpec, **kwargs: Any) -> TransientVM:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        """One line for logs: what this backend runs."""
+        return self.name

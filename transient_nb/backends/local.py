@@ -1,0 +1,290 @@
+"""The local backend: every VM is a real ``dask worker`` process group on this machine.
+
+A VM boots after its (simulated, time-scaled) provisioning delay by starting the same command line a
+cloud VM's startup script would run: ``python -m dask worker SCHEDULER --nworkers 1 ...`` (or
+``dask cuda worker`` where CUDA GPUs and dask-cuda are present), with a nanny. A preemption kills
+the whole process group with SIGKILL, as a provider stopping a VM would; a notice first asks the
+worker to drain and leave. Zones listed in ``transient.local.stockouts`` pretend to have no GPUs
+left, to exercise the replacement policy's fallbacks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from typing import IO, Any
+
+from dask.utils import parse_timedelta
+from distributed.core import rpc
+
+from transient_nb import config
+from transient_nb.backends.base import Backend, CapacityError, TransientVM, VMSpec
+
+logger = logging.getLogger(__name__)
+
+#: How often a VM checks whether its process is still alive (seconds).
+POLL_S = 0.05
+
+#: Dask's nanny sets MALLOC_TRIM_THRESHOLD_=65536 in its workers, which halves torch's CPU speed
+#: (measured here); None removes it. One thread per BLAS/OpenMP pool keeps workers from fighting
+#: over the cores.
+WORKER_PRE_SPAWN_ENVIRON = {"MALLOC_TRIM_THRESHOLD_": None, "OMP_NUM_THREADS": 1, "MKL_NUM_THREADS": 1}
+
+
+def cuda_device_count() -> int:
+    """Number of CUDA GPUs visible here, without initialising CUDA in this process."""
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return len([line for line in out.splitlines() if line.strip()])
+
+
+def _dask_cuda_available() -> bool:
+    try:
+        import dask_cuda  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    # A VM must not outlive the kernel that owns it, even when that kernel is killed with SIGKILL.
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+class LocalVM(TransientVM):
+    """A worker (or PS host) process group standing in for a cloud VM."""
+
+    def __init__(
+        self,
+        spec: VMSpec,
+        *,
+        backend: LocalBackend,
+        delay_s: float,
+        connection_args: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ):
+        super().__init__(spec, **kwargs)
+        self.backend = backend
+        self.delay_s = delay_s
+        self.connection_args = connection_args or {}
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._boot_task: asyncio.Task[None] | None = None
+        self._exited = asyncio.Event()
+        self._log: IO[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        """PID of the VM's top process (the nanny), once booted."""
+        return self.proc.pid if self.proc else None
+
+    async def _create(self) -> None:
+        if self.spec.role == "worker" and self.spec.zone in self.backend.stockouts:
+            raise CapacityError(self.spec.zone, self.spec.gpu)
+        self._boot_task = asyncio.ensure_future(self._boot())
+
+    async def _boot(self) -> None:
+        await asyncio.sleep(self.delay_s)
+        cmd, env = self.backend.command(self.spec, self.scheduler_address)
+        os.makedirs(self.backend.log_dir, exist_ok=True)
+        self._log = open(os.path.join(self.backend.log_dir, f"{self.name}.log"), "ab")
+        self.proc = subprocess.Popen(
+            cmd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: one kill stops nanny and worker
+            preexec_fn=_die_with_parent,
+        )
+        self.backend.live_pids.add(self.proc.pid)
+        asyncio.ensure_future(self._watch())
+        await self.running()
+
+    async def _watch(self) -> None:
+        assert self.proc is not None
+        proc = self.proc
+        # Polling (cheap: one waitpid per tick) rather than a waiting thread per VM, so that a
+        # cluster leaves no threads behind.
+        while proc.poll() is None:
+            await asyncio.sleep(POLL_S)
+        self.backend.live_pids.discard(proc.pid)
+        self._exited.set()
+        if self._log is not None:
+            self._log.close()
+        self.exited_by_itself()
+
+    async def _worker_address(self) -> str | None:
+        async with rpc(self.scheduler_address, connection_args=self.connection_args) as r:
+            info = await r.identity()
+        for addr, w in info.get("workers", {}).items():
+            if str(w.get("name")) == self.name:
+                return str(addr)
+        return None
+
+    async def _notify(self, deadline: float) -> None:
+        if self.proc is None:
+            return  # still booting: nothing to drain
+        try:
+            addr = await self._worker_address()
+            if addr is None:
+                return
+            async with rpc(addr, connection_args=self.connection_args) as w:
+                await asyncio.wait_for(w.transient_notice(deadline=deadline), 5)
+        except (OSError, asyncio.TimeoutError) as e:
+            logger.info("Could not deliver the preemption notice to %s: %r", self.name, e)
+
+    async def _wait_exit(self, deadline: float) -> None:
+        if self.proc is None:
+            return
+        try:
+            await asyncio.wait_for(self._exited.wait(), max(0.0, deadline - time.time()))
+        except asyncio.TimeoutError:
+            pass
+
+    def _signal_group(self, sig: int) -> None:
+        # Signal the group even when the top process is gone: a worker it spawned may not be.
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    async def _kill(self) -> None:
+        if self._boot_task is not None and not self._boot_task.done():
+            self._boot_task.cancel()
+        if self.proc is not None:
+            self._signal_group(signal.SIGKILL)
+            await self._exited.wait()
+
+    async def _delete(self) -> None:
+        if self._boot_task is not None and not self._boot_task.done():
+            self._boot_task.cancel()
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self._signal_group(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(self._exited.wait(), 10)
+            except asyncio.TimeoutError:
+                pass
+        # Whatever is left of the group (a worker whose nanny died first) goes now.
+        self._signal_group(signal.SIGKILL)
+        await self._exited.wait()
+
+
+class LocalBackend(Backend):
+    """Worker processes on this machine, standing in for cloud VMs.
+
+    Parameters
+    ----------
+    log_dir
+        Where each VM's output goes (``NAME.log``).
+    stockouts
+        Zones that pretend to have no GPU capacity.
+    nthreads
+        Threads per worker.
+    cuda
+        "auto": dask-cuda CUDA workers where GPUs and dask-cuda exist; "always"; "never".
+    death_timeout
+        A worker that loses its scheduler this long exits by itself.
+    """
+
+    name = "local"
+
+    def __init__(
+        self,
+        log_dir: str,
+        stockouts: Sequence[str] | None = None,
+        nthreads: int | None = None,
+        cuda: str | None = None,
+        death_timeout: str | float | None = None,
+    ):
+        self.log_dir = log_dir
+        self.stockouts = set(config.get("local.stockouts", override_with=stockouts) or ())
+        self.nthreads = int(config.get("local.nthreads", override_with=nthreads))
+        if self.nthreads < 1:
+            raise ValueError(f"nthreads={self.nthreads} must be at least 1.")
+        mode = config.get("local.cuda", override_with=cuda)
+        if mode not in ("auto", "always", "never"):
+            raise ValueError(f"Bad cuda={mode!r}: use 'auto', 'always' or 'never'.")
+        self.death_timeout = parse_timedelta(
+            config.get("local.death-timeout", override_with=death_timeout)
+        )
+        self.gpus = cuda_device_count() if mode != "never" else 0
+        if mode == "always" and (self.gpus == 0 or not _dask_cuda_available()):
+            raise ValueError(
+                "cuda='always' needs CUDA GPUs and dask-cuda (pip install 'transient_nb[gpu]'); "
+                "use cuda='auto' to fall back to CPU workers."
+            )
+        self.use_cuda = self.gpus > 0 and _dask_cuda_available()
+        self.live_pids: set[int] = set()
+        self._next_gpu = 0
+
+    def describe(self) -> str:
+        if self.use_cuda:
+            return f"local backend: dask-cuda workers on {self.gpus} CUDA GPU(s)"
+        if self.gpus:
+            return (
+                f"local backend: {self.gpus} CUDA GPU(s) found but dask-cuda is not installed; "
+                "falling back to CPU workers (pip install 'transient_nb[gpu]')"
+            )
+        return "local backend: no CUDA GPU found; workers train on the CPU (simulated GPU types)"
+
+    def make_vm(self, spec: VMSpec, **kwargs: Any) -> LocalVM:
+        return LocalVM(spec, backend=self, **kwargs)
+
+    def command(self, spec: VMSpec, scheduler_address: str) -> tuple[list[str], dict[str, str]]:
+        """The worker command line and environment of a VM (what a startup script would run)."""
+        resources = ",".join(f"{k}={v:g}" for k, v in spec.resources.items())
+        cuda = self.use_cuda and spec.role == "worker"
+        base = [sys.executable, "-m", "dask", "cuda", "worker"] if cuda else [
+            sys.executable, "-m", "dask", "worker", "--nworkers", "1"
+        ]
+        cmd = [
+            *base,
+            scheduler_address,
+            "--name", spec.name,
+            "--nthreads", str(self.nthreads),
+            "--death-timeout", f"{self.death_timeout}s",
+            "--host", "127.0.0.1",
+            "--no-dashboard",
+            "--preload", "transient_nb.agent",
+        ]
+        if resources:
+            cmd += ["--resources", resources]
+        env = dict(os.environ)
+        env["DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON"] = repr(WORKER_PRE_SPAWN_ENVIRON)
+        env["TRANSIENT_NB_VM"] = json.dumps(
+            {"name": spec.name, "role": spec.role, "gpu": spec.gpu, "zone": spec.zone, "spot": spec.spot}
+        )
+        env.pop("MALLOC_TRIM_THRESHOLD_", None)
+        if spec.role == "ps":
+            env["CUDA_VISIBLE_DEVICES"] = ""  # the PS works on the host, as on the paper's CPU VM
+        elif self.gpus:
+            # One GPU per worker VM, round robin when there are more workers than GPUs.
+            env["CUDA_VISIBLE_DEVICES"] = str(self._next_gpu % self.gpus)
+            self._next_gpu += 1
+        return cmd, env

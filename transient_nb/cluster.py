@@ -1,0 +1,565 @@
+"""TransientCluster: a Dask cluster of preemptible GPU workers that replaces what it loses.
+
+One cluster class, two backends (decision 2 of the architecture): ``TransientCluster`` is a
+:class:`distributed.SpecCluster` whose VMs come from a backend (local processes, or GCE VMs);
+preemption, replacement and cost logic is written once, here, above the backends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import os
+import random
+import re
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import pandas as pd
+from dask.utils import parse_timedelta
+from distributed import Scheduler
+from distributed.core import Status
+from distributed.deploy.spec import SpecCluster
+from distributed.utils import NoOpAwaitable
+
+from transient_nb import config, registry
+from transient_nb.backends import CapacityError, TransientVM, VMSpec, get_backend
+from transient_nb.cost import CostReport, compute_costs
+from transient_nb.events import TOPIC, events_frame, make_event, vm_states
+from transient_nb.monitor import TransientMonitor
+from transient_nb.preemption import parse_delay, parse_preemption, validate_delay
+from transient_nb.prices import PriceCatalog
+from transient_nb.replacement import Placement, ReplacementPolicy
+from transient_nb.simulator import PreemptionSimulator
+
+logger = logging.getLogger(__name__)
+
+_NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,40}[a-z0-9])?$")
+
+
+def _positive_int(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{what}={value!r} must be a whole number of at least 1.")
+    return value
+
+
+class TransientCluster(SpecCluster):
+    """A Dask cluster of preemptible (Spot) GPU workers plus a never-preemptible PS host.
+
+    Workers are preempted (by the provider, by the local simulator, or by hand), replaced after a
+    provisioning delay, and billed per second; every step is an event in the run's event log.
+
+    Parameters
+    ----------
+    workers
+        Number of preemptible GPU workers (the PS host comes on top).
+    gpu, spot, zone
+        GPU type, Spot or on-demand, and zone of new workers.
+    preemption
+        Preemption source of the local backend: ``"none"``, ``"paper:k80"`` (and ``p100``,
+        ``v100``, ``cpu``), ``"exp:mean=60s"``, ``"trace:PATH"``.
+    time_scale
+        Simulated seconds per wall-clock second (120: an hour of the paper in 30 s). Lifetimes,
+        notices and provisioning delays are simulated times; costs are billed in simulated time.
+    backend
+        ``"local"`` (default) or ``"gce"``.
+    name
+        Cluster name (lowercase letters, digits, dashes); a fresh one if not given.
+    machine_type, ps_machine_type
+        Machine types billed for workers (beside the GPU) and for the PS/scheduler host.
+    prices
+        Price catalog name (``"gce-2025"``, ``"paper-2019"``), YAML path, or a ``PriceCatalog``.
+    notice
+        Preemption notice in simulated time (GCE: 30 s).
+    provisioning_delay
+        ``"paper"`` (81-98 s for Spot GPU VMs) or a duration, in simulated time.
+    fallback_zones, fallback_gpus
+        Where replacements go when the preferred zone or GPU type has no capacity.
+    replace
+        Replace preempted workers (default True).
+    replace_at
+        ``"preempted"`` or ``"notice"``: when a replacement is asked for.
+    seed
+        Seed of the simulator's draws.
+    run_dir
+        Folder under which this run's record goes.
+    **backend_options
+        Passed to the backend (local: ``stockouts``, ``nthreads``, ``cuda``, ``death_timeout``).
+
+    Examples
+    --------
+    >>> from transient_nb import TransientCluster
+    >>> cluster = TransientCluster(workers=2, preemption="exp:mean=60s")  # doctest: +SKIP
+    >>> client = cluster.get_client()  # doctest: +SKIP
+    >>> cluster.preempt(1)  # doctest: +SKIP
+    >>> cluster.cost()  # doctest: +SKIP
+    >>> cluster.close()  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        workers: int | None = None,
+        gpu: str | None = None,
+        spot: bool | None = None,
+        zone: str | None = None,
+        *,
+        preemption: str | None = None,
+        time_scale: float | None = None,
+        backend: str | None = None,
+        name: str | None = None,
+        machine_type: str | None = None,
+        ps_machine_type: str | None = None,
+        prices: str | PriceCatalog | None = None,
+        notice: str | float | None = None,
+        provisioning_delay: str | float | None = None,
+        fallback_zones: Sequence[str] | None = None,
+        fallback_gpus: Sequence[str] | None = None,
+        replace: bool | None = None,
+        replace_at: str | None = None,
+        on_demand_fallback: bool | None = None,
+        seed: int | None = None,
+        run_dir: str | None = None,
+        asynchronous: bool = False,
+        loop: Any = None,
+        **backend_options: Any,
+    ):
+        # Everything is checked before anything starts: a mistake costs nothing.
+        self._target = _positive_int(config.get("workers", override_with=workers), "workers")
+        self.gpu = str(config.get("gpu", override_with=gpu))
+        self.spot = bool(config.get("spot", override_with=spot))
+        self.zone = str(config.get("zone", override_with=zone))
+        self.machine_type = str(config.get("machine-type", override_with=machine_type))
+        self.ps_machine_type = str(config.get("ps-machine-type", override_with=ps_machine_type))
+        self.catalog = prices if isinstance(prices, PriceCatalog) else PriceCatalog.load(prices)
+        fallback_zones = list(config.get("replacement.fallback-zones", override_with=fallback_zones))
+        fallback_gpus = list(config.get("replacement.fallback-gpus", override_with=fallback_gpus))
+        self.catalog.worker_price(self.gpu, self.machine_type, self.zone)
+        self.catalog.machine_price(self.ps_machine_type, self.zone)
+        for z in fallback_zones:
+            self.catalog.worker_price(self.gpu, self.machine_type, z)
+        for g in fallback_gpus:
+            self.catalog.gpu_price(g, self.zone)
+        self.preemption = parse_preemption(config.get("preemption", override_with=preemption))
+        self.time_scale = float(config.get("time-scale", override_with=time_scale))
+        if not self.time_scale > 0:
+            raise ValueError(f"time_scale={time_scale!r} must be positive (simulated seconds per second).")
+        notice_s = parse_timedelta(config.get("notice", override_with=notice), default="seconds")
+        if notice_s is None or notice_s < 0:
+            raise ValueError(f"notice={notice!r} must be a non-negative duration such as '30s'.")
+        self.notice_s = float(notice_s)
+        self.provisioning_delay = validate_delay(
+            config.get("provisioning-delay", override_with=provisioning_delay)
+        )
+        self.replace = bool(config.get("replacement.enabled", override_with=replace))
+        self.replace_at = config.get("replacement.at", override_with=replace_at)
+        if self.replace_at not in ("preempted", "notice"):
+            raise ValueError(f"replace_at={self.replace_at!r}: use 'preempted' or 'notice'.")
+        self.policy = ReplacementPolicy(
+            self.gpu,
+            self.zone,
+            self.spot,
+            fallback_zones=fallback_zones,
+            fallback_gpus=fallback_gpus,
+            stockout_memory_s=float(
+                parse_timedelta(config.get("replacement.stockout-memory"), default="seconds") or 0
+            ),
+            on_demand_fallback=bool(
+                config.get("replacement.on-demand-fallback", override_with=on_demand_fallback)
+            ),
+        )
+        name = name or f"transient-{uuid.uuid4().hex[:6]}"
+        if not _NAME_RE.match(name):
+            raise ValueError(
+                f"Cluster name {name!r} is not allowed: use lowercase letters, digits and dashes, "
+                "starting with a letter (at most 42 characters), e.g. 'demo-1'."
+            )
+        for entry in registry.entries():
+            if entry["name"] == name and not entry["stale"]:
+                raise ValueError(
+                    f"A transient cluster named {name!r} is already running (pid {entry['pid']}): "
+                    "pick another name, or connect to it."
+                )
+        seed = config.get("seed", override_with=seed)
+        self._rng = random.Random(seed)
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        base = os.path.expanduser(config.get("run-dir", override_with=run_dir))
+        self.run_path = os.path.join(base, f"{name}-{stamp}-{uuid.uuid4().hex[:4]}")
+        self.run_record = os.path.join(self.run_path, "events.jsonl")
+        self.backend = get_backend(
+            config.get("backend", override_with=backend),
+            log_dir=os.path.join(self.run_path, "logs"),
+            **backend_options,
+        )
+        self.monitor = TransientMonitor(self.run_record)
+        self.monitor.on_control = self._on_control
+        self.simulator = PreemptionSimulator(
+            self.preemption, self.time_scale, self._preempt_one, self._slot_holder, self._rng
+        )
+        self._counter = {"worker": 0, "ps": 0}
+        self._slots: dict[int, str] = {}
+        self._tasks: set[asyncio.Future[Any]] = set()
+        self._closing = False
+        scheduler = {
+            "cls": Scheduler,
+            "options": {
+                "host": "127.0.0.1",
+                "port": 0,
+                "dashboard_address": "127.0.0.1:0",
+                "plugins": [self.monitor],
+            },
+        }
+        super().__init__(
+            workers={}, scheduler=scheduler, asynchronous=asynchronous, loop=loop, name=name
+        )
+
+    # -- start and close ---------------------------------------------------------------------------
+    async def _start(self) -> None:
+        if self.status in (Status.running, Status.starting):
+            return await super()._start()
+        await super()._start()
+        self._log(self.backend.describe())
+        await self._post(
+            "started",
+            cluster=self.name,
+            backend=self.backend.name,
+            time_scale=self.time_scale,
+            catalog=self.catalog.name,
+            catalog_date=self.catalog.date,
+            preemption=self.preemption.spec,
+            gpu=self.gpu,
+            zone=self.zone,
+            spot=self.spot,
+            workers=self._target,
+            notice_s=self.notice_s,
+            run_record=self.run_record,
+            scheduler_address=self.scheduler_address,
+        )
+        registry.register(
+            self.name,
+            {
+                "backend": self.backend.name,
+                "scheduler_address": self.scheduler_address,
+                "dashboard_link": self.dashboard_link,
+                "run_record": self.run_record,
+                "gpu": self.gpu,
+                "zone": self.zone,
+                "spot": self.spot,
+            },
+        )
+        await self._provision("ps")
+        self.simulator.start()
+        await asyncio.gather(*(self._provision("worker") for _ in range(self._target)))
+
+    async def _close(self) -> None:
+        if self.status not in (Status.running, Status.failed) or self._closing:
+            return await super()._close()
+        self._closing = True
+        self.simulator.stop()
+        for t in list(self._tasks):
+            t.cancel()
+        self.worker_spec.clear()
+        try:
+            if self.scheduler is not None and self.scheduler.status == Status.running:
+                await self._correct_state()
+                await self._post("closed", cluster=self.name)
+        finally:
+            registry.unregister(self.name)
+            await super()._close()
+
+    # -- control requests from other views (the JupyterLab panel) -------------------------------
+    def _on_control(self, msg: dict[str, Any]) -> None:
+        """Act on a control request posted on the scheduler (topic ``transient-control``)."""
+        self._spawn(self._control(msg))
+
+    async def _control(self, msg: dict[str, Any]) -> None:
+        action = msg.get("action")
+        try:
+            if action == "scale":
+                self.scale(int(msg["workers"]))
+            elif action == "preempt":
+                target = msg.get("worker") or int(msg.get("count", 1))
+                await self._preempt(target, notice=bool(msg.get("notice", True)))
+            elif action == "stop":
+                await self._post("control", action="stop", ok=True, request=msg.get("id"))
+                self._spawn(self._close())
+                return
+            else:
+                raise ValueError(f"unknown action {action!r}")
+            await self._post("control", action=action, ok=True, request=msg.get("id"))
+        except Exception as e:
+            await self._post("control", action=action, ok=False, error=str(e), request=msg.get("id"))
+
+    # -- events ----------------------------------------------------------------------------------------
+    async def _post(self, kind: str, **fields: Any) -> None:
+        msg = make_event(kind, **fields)
+        if isinstance(self.scheduler, Scheduler):
+            # In-process scheduler: a direct call keeps events in exactly the order they happen.
+            self.scheduler.log_event(TOPIC, msg)
+        else:  # pragma: no cover - remote schedulers (cloud backends)
+            await self.scheduler_comm.log_event(topic=TOPIC, msg=msg)
+
+    async def _events(self) -> list[dict[str, Any]]:
+        return list(await self.scheduler_comm.transient_events())
+
+    def events(self) -> pd.DataFrame:
+        """Every event of this run so far, in order, as a DataFrame."""
+        if self.asynchronous:
+            return self._events_async()  # type: ignore[return-value]
+        return events_frame(self.sync(self._events))
+
+    async def _events_async(self) -> pd.DataFrame:
+        return events_frame(await self._events())
+
+    def cost(self) -> CostReport:
+        """Money spent so far, per VM and in total, beside the on-demand counterfactual."""
+        events = self.monitor.events if self.scheduler is not None else []
+        return compute_costs(list(events), minimum_s=self.catalog.minimum_s, time_scale=self.time_scale)
+
+    def vms(self) -> pd.DataFrame:
+        """Every VM of the run with its lifecycle state and time in state."""
+        return vm_states(list(self.monitor.events))
+
+    # -- provisioning and replacement ---------------------------------------------------------------
+    def _next_name(self, role: str) -> str:
+        i = self._counter[role]
+        self._counter[role] += 1
+        return f"w-{i}" if role == "worker" else f"ps-{i}"
+
+    def _free_slot(self) -> int:
+        used = set(self._slots)
+        return next(i for i in range(len(used) + 1) if i not in used)
+
+    def _slot_holder(self, slot: int) -> str | None:
+        return self._slots.get(slot)
+
+    def _delay(self, spot: bool) -> float:
+        return parse_delay(self.provisioning_delay, spot=spot, rng=self._rng) / self.time_scale
+
+    def _make_vm(self, spec: VMSpec) -> TransientVM:
+        return self.backend.make_vm(
+            spec,
+            scheduler_address=self.scheduler.address,
+            post=self._post,
+            on_running=self._vm_running,
+            on_exit=self._vm_exited,
+            delay_s=self._delay(spec.spot),
+            connection_args=self.security.get_connection_args("client"),
+        )
+
+    async def _provision(self, role: str, slot: int | None = None) -> str | None:
+        """Ask the backend for one VM, trying the policy's placements in order."""
+        if role == "ps":
+            placements = [Placement("", self.zone, False)]
+        else:
+            placements = list(self.policy.candidates())
+            slot = self._free_slot() if slot is None else slot
+            self._slots[slot] = ""  # reserved while we ask
+        for p in placements:
+            if self._closing:
+                break
+            name = self._next_name(role)
+            if role == "ps":
+                price = self.catalog.machine_price(self.ps_machine_type, p.zone)
+                spec = VMSpec(name, "ps", None, p.zone, False, self.ps_machine_type, price, None, {"ps": 1})
+            else:
+                price = self.catalog.worker_price(p.gpu, self.machine_type, p.zone)
+                spec = VMSpec(
+                    name, "worker", p.gpu, p.zone, p.spot, self.machine_type, price, slot, {"gpu": 1}
+                )
+            vm = self._make_vm(spec)
+            try:
+                await vm.start()
+            except CapacityError as e:
+                self.policy.remember_stockout(p)
+                await self._post("stockout", worker=name, gpu=p.gpu, zone=p.zone, reason=e.reason)
+                self._log(f"{p.zone} has no {p.gpu} capacity; trying the next placement")
+                continue
+            self.worker_spec[name] = {"cls": type(vm), "options": {"spec": spec}}
+            self.workers[name] = vm
+            if slot is not None:
+                self._slots[slot] = name
+            return name
+        if slot is not None and self._slots.get(slot) == "":
+            del self._slots[slot]
+        if not self._closing:
+            await self._post("capacity-exhausted", role=role, gpu=self.gpu, zone=self.zone)
+            self._log(
+                f"No capacity left for a {role} in any allowed zone or GPU type; the cluster runs "
+                "with fewer workers. Add fallback_zones/fallback_gpus, or allow on-demand."
+            )
+        return None
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _vm_running(self, vm: TransientVM) -> None:
+        if vm.spec.role == "worker":
+            self.simulator.vm_running(vm.name)
+
+    def _vm_exited(self, vm: TransientVM) -> None:
+        # A VM that stopped without us asking: a crash, or a kill from outside.
+        if not self._closing:
+            self._spawn(self._lost(vm))
+
+    async def _lost(self, vm: TransientVM) -> None:
+        if vm.name not in self.workers or vm.stopped:
+            return
+        vm.stopped = True
+        await self._post("preempted", **vm.spec.event_fields(), notice=False, source="lost")
+        self._forget(vm)
+        await self._maybe_replace(vm)
+
+    def _forget(self, vm: TransientVM) -> None:
+        self.worker_spec.pop(vm.name, None)
+        self.workers.pop(vm.name, None)
+        self.simulator.vm_gone(vm.name)
+        if vm.spec.slot is not None and self._slots.get(vm.spec.slot) == vm.name:
+            del self._slots[vm.spec.slot]
+
+    async def _maybe_replace(self, vm: TransientVM) -> None:
+        if self._closing or not (self.replace or vm.spec.role == "ps"):
+            return
+        if vm.spec.role == "worker":
+            current = sum(1 for w in self.workers.values() if w.spec.role == "worker")  # type: ignore[attr-defined]
+            if current >= self._target:
+                return
+        await self._post("replacement-requested", worker=vm.name, role=vm.spec.role, slot=vm.spec.slot)
+        await self._provision(vm.spec.role, slot=vm.spec.slot if vm.spec.slot is not None else None)
+
+    # -- preemption ----------------------------------------------------------------------------------
+    def _worker_vms(self) -> list[TransientVM]:
+        return [
+            w for w in self.workers.values()  # type: ignore[misc]
+            if w.spec.role == "worker" and not w.stopped and w.lifecycle not in ("notice",)
+        ]
+
+    def _resolve_targets(self, target: int | str | Sequence[str]) -> list[str]:
+        if isinstance(target, bool):
+            raise ValueError(f"preempt({target!r}): give a number of workers or worker names.")
+        if isinstance(target, int):
+            if target < 1:
+                raise ValueError(f"preempt({target}): the number of workers must be at least 1.")
+            candidates = sorted(w.name for w in self._worker_vms() if w.lifecycle in ("running", "joined"))
+            if not candidates:
+                candidates = sorted(w.name for w in self._worker_vms())
+            if target > len(candidates):
+                raise ValueError(
+                    f"preempt({target}): only {len(candidates)} worker(s) can be preempted now "
+                    f"({', '.join(candidates) or 'none'})."
+                )
+            return self._rng.sample(candidates, target)
+        names = [target] if isinstance(target, str) else list(target)
+        for n in names:
+            vm = self.workers.get(n)
+            if vm is None or vm.spec.role != "worker":  # type: ignore[attr-defined]
+                known = ", ".join(sorted(w.name for w in self._worker_vms())) or "none"
+                raise ValueError(f"No preemptible worker named {n!r}: use one of {known}.")
+        return names
+
+    async def _preempt(self, target: int | str | Sequence[str] = 1, notice: bool = True) -> list[str]:
+        names = self._resolve_targets(target)
+        for n in names:
+            self._spawn(self._preempt_one(n, notice, "manual"))
+        return names
+
+    async def _preempt_one(self, name: str, notice: bool, source: str) -> None:
+        vm = self.workers.get(name)
+        if vm is None or vm.stopped or self._closing:  # type: ignore[attr-defined]
+            return
+        self.simulator.vm_gone(name)
+        deadline = None
+        if notice:
+            deadline = time.time() + self.notice_s / self.time_scale
+            await vm.post("notice", deadline=deadline, source=source)  # type: ignore[attr-defined]
+            if self.replace_at == "notice":
+                self._spawn(self._maybe_replace(vm))  # type: ignore[arg-type]
+        await vm.preempt(notice=notice, deadline=deadline)  # type: ignore[attr-defined]
+        await vm.post("preempted", notice=notice, source=source)  # type: ignore[attr-defined]
+        self._forget(vm)  # type: ignore[arg-type]
+        if self.replace_at == "preempted" or not notice:
+            await self._maybe_replace(vm)  # type: ignore[arg-type]
+
+    def preempt(self, target: int | str | Sequence[str] = 1, notice: bool = True) -> Any:
+        """Preempt workers now, as the provider would.
+
+        Parameters
+        ----------
+        target
+            How many workers (chosen at random among the running ones), or a worker name, or a
+            list of names.
+        notice
+            Give the preemption notice first (the worker drains and leaves); ``False`` kills at
+            once, as a crash would.
+
+        Returns
+        -------
+        The names of the workers being preempted (the preemptions go on in the background).
+        """
+        return self.sync(self._preempt, target, notice=notice)
+
+    # -- scaling ----------------------------------------------------------------------------------------
+    def scale(self, n: int = 0, memory: Any = None, cores: Any = None) -> Any:
+        """Keep ``n`` preemptible GPU workers (the PS host is not counted)."""
+        if memory is not None or cores is not None:
+            raise ValueError("TransientCluster.scale takes a number of GPU workers, not memory or cores.")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"scale({n!r}): give a whole number of workers, 0 or more.")
+        if not self._closing:
+            self._target = n
+            self.loop.add_callback(self._scale_to_target)
+        if self.asynchronous:
+            return NoOpAwaitable()
+        return None
+
+    async def _scale_to_target(self) -> None:
+        if self._closing or self.status != Status.running:
+            return
+        vms = [w for w in self.workers.values() if w.spec.role == "worker" and not w.stopped]  # type: ignore[attr-defined]
+        pending = sum(1 for s in self._slots.values() if s == "")
+        if len(vms) + pending < self._target:
+            await self._post("scale", workers=self._target)
+            await asyncio.gather(
+                *(self._provision("worker") for _ in range(self._target - len(vms) - pending))
+            )
+        elif len(vms) > self._target:
+            await self._post("scale", workers=self._target)
+            # Give back the VMs that are not yet working first, then the newest ones.
+            order = sorted(vms, key=lambda w: (w.lifecycle == "joined", -int(w.name.split("-")[1])))  # type: ignore[attr-defined]
+            for vm in order[: len(vms) - self._target]:
+                self.simulator.vm_gone(vm.name)  # type: ignore[attr-defined]
+                self.worker_spec.pop(vm.name, None)  # type: ignore[attr-defined]
+                if vm.spec.slot is not None:  # type: ignore[attr-defined]
+                    self._slots.pop(vm.spec.slot, None)  # type: ignore[attr-defined]
+            await self._correct_state()
+
+    # -- waiting -------------------------------------------------------------------------------------------
+    async def _wait_for_workers(self, n_workers: int | None = None, timeout: float | None = None) -> None:
+        n = self._target if n_workers is None else n_workers
+        deadline = None if timeout is None else time.monotonic() + parse_timedelta(timeout)
+        while True:
+            joined = vm_states(self.monitor.events)
+            if not joined.empty:
+                working = joined[joined["state"] == "joined"]
+                n_gpu = int((working["role"] == "worker").sum())
+                n_ps = int((working["role"] == "ps").sum())
+                if n_gpu >= n and n_ps >= 1:
+                    return
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"Only some of {n} workers joined within {timeout}.")
+            await asyncio.sleep(0.05)
+
+    def wait_for_workers(self, n_workers: int | None = None, timeout: float | None = None) -> Any:
+        """Block until ``n_workers`` GPU workers (default: the target) and the PS host have joined."""
+        return self.sync(self._wait_for_workers, n_workers, timeout)
+
+    def __repr__(self) -> str:
+        return (
+            f"<TransientCluster {self.name!r}: {self.backend.name}, {self._target} x "
+            f"{self.gpu} {'spot' if self.spot else 'on-demand'} in {self.zone}, "
+            f"status={self.status.name}>"
+        )

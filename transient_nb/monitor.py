@@ -1,0 +1,102 @@
+"""TransientMonitor: the scheduler plugin that keeps a run's event log.
+
+Everything that happens in a run is an event on the scheduler under the ``transient`` topic: VM
+lifecycle events posted by the cluster, ``joined``/``left`` seen by this plugin, drain reports
+from workers, training metrics. The plugin appends each one to the run record (JSON lines,
+flushed as it happens, so a killed kernel loses nothing) and serves the log to readers over the
+scheduler's RPC (``transient_events``); live readers subscribe with
+``Client.subscribe_topic("transient", handler)``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any
+
+from distributed.diagnostics.plugin import SchedulerPlugin
+
+from collections.abc import Callable
+
+from transient_nb.events import CONTROL_TOPIC, TOPIC, make_event
+
+logger = logging.getLogger(__name__)
+
+#: Fields that ``joined``/``left`` events copy from the VM's ``requested`` event.
+_VM_FIELDS = ("role", "gpu", "zone", "spot", "machine", "price", "price_on_demand", "slot")
+
+
+class TransientMonitor(SchedulerPlugin):
+    """Records every ``transient`` event and writes the run record.
+
+    Parameters
+    ----------
+    path
+        The run record file (JSON lines); its folder is created.
+
+    Examples
+    --------
+    >>> from distributed import Scheduler
+    >>> monitor = TransientMonitor("/tmp/run/events.jsonl")  # doctest: +SKIP
+    >>> scheduler = Scheduler(plugins=[monitor])  # doctest: +SKIP
+    """
+
+    name = "transient-monitor"
+
+    def __init__(self, path: str):
+        self.path = path
+        self.events: list[dict[str, Any]] = []
+        self._vms: dict[str, dict[str, Any]] = {}
+        self._names: dict[str, str] = {}  # address -> worker name (gone from the scheduler on removal)
+        self._file: Any = None
+        self.scheduler: Any = None
+        #: Called with every control request (``transient-control`` topic) by the owning cluster.
+        self.on_control: Callable[[dict[str, Any]], None] | None = None
+
+    async def start(self, scheduler: Any) -> None:
+        self.scheduler = scheduler
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        self._file = open(self.path, "a", buffering=1)
+        scheduler.handlers["transient_events"] = self.get_events
+
+    def get_events(self, since: int = 0) -> list[dict[str, Any]]:
+        """Events from index ``since`` on (RPC handler ``transient_events``)."""
+        return self.events[since:]
+
+    # -- SchedulerPlugin hooks ---------------------------------------------------------------------
+    def log_event(self, topic: str, msg: Any) -> None:
+        if topic == CONTROL_TOPIC and isinstance(msg, dict) and self.on_control is not None:
+            self.on_control(msg)
+            return
+        if topic != TOPIC or not isinstance(msg, dict):
+            return
+        worker = msg.get("worker")
+        if worker in self._names:
+            # Events that workers post arrive with the scheduler's stamp of the worker's address.
+            msg = {**msg, "worker": self._names[worker], "address": worker}
+        if msg.get("kind") == "requested" and msg.get("worker"):
+            self._vms[msg["worker"]] = {k: msg.get(k) for k in _VM_FIELDS}
+        self.events.append(msg)
+        if self._file is not None:
+            # One line per event, flushed by line buffering: a crash loses at most a torn line.
+            self._file.write(json.dumps(msg, default=str) + "\n")
+
+    def _post_membership(self, kind: str, scheduler: Any, address: str) -> None:
+        ws = scheduler.workers.get(address)
+        if ws is not None:
+            self._names[address] = str(ws.name)
+        name = self._names.get(address, address)
+        fields = self._vms.get(name, {})
+        scheduler.log_event(TOPIC, make_event(kind, worker=name, address=address, **fields))
+
+    def add_worker(self, scheduler: Any, worker: str) -> None:
+        self._post_membership("joined", scheduler, worker)
+
+    def remove_worker(self, scheduler: Any, worker: str, *, stimulus_id: str, **kwargs: Any) -> None:
+        self._post_membership("left", scheduler, worker)
+
+    async def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None

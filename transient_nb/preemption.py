@@ -1,0 +1,217 @@
+"""Where preemptions come from: lifetime models and trace files.
+
+A preemption model answers one question for every worker VM that starts running: after how many
+simulated seconds will the provider take it back (``None``: never)? Sources:
+
+- ``"paper:k80"``, ``"paper:p100"``, ``"paper:v100"``, ``"paper:cpu"``: the empirical lifetime
+  CDFs measured by Li et al. (ICAC 2019, Fig. 3), preemptible VMs living at most 24 h;
+- ``"exp:mean=DURATION"``: exponential lifetimes with the given mean (e.g. ``exp:mean=60s``);
+- ``"trace:PATH"``: replay of a file of ``TIME,TARGET[,notice|kill]`` lines (TIME in simulated
+  seconds since the cluster started or a duration like ``90s``; TARGET a worker name like ``w-1`` or
+  ``slot:N``, the N-th worker slot whoever holds it then);
+- ``"none"``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import os
+import random
+from dataclasses import dataclass
+from typing import Protocol
+
+from dask.utils import parse_timedelta
+
+HOUR = 3600.0
+
+#: Fraction of servers revoked by hour t, Li et al. Fig. 3 (data/lifetime/plot.py), with the first
+#: measured point placed at 1 h (the figure bins by hour) and every preemptible VM gone at 24 h.
+PAPER_LIFETIME_CDF: dict[str, list[tuple[float, float]]] = {
+    "k80": [(0, 0.0), (1, 0.078), (2, 0.141), (6, 0.195), (12, 0.195), (23, 0.344), (24, 1.0)],
+    "p100": [(0, 0.0), (1, 0.048), (2, 0.048), (6, 0.190), (12, 0.214), (23, 0.238), (24, 1.0)],
+    "v100": [(0, 0.0), (1, 0.273), (2, 0.318), (6, 0.318), (12, 0.318), (23, 0.348), (24, 1.0)],
+    "cpu": [(0, 0.0), (1, 0.040), (2, 0.083), (6, 0.121), (12, 0.158), (23, 0.175), (24, 1.0)],
+}
+
+#: Seconds from API request to a booted VM (Li et al. §5): preemptible GPU 81-98 s, on-demand 69-82 s.
+PAPER_STARTUP_S = {"spot": (81.0, 98.0), "on_demand": (69.0, 82.0)}
+
+
+class PreemptionModel(Protocol):
+    """Draws the lifetime of a newly running VM, in simulated seconds (None: never preempted)."""
+
+    spec: str
+
+    def lifetime(self, rng: random.Random) -> float | None: ...
+
+
+@dataclass(frozen=True)
+class NoPreemption:
+    """Workers live until they are scaled away."""
+
+    spec: str = "none"
+
+    def lifetime(self, rng: random.Random) -> float | None:
+        return None
+
+
+@dataclass(frozen=True)
+class EmpiricalLifetimes:
+    """Inverse-CDF sampling of a piecewise-linear empirical lifetime distribution."""
+
+    spec: str
+    hours: tuple[float, ...]
+    fractions: tuple[float, ...]
+
+    def lifetime(self, rng: random.Random) -> float | None:
+        u = rng.random()
+        i = bisect.bisect_left(self.fractions, u)
+        if i == 0:
+            return self.hours[0] * HOUR
+        if i >= len(self.fractions):
+            return None
+        f0, f1 = self.fractions[i - 1], self.fractions[i]
+        h0, h1 = self.hours[i - 1], self.hours[i]
+        # Flat stretches of the CDF hold no probability, so u never lands inside them.
+        h = h0 + (h1 - h0) * (u - f0) / (f1 - f0)
+        return h * HOUR
+
+
+@dataclass(frozen=True)
+class Exponential:
+    """Memoryless lifetimes with mean ``mean_s`` (the paper's K80 fit: 3.33e-4 per minute)."""
+
+    spec: str
+    mean_s: float
+
+    def lifetime(self, rng: random.Random) -> float | None:
+        return rng.expovariate(1.0 / self.mean_s)
+
+
+@dataclass(frozen=True)
+class TraceEntry:
+    """One line of a trace file."""
+
+    time_s: float
+    target: str  # a worker name, or "slot:N"
+    notice: bool = True
+
+
+@dataclass(frozen=True)
+class Trace:
+    """Preemptions replayed at fixed times; lifetimes of individual VMs are not drawn."""
+
+    spec: str
+    entries: tuple[TraceEntry, ...]
+
+    def lifetime(self, rng: random.Random) -> float | None:
+        return None
+
+
+def parse_trace(path: str) -> Trace:
+    """Read a trace file; a malformed line raises ``ValueError`` naming the file and line."""
+    full = os.path.expanduser(path)
+    if not os.path.exists(full):
+        raise ValueError(
+            f"Preemption trace file {path!r} does not exist: give the path of a file "
+            "of 'TIME,TARGET[,notice|kill]' lines."
+        )
+    entries = []
+    with open(full) as f:
+        for lineno, raw in enumerate(f, start=1):
+            line = raw.split("#", 1)[0].strip()
+            if not line:
+                continue
+            parts = [p.strip() for p in line.split(",")]
+            try:
+                if len(parts) not in (2, 3):
+                    raise ValueError("expected 2 or 3 comma-separated fields")
+                t = parse_timedelta(parts[0], default="seconds")
+                if t is None or not math.isfinite(t) or t < 0:
+                    raise ValueError(f"time {parts[0]!r} is not a non-negative duration")
+                target = parts[1]
+                if target.startswith("slot:"):
+                    if not target[5:].isdigit():
+                        raise ValueError(f"slot {target!r} must be slot:N with N a whole number")
+                elif not target:
+                    raise ValueError("empty target")
+                mode = parts[2] if len(parts) == 3 else "notice"
+                if mode not in ("notice", "kill"):
+                    raise ValueError(f"third field {mode!r} must be 'notice' or 'kill'")
+            except (ValueError, TypeError, KeyError) as e:
+                raise ValueError(
+                    f"Malformed line {lineno} in preemption trace {path!r}: {raw.strip()!r} ({e}). "
+                    "Each line must read TIME,TARGET[,notice|kill], e.g. '90s,w-1' or '120,slot:0,kill'."
+                ) from e
+            entries.append(TraceEntry(float(t), target, mode == "notice"))
+    return Trace(spec=f"trace:{path}", entries=tuple(sorted(entries, key=lambda e: e.time_s)))
+
+
+def parse_preemption(spec: str | None) -> PreemptionModel:
+    """Turn a preemption spec string into a model; a clear ``ValueError`` for bad specs.
+
+    Examples
+    --------
+    >>> parse_preemption("exp:mean=60s").mean_s
+    60.0
+    >>> parse_preemption("paper:k80").spec
+    'paper:k80'
+    """
+    forms = "'none', 'paper:k80|p100|v100|cpu', 'exp:mean=60s' or 'trace:PATH'"
+    if spec is None or spec in ("none", ""):
+        return NoPreemption()
+    if not isinstance(spec, str):
+        raise ValueError(f"Preemption spec {spec!r} must be a string: {forms}.")
+    kind, _, arg = spec.partition(":")
+    if kind == "paper":
+        if arg not in PAPER_LIFETIME_CDF:
+            raise ValueError(
+                f"Unknown paper lifetime model {spec!r}: use one of "
+                f"{', '.join('paper:' + k for k in PAPER_LIFETIME_CDF)}."
+            )
+        points = PAPER_LIFETIME_CDF[arg]
+        return EmpiricalLifetimes(spec, tuple(p[0] for p in points), tuple(p[1] for p in points))
+    if kind == "exp":
+        key, _, value = arg.partition("=")
+        try:
+            if key != "mean":
+                raise ValueError
+            mean = parse_timedelta(value, default="seconds")
+        except (ValueError, TypeError, KeyError):
+            mean = None
+        if mean is None or not mean > 0:
+            raise ValueError(
+                f"Bad exponential preemption spec {spec!r}: write 'exp:mean=DURATION' "
+                "with a positive duration, e.g. 'exp:mean=60s'."
+            )
+        return Exponential(spec, float(mean))
+    if kind == "trace":
+        if not arg:
+            raise ValueError(f"Preemption spec {spec!r} needs a file: 'trace:PATH'.")
+        return parse_trace(arg)
+    raise ValueError(f"Unknown preemption spec {spec!r}: use {forms}.")
+
+
+def parse_delay(spec: str | float | None, *, spot: bool, rng: random.Random) -> float:
+    """Draw a provisioning delay in simulated seconds: ``"paper"`` or a fixed duration."""
+    if spec == "paper":
+        lo, hi = PAPER_STARTUP_S["spot" if spot else "on_demand"]
+        return rng.uniform(lo, hi)
+    return float(validate_delay(spec))
+
+
+def validate_delay(spec: str | float | None) -> float | str:
+    """Check a provisioning-delay setting; returns ``"paper"`` or seconds."""
+    if spec == "paper":
+        return "paper"
+    try:
+        value = parse_timedelta(spec, default="seconds")
+    except (ValueError, TypeError, KeyError):
+        value = None
+    if value is None or value < 0:
+        raise ValueError(
+            f"Bad provisioning delay {spec!r}: use 'paper' (the paper's measured "
+            "start-up times) or a non-negative duration such as '0s' or '90s'."
+        )
+    return float(value)

@@ -1,0 +1,79 @@
+"""A small on-disk registry of running clusters, so that every view can find every cluster.
+
+Each running :class:`~transient_nb.cluster.TransientCluster` writes ``NAME.json`` into
+``transient.registry-dir`` and removes it when it closes. An entry whose owning process is gone
+(a crashed kernel) is reported as stale rather than hidden.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from typing import Any
+
+from transient_nb import config
+
+
+def registry_dir(path: str | None = None) -> str:
+    """The registry folder (created if needed)."""
+    folder = os.path.expanduser(config.get("registry-dir", override_with=path))
+    os.makedirs(folder, exist_ok=True)
+    return folder
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def register(name: str, info: dict[str, Any], path: str | None = None) -> str:
+    """Write (atomically) the entry of cluster ``name``; returns its file path."""
+    folder = registry_dir(path)
+    entry = {"name": name, "pid": os.getpid(), "registered": time.time(), **info}
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(entry, f)
+    target = os.path.join(folder, f"{name}.json")
+    os.replace(tmp, target)
+    return target
+
+
+def unregister(name: str, path: str | None = None) -> None:
+    """Remove the entry of cluster ``name`` if it is there."""
+    try:
+        os.remove(os.path.join(registry_dir(path), f"{name}.json"))
+    except FileNotFoundError:
+        pass
+
+
+def entries(path: str | None = None) -> list[dict[str, Any]]:
+    """Every registered cluster, each with ``stale=True`` when its owning process is gone."""
+    folder = registry_dir(path)
+    out = []
+    for fname in sorted(os.listdir(folder)):
+        if not fname.endswith(".json") or fname.startswith("."):
+            continue
+        try:
+            with open(os.path.join(folder, fname)) as f:
+                entry = json.load(f)
+        except (OSError, json.JSONDecodeError):
+            continue
+        entry["stale"] = not _pid_alive(int(entry.get("pid", -1)))
+        out.append(entry)
+    return out
+
+
+def lookup(name: str, path: str | None = None) -> dict[str, Any]:
+    """The entry of cluster ``name``; ``KeyError`` listing the known names otherwise."""
+    for entry in entries(path):
+        if entry["name"] == name:
+            return entry
+    known = ", ".join(e["name"] for e in entries(path)) or "none"
+    raise KeyError(f"No transient cluster named {name!r} is registered (known: {known}).")

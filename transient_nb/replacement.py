@@ -1,0 +1,85 @@
+"""Where a new or replacement worker goes: the preferred zone and GPU, then the fallbacks.
+
+The policy remembers zones that ran out of a GPU type (a *stock-out*) for a while and skips them,
+as the paper asks of a transient-aware framework (§7: "ask for servers of other types and regions
+when one is unavailable").
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where to ask for one worker VM."""
+
+    gpu: str
+    zone: str
+    spot: bool
+
+
+@dataclass
+class ReplacementPolicy:
+    """Ordered placements to try, with a memory of stock-outs.
+
+    Parameters
+    ----------
+    gpu, zone, spot
+        The preferred placement.
+    fallback_zones, fallback_gpus
+        Tried in order after the preferred zone and GPU type.
+    stockout_memory_s
+        How long (wall-clock seconds) a stocked-out (zone, GPU) pair is skipped.
+    on_demand_fallback
+        Finally try on-demand VMs (in the same order) when no Spot capacity is left.
+    clock
+        Injected for tests.
+
+    Examples
+    --------
+    >>> p = ReplacementPolicy("t4", "us-central1-a", True, fallback_zones=["us-east1-c"])
+    >>> p.remember_stockout(Placement("t4", "us-central1-a", True))
+    >>> next(p.candidates())
+    Placement(gpu='t4', zone='us-east1-c', spot=True)
+    """
+
+    gpu: str
+    zone: str
+    spot: bool
+    fallback_zones: Sequence[str] = ()
+    fallback_gpus: Sequence[str] = ()
+    stockout_memory_s: float = 600.0
+    on_demand_fallback: bool = False
+    clock: Callable[[], float] = time.monotonic
+    _stockouts: dict[tuple[str, str, bool], float] = field(default_factory=dict)
+
+    def _all(self) -> Iterator[Placement]:
+        zones = [self.zone, *[z for z in self.fallback_zones if z != self.zone]]
+        gpus = [self.gpu, *[g for g in self.fallback_gpus if g != self.gpu]]
+        modes = [self.spot] + ([False] if self.spot and self.on_demand_fallback else [])
+        for spot in modes:
+            for gpu in gpus:
+                for zone in zones:
+                    yield Placement(gpu, zone, spot)
+
+    def candidates(self) -> Iterator[Placement]:
+        """Placements to try, in order, skipping remembered stock-outs."""
+        now = self.clock()
+        for p in self._all():
+            until = self._stockouts.get((p.gpu, p.zone, p.spot))
+            if until is not None and until > now:
+                continue
+            yield p
+
+    def remember_stockout(self, placement: Placement) -> None:
+        """Skip ``placement`` for ``stockout_memory_s`` seconds."""
+        key = (placement.gpu, placement.zone, placement.spot)
+        self._stockouts[key] = self.clock() + self.stockout_memory_s
+
+    def stocked_out(self) -> list[Placement]:
+        """Placements currently skipped."""
+        now = self.clock()
+        return [Placement(*k) for k, until in self._stockouts.items() if until > now]

@@ -1,0 +1,1 @@
+"""Model definitions, data sets and training helpers."""
