@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
-import os
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -63,7 +63,7 @@ async def run_drain_hooks(deadline: float) -> list[str]:
     timeout = max(0.0, deadline - time.time() - CLOSE_MARGIN_S)
     tasks = [asyncio.ensure_future(_one(h)) for h in list(_hooks)]
     if tasks:
-        done, pending = await asyncio.wait(tasks, timeout=timeout)
+        _, pending = await asyncio.wait(tasks, timeout=timeout)
         for t in pending:
             t.cancel()
             errors.append("drain hook did not finish before the deadline")

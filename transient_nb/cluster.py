@@ -134,7 +134,9 @@ class TransientCluster(SpecCluster):
         self.machine_type = str(config.get("machine-type", override_with=machine_type))
         self.ps_machine_type = str(config.get("ps-machine-type", override_with=ps_machine_type))
         self.catalog = prices if isinstance(prices, PriceCatalog) else PriceCatalog.load(prices)
-        fallback_zones = list(config.get("replacement.fallback-zones", override_with=fallback_zones))
+        fallback_zones = list(
+            config.get("replacement.fallback-zones", override_with=fallback_zones)
+        )
         fallback_gpus = list(config.get("replacement.fallback-gpus", override_with=fallback_gpus))
         self.catalog.worker_price(self.gpu, self.machine_type, self.zone)
         self.catalog.machine_price(self.ps_machine_type, self.zone)
@@ -145,7 +147,9 @@ class TransientCluster(SpecCluster):
         self.preemption = parse_preemption(config.get("preemption", override_with=preemption))
         self.time_scale = float(config.get("time-scale", override_with=time_scale))
         if not self.time_scale > 0:
-            raise ValueError(f"time_scale={time_scale!r} must be positive (simulated seconds per second).")
+            raise ValueError(
+                f"time_scale={time_scale!r} must be positive (simulated seconds per second)."
+            )
         notice_s = parse_timedelta(config.get("notice", override_with=notice), default="seconds")
         if notice_s is None or notice_s < 0:
             raise ValueError(f"notice={notice!r} must be a non-negative duration such as '30s'.")
@@ -259,7 +263,8 @@ class TransientCluster(SpecCluster):
         self._closing = True
         self.simulator.stop()
         for t in list(self._tasks):
-            t.cancel()
+            if t is not asyncio.current_task():  # a "stop" control request closes from a task
+                t.cancel()
         self.worker_spec.clear()
         try:
             if self.scheduler is not None and self.scheduler.status == Status.running:
@@ -290,7 +295,9 @@ class TransientCluster(SpecCluster):
                 raise ValueError(f"unknown action {action!r}")
             await self._post("control", action=action, ok=True, request=msg.get("id"))
         except Exception as e:
-            await self._post("control", action=action, ok=False, error=str(e), request=msg.get("id"))
+            await self._post(
+                "control", action=action, ok=False, error=str(e), request=msg.get("id")
+            )
 
     # -- events ----------------------------------------------------------------------------------------
     async def _post(self, kind: str, **fields: Any) -> None:
@@ -316,7 +323,9 @@ class TransientCluster(SpecCluster):
     def cost(self) -> CostReport:
         """Money spent so far, per VM and in total, beside the on-demand counterfactual."""
         events = self.monitor.events if self.scheduler is not None else []
-        return compute_costs(list(events), minimum_s=self.catalog.minimum_s, time_scale=self.time_scale)
+        return compute_costs(
+            list(events), minimum_s=self.catalog.minimum_s, time_scale=self.time_scale
+        )
 
     def vms(self) -> pd.DataFrame:
         """Every VM of the run with its lifecycle state and time in state."""
@@ -363,11 +372,21 @@ class TransientCluster(SpecCluster):
             name = self._next_name(role)
             if role == "ps":
                 price = self.catalog.machine_price(self.ps_machine_type, p.zone)
-                spec = VMSpec(name, "ps", None, p.zone, False, self.ps_machine_type, price, None, {"ps": 1})
+                spec = VMSpec(
+                    name, "ps", None, p.zone, False, self.ps_machine_type, price, None, {"ps": 1}
+                )
             else:
                 price = self.catalog.worker_price(p.gpu, self.machine_type, p.zone)
                 spec = VMSpec(
-                    name, "worker", p.gpu, p.zone, p.spot, self.machine_type, price, slot, {"gpu": 1}
+                    name,
+                    "worker",
+                    p.gpu,
+                    p.zone,
+                    p.spot,
+                    self.machine_type,
+                    price,
+                    slot,
+                    {"gpu": 1},
                 )
             vm = self._make_vm(spec)
             try:
@@ -428,13 +447,16 @@ class TransientCluster(SpecCluster):
             current = sum(1 for w in self.workers.values() if w.spec.role == "worker")  # type: ignore[attr-defined]
             if current >= self._target:
                 return
-        await self._post("replacement-requested", worker=vm.name, role=vm.spec.role, slot=vm.spec.slot)
+        await self._post(
+            "replacement-requested", worker=vm.name, role=vm.spec.role, slot=vm.spec.slot
+        )
         await self._provision(vm.spec.role, slot=vm.spec.slot if vm.spec.slot is not None else None)
 
     # -- preemption ----------------------------------------------------------------------------------
     def _worker_vms(self) -> list[TransientVM]:
         return [
-            w for w in self.workers.values()  # type: ignore[misc]
+            w
+            for w in self.workers.values()  # type: ignore[misc]
             if w.spec.role == "worker" and not w.stopped and w.lifecycle not in ("notice",)
         ]
 
@@ -444,7 +466,9 @@ class TransientCluster(SpecCluster):
         if isinstance(target, int):
             if target < 1:
                 raise ValueError(f"preempt({target}): the number of workers must be at least 1.")
-            candidates = sorted(w.name for w in self._worker_vms() if w.lifecycle in ("running", "joined"))
+            candidates = sorted(
+                w.name for w in self._worker_vms() if w.lifecycle in ("running", "joined")
+            )
             if not candidates:
                 candidates = sorted(w.name for w in self._worker_vms())
             if target > len(candidates):
@@ -461,7 +485,9 @@ class TransientCluster(SpecCluster):
                 raise ValueError(f"No preemptible worker named {n!r}: use one of {known}.")
         return names
 
-    async def _preempt(self, target: int | str | Sequence[str] = 1, notice: bool = True) -> list[str]:
+    async def _preempt(
+        self, target: int | str | Sequence[str] = 1, notice: bool = True
+    ) -> list[str]:
         names = self._resolve_targets(target)
         for n in names:
             self._spawn(self._preempt_one(n, notice, "manual"))
@@ -506,7 +532,9 @@ class TransientCluster(SpecCluster):
     def scale(self, n: int = 0, memory: Any = None, cores: Any = None) -> Any:
         """Keep ``n`` preemptible GPU workers (the PS host is not counted)."""
         if memory is not None or cores is not None:
-            raise ValueError("TransientCluster.scale takes a number of GPU workers, not memory or cores.")
+            raise ValueError(
+                "TransientCluster.scale takes a number of GPU workers, not memory or cores."
+            )
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise ValueError(f"scale({n!r}): give a whole number of workers, 0 or more.")
         if not self._closing:
@@ -538,7 +566,9 @@ class TransientCluster(SpecCluster):
             await self._correct_state()
 
     # -- waiting -------------------------------------------------------------------------------------------
-    async def _wait_for_workers(self, n_workers: int | None = None, timeout: float | None = None) -> None:
+    async def _wait_for_workers(
+        self, n_workers: int | None = None, timeout: float | None = None
+    ) -> None:
         n = self._target if n_workers is None else n_workers
         deadline = None if timeout is None else time.monotonic() + parse_timedelta(timeout)
         while True:

@@ -37,7 +37,11 @@ POLL_S = 0.05
 #: Dask's nanny sets MALLOC_TRIM_THRESHOLD_=65536 in its workers, which halves torch's CPU speed
 #: (measured here); None removes it. One thread per BLAS/OpenMP pool keeps workers from fighting
 #: over the cores.
-WORKER_PRE_SPAWN_ENVIRON = {"MALLOC_TRIM_THRESHOLD_": None, "OMP_NUM_THREADS": 1, "MKL_NUM_THREADS": 1}
+WORKER_PRE_SPAWN_ENVIRON = {
+    "MALLOC_TRIM_THRESHOLD_": None,
+    "OMP_NUM_THREADS": 1,
+    "MKL_NUM_THREADS": 1,
+}
 
 
 def cuda_device_count() -> int:
@@ -92,6 +96,7 @@ class LocalVM(TransientVM):
         self.connection_args = connection_args or {}
         self.proc: subprocess.Popen[bytes] | None = None
         self._boot_task: asyncio.Task[None] | None = None
+        self._watch_task: asyncio.Future[None] | None = None
         self._exited = asyncio.Event()
         self._log: IO[bytes] | None = None
 
@@ -120,7 +125,7 @@ class LocalVM(TransientVM):
             preexec_fn=_die_with_parent,
         )
         self.backend.live_pids.add(self.proc.pid)
-        asyncio.ensure_future(self._watch())
+        self._watch_task = asyncio.ensure_future(self._watch())
         await self.running()
 
     async def _watch(self) -> None:
@@ -260,25 +265,38 @@ class LocalBackend(Backend):
         """The worker command line and environment of a VM (what a startup script would run)."""
         resources = ",".join(f"{k}={v:g}" for k, v in spec.resources.items())
         cuda = self.use_cuda and spec.role == "worker"
-        base = [sys.executable, "-m", "dask", "cuda", "worker"] if cuda else [
-            sys.executable, "-m", "dask", "worker", "--nworkers", "1"
-        ]
+        base = (
+            [sys.executable, "-m", "dask", "cuda", "worker"]
+            if cuda
+            else [sys.executable, "-m", "dask", "worker", "--nworkers", "1"]
+        )
         cmd = [
             *base,
             scheduler_address,
-            "--name", spec.name,
-            "--nthreads", str(self.nthreads),
-            "--death-timeout", f"{self.death_timeout}s",
-            "--host", "127.0.0.1",
+            "--name",
+            spec.name,
+            "--nthreads",
+            str(self.nthreads),
+            "--death-timeout",
+            f"{self.death_timeout}s",
+            "--host",
+            "127.0.0.1",
             "--no-dashboard",
-            "--preload", "transient_nb.agent",
+            "--preload",
+            "transient_nb.agent",
         ]
         if resources:
             cmd += ["--resources", resources]
         env = dict(os.environ)
         env["DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON"] = repr(WORKER_PRE_SPAWN_ENVIRON)
         env["TRANSIENT_NB_VM"] = json.dumps(
-            {"name": spec.name, "role": spec.role, "gpu": spec.gpu, "zone": spec.zone, "spot": spec.spot}
+            {
+                "name": spec.name,
+                "role": spec.role,
+                "gpu": spec.gpu,
+                "zone": spec.zone,
+                "spot": spec.spot,
+            }
         )
         env.pop("MALLOC_TRIM_THRESHOLD_", None)
         if spec.role == "ps":

@@ -40,7 +40,7 @@ class HParams:
         lr = self.lr
         if self.warmup_steps > 0 and step < self.warmup_steps:
             lr *= (step + 1) / self.warmup_steps
-        for frac, factor in zip(self.decay_at, self.decay_factors):
+        for frac, factor in zip(self.decay_at, self.decay_factors, strict=True):
             if step >= frac * self.steps:
                 lr = self.lr * factor
         if self.scale_lr_by_active_workers and active_workers > 1:

@@ -76,8 +76,13 @@ class ParameterServer:
         self.run = run
         self.shard = shard
         self.shards = shards
-        self.hp = HParams(**{**hparams, "decay_at": tuple(hparams["decay_at"]),
-                             "decay_factors": tuple(hparams["decay_factors"])})
+        self.hp = HParams(
+            **{
+                **hparams,
+                "decay_at": tuple(hparams["decay_at"]),
+                "decay_factors": tuple(hparams["decay_factors"]),
+            }
+        )
         self.w = np.array(weights, dtype=np.float32, copy=True)
         self.decay = np.asarray(decay_mask, dtype=np.float32) * self.hp.weight_decay
         self.v = np.zeros_like(self.w) if momentum is None else np.array(momentum, dtype=np.float32)
@@ -102,20 +107,27 @@ class ParameterServer:
         self._ckpt_task: asyncio.Future[Any] | None = None
 
     # -- membership ------------------------------------------------------------------------------
-    async def register(self, trainer: str) -> int:
-        """A trainer starts pushing; returns the number of active trainers."""
+    async def register(self, trainer: str, local_step: int = 0) -> int:
+        """A trainer starts pushing after its gradient number ``local_step``; returns the number
+        of active trainers."""
         self.active.add(trainer)
+        self.last_local[trainer] = max(self.last_local.get(trainer, 0), local_step)
         return len(self.active)
 
-    async def unregister(self, trainer: str, drained: bool = True) -> int:
-        """A trainer stopped; ``drained=False`` means it was lost (its worker died)."""
+    async def unregister(self, trainer: str, drained: bool = True) -> bool:
+        """A trainer stopped; ``drained=False`` means it was lost (its worker died).
+
+        Returns True when that cost a gradient: the trainer had its weights and was computing.
+        """
+        lost = False
         if trainer in self.active:
             self.active.discard(trainer)
             if not drained and self.computing.get(trainer):
                 # It had the weights and was computing a gradient that will never arrive.
                 self.lost_in_flight += 1
+                lost = True
             self.computing[trainer] = False
-        return len(self.active)
+        return lost
 
     # -- the one round trip ------------------------------------------------------------------------
     def _wire(self, x: np.ndarray) -> np.ndarray:
@@ -151,7 +163,7 @@ class ParameterServer:
         self.w -= lr * self.v
         if bn_delta is not None and self.bn is not None:
             self.bn += bn_delta
-        stale = self.version - base_version
+        stale = max(0, self.version - base_version)
         self.version += 1
         self.accepted[trainer] = self.accepted.get(trainer, 0) + 1
         last = self.last_local.get(trainer, 0)
@@ -193,7 +205,9 @@ class ParameterServer:
 
     def _post(self, kind: str, **fields: Any) -> None:
         if self._worker is not None:
-            self._worker.log_event(TOPIC, make_event(kind, run=self.run, shard=self.shard, **fields))
+            self._worker.log_event(
+                TOPIC, make_event(kind, run=self.run, shard=self.shard, **fields)
+            )
 
     # -- checkpoints -------------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:

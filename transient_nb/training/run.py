@@ -52,7 +52,9 @@ def _parse_deadline(deadline: Any) -> float | None:
     except (ValueError, TypeError, KeyError):
         seconds = None
     if seconds is None or seconds <= 0:
-        raise ValueError(f"deadline={deadline!r}: give a positive duration such as '2h' or a datetime.")
+        raise ValueError(
+            f"deadline={deadline!r}: give a positive duration such as '2h' or a datetime."
+        )
     return time.time() + seconds
 
 
@@ -89,7 +91,9 @@ class TrainingRun:
         self.seed = seed
         self.device = device
         self.id = f"run-{uuid.uuid4().hex[:8]}"
-        self.checkpoint_url = checkpoint_url or os.path.join(cluster.run_path, "checkpoints", self.id)
+        self.checkpoint_url = checkpoint_url or os.path.join(
+            cluster.run_path, "checkpoints", self.id
+        )
         self.variable = f"transient-ps-{self.id}"
         self.reason: str | None = None
         self.error: BaseException | None = None
@@ -109,6 +113,8 @@ class TrainingRun:
         self._eval_model: torch.nn.Module | None = None
         self._test: tuple[torch.Tensor, np.ndarray] | None = None
         self.status: dict[str, Any] = {}
+        #: Gradients lost with workers killed mid-step (at most one per killed worker).
+        self.lost_in_flight = 0
         self._thread = threading.Thread(target=self._main, name=f"transient-{self.id}", daemon=True)
 
     # -- public ------------------------------------------------------------------------------------
@@ -138,9 +144,7 @@ class TrainingRun:
 
     def events(self) -> list[dict[str, Any]]:
         """This run's events and the cluster's lifecycle events, in order."""
-        return [
-            e for e in self.cluster.monitor.events if e.get("run") in (None, self.id)
-        ]
+        return [e for e in self.cluster.monitor.events if e.get("run") in (None, self.id)]
 
     @property
     def history(self) -> pd.DataFrame:
@@ -157,7 +161,9 @@ class TrainingRun:
                 acc = e["accuracy"]
             if e.get("kind") != "metrics":
                 continue
-            cost = compute_costs(events[: i + 1], now=e["time"], minimum_s=self.cluster.catalog.minimum_s)
+            cost = compute_costs(
+                events[: i + 1], now=e["time"], minimum_s=self.cluster.catalog.minimum_s
+            )
             rows.append(
                 {
                     "step": e["step"],
@@ -174,8 +180,18 @@ class TrainingRun:
             )
         return pd.DataFrame(
             rows,
-            columns=["step", "time", "loss", "accuracy", "active_workers", "staleness",
-                     "img_per_s", "lr", "cost", "cost_on_demand"],
+            columns=[
+                "step",
+                "time",
+                "loss",
+                "accuracy",
+                "active_workers",
+                "staleness",
+                "img_per_s",
+                "lr",
+                "cost",
+                "cost_on_demand",
+            ],
         )
 
     def summary(self) -> dict[str, Any]:
@@ -203,8 +219,14 @@ class TrainingRun:
             self.error = e
             self.reason = "error"
             try:
-                self._post("train-finished", reason="error", step=self.step, error=repr(e)[:500],
-                           accuracy=self.accuracy, wall_s=time.time() - self.started)
+                self._post(
+                    "train-finished",
+                    reason="error",
+                    step=self.step,
+                    error=repr(e)[:500],
+                    accuracy=self.accuracy,
+                    wall_s=time.time() - self.started,
+                )
             except Exception:
                 pass
         finally:
@@ -232,7 +254,7 @@ class TrainingRun:
             steps=self.hp.steps,
             batch_size=self.hp.batch_size,
             shards=self.shards,
-            parameters=int(len(w0)),
+            parameters=len(w0),
             hparams=json.dumps(self.hp.to_dict()),
             checkpoint_url=self.checkpoint_url,
             target_accuracy=self.target_accuracy,
@@ -278,7 +300,11 @@ class TrainingRun:
             return "stopped"
         if self.step >= self.hp.steps:
             return "steps"
-        if self.target_accuracy is not None and self.accuracy is not None and self.accuracy >= self.target_accuracy:
+        if (
+            self.target_accuracy is not None
+            and self.accuracy is not None
+            and self.accuracy >= self.target_accuracy
+        ):
             return "accuracy"
         if self.budget is not None and self.cluster.cost().total >= self.budget:
             return "budget"
@@ -325,13 +351,16 @@ class TrainingRun:
                 pure=False,
                 key=f"ps-{self.id}-g{self._generation}-s{i}",
             )
-            for i, (st, (a, b)) in enumerate(zip(states, self._bounds))
+            for i, (st, (a, b)) in enumerate(zip(states, self._bounds, strict=True))
         ]
         self._ps = [f.result(timeout=self.hp.call_timeout_s) for f in futures]
         self._ps_address = addr
         Variable(self.variable, client=self._client).set(
             json.dumps(
-                {"generation": self._generation, "shards": [[ps._address, ps.key] for ps in self._ps]}
+                {
+                    "generation": self._generation,
+                    "shards": [[ps._address, ps.key] for ps in self._ps],
+                }
             )
         )
 
@@ -396,11 +425,17 @@ class TrainingRun:
                 self._start_trainer(str(name), str(e.get("address")))
             elif kind in ("left", "preempted") and role == "worker" and name in self._trainers:
                 self._trainers.pop(name)
-                for ps in self._ps:  # a trainer that drained has left already; this is a no-op then
-                    try:
+                try:  # a trainer that drained has left already; this is a no-op then
+                    lost = (
+                        self._ps[0].unregister(name, False).result(timeout=self.hp.call_timeout_s)
+                    )
+                    for ps in self._ps[1:]:
                         ps.unregister(name, False).result(timeout=self.hp.call_timeout_s)
-                    except Exception:
-                        pass
+                except Exception:
+                    lost = False
+                if lost:
+                    self.lost_in_flight += 1
+                    self._post("gradient-lost", worker=name, step=self.step)
 
     # -- evaluation and the end -------------------------------------------------------------------------
     def _evaluate(self) -> float | None:
@@ -416,7 +451,9 @@ class TrainingRun:
             self._eval_model = build_model(self.model, num_classes=test.num_classes)
         model = self._eval_model
         params, buffers = flat_layout(model)
-        set_flat(params, np.concatenate([np.asarray(s["weights"], dtype=np.float32) for s in states]))
+        set_flat(
+            params, np.concatenate([np.asarray(s["weights"], dtype=np.float32) for s in states])
+        )
         if states[0]["bn"] is not None and buffers:
             set_flat(buffers, np.asarray(states[0]["bn"]))
         assert self._test is not None
@@ -456,7 +493,7 @@ class TrainingRun:
             step=self.step,
             accuracy=self.accuracy,
             wall_s=time.time() - self.started,
-            lost_in_flight=self.status.get("lost_in_flight"),
+            lost_in_flight=self.lost_in_flight,
             gaps=self.status.get("gaps"),
             accepted=json.dumps(self.status.get("accepted", {})),
             trainers=json.dumps(results, default=str),
@@ -474,9 +511,13 @@ def summarize(events: list[dict[str, Any]], minimum_s: float = 60.0) -> dict[str
     evals = [e for e in events if e.get("kind") == "eval"]
     window = [e for e in events if t0 <= e.get("time", 0) <= t1]
     preempted = [e for e in window if e.get("kind") == "preempted" and e.get("role") == "worker"]
-    replacements = [e for e in window if e.get("kind") == "replacement-requested" and e.get("role") != "ps"]
+    replacements = [
+        e for e in window if e.get("kind") == "replacement-requested" and e.get("role") != "ps"
+    ]
     cost = compute_costs(events, now=t1, minimum_s=minimum_s)
-    rates = [e["img_per_s"] for e in events if e.get("kind") == "worker-metrics" and e.get("img_per_s")]
+    rates = [
+        e["img_per_s"] for e in events if e.get("kind") == "worker-metrics" and e.get("img_per_s")
+    ]
     metrics = [e for e in events if e.get("kind") == "metrics"]
     wall = max(0.0, t1 - t0)
     steps = int(finished["step"]) if finished else (metrics[-1]["step"] if metrics else 0)
@@ -494,14 +535,18 @@ def summarize(events: list[dict[str, Any]], minimum_s: float = 60.0) -> dict[str
         "preemptions": len(preempted),
         "replacements": len(replacements),
         "ps_recoveries": sum(1 for e in window if e.get("kind") == "ps-recovered"),
-        "steps_lost": sum(int(e.get("steps_lost", 0)) for e in window if e.get("kind") == "ps-recovered"),
+        "steps_lost": sum(
+            int(e.get("steps_lost", 0)) for e in window if e.get("kind") == "ps-recovered"
+        ),
         "lost_in_flight": finished.get("lost_in_flight") if finished else None,
         "cost": cost.total,
         "cost_on_demand": cost.total_on_demand,
         "saved": cost.saved,
         "saved_fraction": cost.saved_fraction,
         "img_per_s": cluster_rate,
-        "speedup_over_one_worker": cluster_rate / one_worker if one_worker and one_worker > 0 else None,
+        "speedup_over_one_worker": cluster_rate / one_worker
+        if one_worker and one_worker > 0
+        else None,
     }
 
 

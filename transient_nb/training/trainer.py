@@ -35,6 +35,10 @@ from transient_nb.training.ps import ParameterServer
 logger = logging.getLogger(__name__)
 
 
+#: How long a trainer waits on a PS call before it looks whether the PS was replaced (seconds).
+WAIT_SLICE_S = 0.5
+
+
 class PSLost(RuntimeError):
     """The parameter server did not answer; look it up again."""
 
@@ -117,8 +121,13 @@ class Trainer:
         self.run_id = run
         self.model_name = model
         self.data = data
-        self.hp = HParams(**{**hparams, "decay_at": tuple(hparams["decay_at"]),
-                             "decay_factors": tuple(hparams["decay_factors"])})
+        self.hp = HParams(
+            **{
+                **hparams,
+                "decay_at": tuple(hparams["decay_at"]),
+                "decay_factors": tuple(hparams["decay_factors"]),
+            }
+        )
         self.variable = variable
         self.bounds = bounds
         self.worker = get_worker()
@@ -134,6 +143,7 @@ class Trainer:
         self.local_step = 0
         self.accepted = 0
         self.ps_failures = 0
+        self._generation = 0
         self.state = "created"
         register_drain_hook(self._drain)
 
@@ -163,15 +173,40 @@ class Trainer:
     def _post(self, kind: str, **fields: Any) -> None:
         self.worker.log_event(TOPIC, make_event(kind, run=self.run_id, **fields))
 
-    def _call_all(self, shards: list[Actor], method: str, *args_per_shard: Any, **kwargs: Any) -> list[Any]:
+    def _call_all(
+        self, shards: list[Actor], method: str, *args_per_shard: Any, **kwargs: Any
+    ) -> list[Any]:
         futures = []
         for i, ps in enumerate(shards):
             args = [a[i] if isinstance(a, list) else a for a in args_per_shard]
             futures.append(getattr(ps, method)(*args, **kwargs))
+        t0 = time.monotonic()
+        out = []
         try:
-            return [f.result(timeout=self.hp.call_timeout_s) for f in futures]
+            for f in futures:
+                while True:
+                    try:
+                        out.append(f.result(timeout=WAIT_SLICE_S))
+                        break
+                    except (TimeoutError, asyncio.TimeoutError):
+                        # A call to a PS whose worker died can wait forever: look whether the
+                        # driver has published a new PS meanwhile, and give up at the timeout.
+                        if time.monotonic() - t0 > self.hp.call_timeout_s:
+                            raise
+                        if self._current_generation() > self._generation:
+                            raise PSLost("a new parameter server was published") from None
+        except PSLost:
+            raise
         except Exception as e:  # timeouts, lost worker, erred actor: all mean "PS lost"
             raise PSLost(repr(e)) from e
+        return out
+
+    def _current_generation(self) -> int:
+        try:
+            value = Variable(self.variable).get(timeout=5)
+            return int(json.loads(value)["generation"])
+        except Exception:
+            return -1
 
     def _connect(self, min_generation: int) -> tuple[int, list[Actor]]:
         """Wait until a PS of at least ``min_generation`` is published, then return it."""
@@ -181,11 +216,30 @@ class Trainer:
             except Exception:
                 gen, shards = -1, []
             if gen >= min_generation and shards:
+                self._generation = gen
                 return gen, shards
             if self._draining.is_set():
                 break
             time.sleep(0.2)
         raise PSLost("stopped while waiting for the parameter server")
+
+    def _join_ps(
+        self, min_generation: int, params: list[torch.nn.Parameter], buffers: list[torch.Tensor]
+    ) -> tuple[int, list[Actor], int]:
+        """Find the current PS, take its weights and register with it; retries while the PS is
+        being replaced under our feet."""
+        while True:
+            gen, shards = self._connect(min_generation)
+            try:
+                w, bn, version = self._pull(shards)
+                self._call_all(shards, "register", self.name, self.local_step)
+            except PSLost:
+                min_generation = gen + 1
+                continue
+            set_flat(params, w)
+            if bn is not None and buffers:
+                set_flat(buffers, bn)
+            return gen, shards, version
 
     def _pull(self, shards: list[Actor]) -> tuple[np.ndarray, np.ndarray | None, int]:
         replies = self._call_all(shards, "pull", self.name)
@@ -206,15 +260,11 @@ class Trainer:
         model.train()
         params, buffers = flat_layout(model)
         stream = BatchStream(dataset, self.hp.batch_size, seed=self.seed)
-        gen, shards = self._connect(0)
-        w, bn, version = self._pull(shards)
-        set_flat(params, w)
-        if bn is not None and buffers:
-            set_flat(buffers, bn)
-        self._call_all(shards, "register", self.name)
-        self.state = "training"
+        shards: list[Actor] = []
         t_report, imgs = time.time(), 0
         try:
+            gen, shards, version = self._join_ps(0, params, buffers)
+            self.state = "training"
             while not self._stop.is_set() or self._draining.is_set():
                 x, y = next(stream)
                 x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
@@ -231,18 +281,23 @@ class Trainer:
                 pieces = [grad[a:b] for a, b in self.bounds]
                 try:
                     replies = self._call_all(
-                        shards, "push_pull", self.name, pieces, version, self.local_step,
-                        float(loss.detach()), int(x.shape[0]), bn_delta, final,
+                        shards,
+                        "push_pull",
+                        self.name,
+                        pieces,
+                        version,
+                        self.local_step,
+                        float(loss.detach()),
+                        int(x.shape[0]),
+                        bn_delta,
+                        final,
                     )
                 except PSLost as e:
                     self.ps_failures += 1
-                    self._post("trainer-ps-lost", worker=self.name, step=version, error=str(e)[:200])
-                    gen, shards = self._connect(gen + 1)
-                    w, bn, version = self._pull(shards)
-                    set_flat(params, w)
-                    if bn is not None and buffers:
-                        set_flat(buffers, bn)
-                    self._call_all(shards, "register", self.name)
+                    self._post(
+                        "trainer-ps-lost", worker=self.name, step=version, error=str(e)[:200]
+                    )
+                    gen, shards, version = self._join_ps(gen + 1, params, buffers)
                     continue
                 self.accepted += 1
                 w, bn, version = self._merge(replies)
@@ -252,16 +307,21 @@ class Trainer:
                 imgs += int(x.shape[0])
                 now = time.time()
                 if now - t_report >= 2.0:
-                    self._post("worker-metrics", worker=self.name, step=version,
-                               img_per_s=imgs / (now - t_report), local_step=self.local_step)
+                    self._post(
+                        "worker-metrics",
+                        worker=self.name,
+                        step=version,
+                        img_per_s=imgs / (now - t_report),
+                        local_step=self.local_step,
+                    )
                     t_report, imgs = now, 0
-                if final:
-                    break
+                if final or version >= self.hp.steps:
+                    break  # drained, or the run has all its steps: no more pushes
         except PSLost:
             pass  # stopped while the PS was away
         finally:
             self.state = "drained" if self._draining.is_set() else "stopped"
-            if not self._draining.is_set():
+            if not self._draining.is_set() and shards:
                 try:
                     self._call_all(shards, "unregister", self.name, True)
                 except PSLost:
