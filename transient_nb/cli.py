@@ -3,7 +3,8 @@
 ``transient-nb run`` starts a cluster (local backend unless configured otherwise), trains with
 asynchronous PS training while the simulator preempts workers, prints a progress bar and a
 summary, and writes the run record, the summary and a standalone HTML report into ``--out``.
-``transient-nb list`` shows the clusters running on this machine.
+``transient-nb list`` shows the clusters running on this machine; ``transient-nb sweep`` deletes
+the GCE VMs of clusters that are gone.
 """
 
 from __future__ import annotations
@@ -51,7 +52,29 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--json", default=None, metavar="PATH", help="also write the summary as JSON here")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
     sub.add_parser("list", help="clusters registered on this machine")
+    # -- sweep (GCE backend) --
+    w = sub.add_parser("sweep", help="delete GCE VMs left behind by transient clusters that are gone")
+    w.add_argument("--project", default=None, help="GCE project (default: config or gcloud's)")
+    w.add_argument("--zone", action="append", default=None,
+                   help="zone to look in; repeat for more (default: every zone of the price catalog)")
+    w.add_argument("--dry-run", action="store_true", help="only list what would be deleted")
+    w.add_argument("--force", action="store_true",
+                   help="also delete VMs created from other machines (their owner cannot be checked)")
+    w.add_argument("--yes", action="store_true", help="delete without asking")
     return p
+
+
+def sweep_vms(args: argparse.Namespace) -> int:
+    from transient_nb.backends.gce import sweep
+
+    def confirm(doomed: list[dict[str, Any]]) -> bool:
+        if args.yes:
+            return True
+        answer = input(f"Delete these {len(doomed)}? [y/N] ")
+        return answer.strip().lower() in ("y", "yes")
+
+    sweep(args.project, args.zone, args.dry_run, force=args.force, confirm=confirm)
+    return 0
 
 
 def _print_summary(s: dict[str, Any]) -> None:
@@ -174,6 +197,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "run":
             return run(args)
+        if args.command == "sweep":
+            return sweep_vms(args)
         return list_clusters()
     except ValueError as e:
         print(f"transient-nb: error: {e}", file=sys.stderr)

@@ -150,7 +150,11 @@ class TransientCluster(SpecCluster):
             raise ValueError(
                 f"time_scale={time_scale!r} must be positive (simulated seconds per second)."
             )
-        notice_s = parse_timedelta(config.get("notice", override_with=notice), default="seconds")
+        notice = config.get("notice", override_with=notice)
+        try:
+            notice_s = parse_timedelta(notice, default="seconds")
+        except (ValueError, TypeError, KeyError):  # e.g. "-5s": dask's own message names nothing
+            notice_s = None
         if notice_s is None or notice_s < 0:
             raise ValueError(f"notice={notice!r} must be a non-negative duration such as '30s'.")
         self.notice_s = float(notice_s)
@@ -197,6 +201,23 @@ class TransientCluster(SpecCluster):
             log_dir=os.path.join(self.run_path, "logs"),
             **backend_options,
         )
+        # -- backend hooks: a cloud backend checks its settings against the provider here, before
+        # anything exists (GCE: project, zones, machine and GPU types, image).
+        self.backend.prepare(
+            name,
+            gpus=[self.gpu, *fallback_gpus],
+            zones=[self.zone, *fallback_zones],
+            machine_type=self.machine_type,
+            ps_machine_type=self.ps_machine_type,
+            notice_s=self.notice_s / self.time_scale,
+        )
+        if replace_at is None and self.backend.name == "gce":
+            # GCE gives 30 s of notice and a new VM takes 80-100 s to boot: ask at the notice.
+            self.replace_at = config.get("gce.replace-at")
+            if self.replace_at not in ("preempted", "notice"):
+                raise ValueError(
+                    f"gce.replace-at={self.replace_at!r}: use 'preempted' or 'notice'."
+                )
         self.monitor = TransientMonitor(self.run_record)
         self.monitor.on_control = self._on_control
         self.simulator = PreemptionSimulator(
@@ -213,10 +234,17 @@ class TransientCluster(SpecCluster):
                 "port": 0,
                 "dashboard_address": "127.0.0.1:0",
                 "plugins": [self.monitor],
+                # Cloud backends: TLS, and an interface the VMs can reach.
+                **self.backend.scheduler_options(),
             },
         }
         super().__init__(
-            workers={}, scheduler=scheduler, asynchronous=asynchronous, loop=loop, name=name
+            workers={},
+            scheduler=scheduler,
+            asynchronous=asynchronous,
+            loop=loop,
+            name=name,
+            security=self.backend.security,
         )
 
     # -- start and close ---------------------------------------------------------------------------
@@ -253,12 +281,16 @@ class TransientCluster(SpecCluster):
                 "spot": self.spot,
             },
         )
+        await self.backend.start(self.scheduler_address)  # e.g. GCE's firewall rule
+        self._spawn(self._guard_limits())
         await self._provision("ps")
         self.simulator.start()
         await asyncio.gather(*(self._provision("worker") for _ in range(self._target)))
 
     async def _close(self) -> None:
         if self.status not in (Status.running, Status.failed) or self._closing:
+            # A close racing another one (e.g. a budget stop) waits for the backend's cleanup.
+            await self.backend.close()
             return await super()._close()
         self._closing = True
         self.simulator.stop()
@@ -272,7 +304,11 @@ class TransientCluster(SpecCluster):
                 await self._post("closed", cluster=self.name)
         finally:
             registry.unregister(self.name)
-            await super()._close()
+            try:
+                # VMs still being created, then cluster-wide resources (GCE's firewall rule).
+                await self.backend.close()
+            finally:
+                await super()._close()
 
     # -- control requests from other views (the JupyterLab panel) -------------------------------
     def _on_control(self, msg: dict[str, Any]) -> None:
@@ -281,6 +317,14 @@ class TransientCluster(SpecCluster):
 
     async def _control(self, msg: dict[str, Any]) -> None:
         action = msg.get("action")
+        if action == "provider-notice":
+            # A VM's own preemption notice (GCE: its metadata server), sent by its worker: the
+            # same path as a simulated preemption, with no notice left to deliver.
+            vm = self.workers.get(str(msg.get("vm")))
+            if isinstance(vm, TransientVM) and not vm.stopped and not self._closing:
+                vm.provider_notice = True
+                await self._preempt_one(vm.name, True, str(msg.get("source", "provider")))
+            return
         try:
             if action == "scale":
                 self.scale(int(msg["workers"]))
@@ -298,6 +342,28 @@ class TransientCluster(SpecCluster):
             await self._post(
                 "control", action=action, ok=False, error=str(e), request=msg.get("id")
             )
+
+    # -- money and time limits (backends that set them: GCE's budget and deadline) --------------
+    async def _guard_limits(self) -> None:
+        budget, deadline_s = self.backend.budget, self.backend.deadline_s
+        if budget is None and deadline_s is None:
+            return
+        t0 = time.monotonic()
+        while not self._closing:
+            spent = self.cost().total
+            reason = None
+            if budget is not None and spent >= budget:
+                reason = f"budget of ${budget:.2f} spent (${spent:.4f})"
+            elif deadline_s is not None and time.monotonic() - t0 >= deadline_s:
+                reason = f"deadline of {deadline_s:g} s reached"
+            if reason is not None:
+                await self._post(
+                    "limit-reached", reason=reason, cost=spent, budget=budget, deadline_s=deadline_s
+                )
+                self._log(f"Stopping cluster {self.name}: {reason}")
+                self._spawn(self._close())
+                return
+            await asyncio.sleep(1.0)
 
     # -- events ----------------------------------------------------------------------------------------
     async def _post(self, kind: str, **fields: Any) -> None:
@@ -444,7 +510,12 @@ class TransientCluster(SpecCluster):
         if self._closing or not (self.replace or vm.spec.role == "ps"):
             return
         if vm.spec.role == "worker":
-            current = sum(1 for w in self.workers.values() if w.spec.role == "worker")  # type: ignore[attr-defined]
+            # The VM being replaced does not count: at its notice it is still in self.workers.
+            current = sum(
+                1
+                for w in self.workers.values()
+                if w.spec.role == "worker" and w is not vm and not w.stopped  # type: ignore[attr-defined]
+            )
             if current >= self._target:
                 return
         await self._post(

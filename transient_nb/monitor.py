@@ -13,11 +13,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
-
-from collections.abc import Callable
 
 from transient_nb.events import CONTROL_TOPIC, TOPIC, make_event
 
@@ -48,7 +47,9 @@ class TransientMonitor(SchedulerPlugin):
         self.path = path
         self.events: list[dict[str, Any]] = []
         self._vms: dict[str, dict[str, Any]] = {}
-        self._names: dict[str, str] = {}  # address -> worker name (gone from the scheduler on removal)
+        self._names: dict[
+            str, str
+        ] = {}  # address -> worker name (gone from the scheduler on removal)
         self._file: Any = None
         self.scheduler: Any = None
         #: Called with every control request (``transient-control`` topic) by the owning cluster.
@@ -93,7 +94,9 @@ class TransientMonitor(SchedulerPlugin):
     def add_worker(self, scheduler: Any, worker: str) -> None:
         self._post_membership("joined", scheduler, worker)
 
-    def remove_worker(self, scheduler: Any, worker: str, *, stimulus_id: str, **kwargs: Any) -> None:
+    def remove_worker(
+        self, scheduler: Any, worker: str, *, stimulus_id: str, **kwargs: Any
+    ) -> None:
         self._post_membership("left", scheduler, worker)
 
     async def close(self) -> None:

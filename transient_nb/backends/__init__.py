@@ -14,8 +14,13 @@ def get_backend(name: str, **options: object) -> Backend:
 
         return LocalBackend(**options)  # type: ignore[arg-type]
     if name == "gce":
-        raise ValueError(
-            "The 'gce' backend is not available in this version of transient_nb: use "
-            "backend='local'."
-        )
+        try:
+            from transient_nb.backends.gce import GCEBackend
+        except ImportError as e:  # google-cloud-compute is an optional dependency
+            raise ValueError(
+                f"The 'gce' backend needs google-cloud-compute ({e}): pip install "
+                "'transient_nb[gcp]', or use backend='local'."
+            ) from e
+
+        return GCEBackend(**options)  # type: ignore[arg-type]
     raise ValueError(f"Unknown backend {name!r}: use 'local' or 'gce'.")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,6 +98,9 @@ class TransientVM(ProcessInterface):
         self.lifecycle = "created"
         #: True once we stopped the VM on purpose (preemption or deletion).
         self.stopped = False
+        #: True when the provider's own notice already reached the VM (GCE's metadata server):
+        #: there is no notice left to deliver, only the exit to wait for.
+        self.provider_notice = False
 
     async def post(self, kind: str, **fields: Any) -> None:
         """Log a lifecycle event of this VM."""
@@ -134,7 +137,8 @@ class TransientVM(ProcessInterface):
         """Stop the VM as the provider would; ``notice`` first if asked for."""
         self.stopped = True  # from here on, the VM going away is expected
         if notice and deadline is not None:
-            await self._notify(deadline)
+            if not self.provider_notice:
+                await self._notify(deadline)
             await self._wait_exit(deadline)
         await self._kill()
 
@@ -168,9 +172,45 @@ class TransientVM(ProcessInterface):
 
 
 class Backend:
-    """Makes VMs. Subclasses set ``name`` and implement :meth:`make_vm`."""
+    """Makes VMs. Subclasses set ``name`` and implement :meth:`make_vm`.
+
+    The hooks below let a cloud backend (GCE) check its settings before anything is created,
+    secure the scheduler, and own cluster-wide resources (a firewall rule); the defaults do
+    nothing, which is what the local backend needs.
+    """
 
     name = "base"
+    #: Stop the cluster when it has spent this many dollars (None: no budget).
+    budget: float | None = None
+    #: Stop the cluster after this many wall-clock seconds (None: no deadline).
+    deadline_s: float | None = None
+
+    @property
+    def security(self) -> Any:
+        """``distributed.security.Security`` of the cluster (None: Dask's default, no TLS)."""
+        return None
+
+    def scheduler_options(self) -> dict[str, Any]:
+        """Options merged into the scheduler's (host, protocol, security)."""
+        return {}
+
+    def prepare(
+        self,
+        cluster_name: str,
+        *,
+        gpus: Sequence[str],
+        zones: Sequence[str],
+        machine_type: str,
+        ps_machine_type: str,
+        notice_s: float,
+    ) -> None:
+        """Check the cluster's settings against the provider; called before anything starts."""
+
+    async def start(self, scheduler_address: str) -> None:
+        """Create cluster-wide resources once the scheduler runs, before any VM."""
+
+    async def close(self) -> None:
+        """Remove cluster-wide resources once every VM is gone."""
 
     def make_vm(self, spec: VMSpec, **kwargs: Any) -> TransientVM:
         raise NotImplementedError

@@ -102,6 +102,7 @@ class ParameterServer:
         self.gaps = 0  # local steps that never arrived (lost gradients), over all trainers
         self.computing: dict[str, bool] = {}
         self.lost_in_flight = 0
+        self.finals: set[str] = set()  # trainers whose last gradient arrived with a notice
         self.last_checkpoint = self.version
         self._window = {"t": time.time(), "updates": 0, "images": 0, "loss": 0.0, "stale": 0}
         self._ckpt_task: asyncio.Future[Any] | None = None
@@ -174,6 +175,7 @@ class ParameterServer:
         self.active.add(trainer)
         if final:
             self.active.discard(trainer)
+            self.finals.add(trainer)
         win = self._window
         win["updates"] += 1
         win["images"] += images
@@ -258,6 +260,7 @@ class ParameterServer:
             "accepted": dict(self.accepted),
             "gaps": self.gaps,
             "lost_in_flight": self.lost_in_flight,
+            "drained": sorted(self.finals),
             "last_checkpoint": self.last_checkpoint,
             "uptime": time.time() - self.started,
         }

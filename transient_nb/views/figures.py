@@ -21,11 +21,16 @@ from transient_nb.cost import compute_costs
 ROLLOVER = 100_000
 Event = Mapping[str, Any]
 
+#: Marker and colour of each lifecycle event drawn on the workers figure.
 MARKERS = {
     "notice": ("triangle", "#e6a700"),
     "preempted": ("x", "#d62728"),
+    "replacement-requested": ("square", "#17becf"),
     "joined": ("circle", "#2ca02c"),
 }
+#: Events that compute_costs reads: the cost curve keeps only these (a run has thousands of
+#: metrics events, and the curve recomputes the bill at every point).
+BILLING_KINDS = frozenset({"started", "requested", "running", "preempted", "deleted", "closed"})
 GPU_COLORS = ["#1f77b4", "#ff7f0e", "#9467bd", "#8c564b", "#17becf", "#7f7f7f"]
 
 
@@ -59,8 +64,9 @@ class AccuracyLoss(Component):
 
     def __init__(self, t0: float | None = None, height: int = 260, width: int = 480):
         super().__init__(t0)
-        self.acc = ColumnDataSource({"time": [], "accuracy": [], "step": []})
-        self.loss = ColumnDataSource({"time": [], "loss": [], "step": []})
+        # Names let tests and browser scripts find the sources in a rendered document.
+        self.acc = ColumnDataSource({"time": [], "accuracy": [], "step": []}, name="accuracy")
+        self.loss = ColumnDataSource({"time": [], "loss": [], "step": []}, name="loss")
         self.source = self.acc
         acc_fig = figure(
             title="Test accuracy",
@@ -116,7 +122,9 @@ class Cost(Component):
     ):
         super().__init__(t0)
         self.minimum_s = minimum_s
-        self.source = ColumnDataSource({"time": [], "cost": [], "on_demand": []})
+        self._billing: list[Event] = []
+        self._billing_seen = 0
+        self.source = ColumnDataSource({"time": [], "cost": [], "on_demand": []}, name="cost")
         fig = figure(
             title="Cost (USD)",
             height=height,
@@ -142,12 +150,23 @@ class Cost(Component):
         )
         self.root = fig
 
+    def _billing_events(self, events: Sequence[Event]) -> list[Event]:
+        """The billing events of ``events`` (kept incrementally: ``events`` only grows)."""
+        if len(events) < self._billing_seen:  # a different, shorter log: start afresh
+            self._billing, self._billing_seen = [], 0
+        self._billing.extend(
+            e for e in events[self._billing_seen :] if e.get("kind") in BILLING_KINDS
+        )
+        self._billing_seen = len(events)
+        return self._billing
+
     def _update(self, events: Sequence[Event], new: Sequence[Event]) -> None:
+        billing = self._billing_events(events)
         times = sorted({float(e["time"]) for e in new})
         # A point per new event time (enough for a step-wise cumulative curve).
         rows: dict[str, list[float]] = {"time": [], "cost": [], "on_demand": []}
         for t in times[-50:]:
-            upto = [e for e in events if float(e["time"]) <= t]
+            upto = [e for e in billing if float(e["time"]) <= t]
             report = compute_costs(upto, now=t, minimum_s=self.minimum_s)
             rows["time"].append(self._t({"time": t}))
             rows["cost"].append(report.total)
@@ -156,7 +175,7 @@ class Cost(Component):
 
     def tick(self, events: Sequence[Event], now: float) -> None:
         """Add a point at ``now`` (costs grow between events too)."""
-        report = compute_costs(events, now=now, minimum_s=self.minimum_s)
+        report = compute_costs(self._billing_events(events), now=now, minimum_s=self.minimum_s)
         self.source.stream(
             {
                 "time": [self._t({"time": now})],
@@ -168,14 +187,28 @@ class Cost(Component):
 
 
 class Workers(Component):
-    """Active GPU workers over time, by GPU type, with a marker per notice, preemption and join."""
+    """Active GPU workers over time, in total and by GPU type, with a marker per notice,
+    preemption, replacement and join (hover tells which worker and why)."""
 
     def __init__(self, t0: float | None = None, height: int = 260, width: int = 480):
         super().__init__(t0)
         self.active: dict[str, str] = {}  # worker -> gpu of those joined and not gone
-        self.source = ColumnDataSource({"time": [], "active": []})
+        self.source = ColumnDataSource({"time": [], "active": []}, name="workers")
+        #: One source per GPU type, created when the type first joins (fallback GPU types can
+        #: appear mid-run).
+        self.by_gpu: dict[str, ColumnDataSource] = {}
         self.markers = ColumnDataSource(
-            {"time": [], "y": [], "kind": [], "worker": [], "gpu": [], "marker": [], "color": []}
+            {
+                "time": [],
+                "y": [],
+                "kind": [],
+                "worker": [],
+                "gpu": [],
+                "detail": [],
+                "marker": [],
+                "color": [],
+            },
+            name="markers",
         )
         fig = figure(
             title="Active workers",
@@ -184,35 +217,91 @@ class Workers(Component):
             x_axis_label="seconds",
             tools="pan,wheel_zoom,reset,save",
         )
-        fig.step("time", "active", source=self.source, mode="after", line_width=2, color="#1f77b4")
+        fig.step(
+            "time",
+            "active",
+            source=self.source,
+            mode="after",
+            line_width=2,
+            color="#1f77b4",
+            legend_label="all",
+        )
         glyph = fig.scatter(
             "time", "y", source=self.markers, marker="marker", color="color", size=10
         )
         fig.add_tools(
             HoverTool(
                 renderers=[glyph],
-                tooltips=[("event", "@kind"), ("worker", "@worker"), ("GPU", "@gpu")],
+                tooltips=[
+                    ("event", "@kind"),
+                    ("worker", "@worker"),
+                    ("GPU", "@gpu"),
+                    ("", "@detail"),
+                ],
             )
         )
+        fig.legend.location = "top_left"
+        fig.legend.click_policy = "hide"
+        self.fig = fig
         self.root = fig
+
+    def _gpu_source(self, gpu: str) -> ColumnDataSource:
+        src = self.by_gpu.get(gpu)
+        if src is None:
+            src = self.by_gpu[gpu] = ColumnDataSource(
+                {"time": [], "active": []}, name=f"workers-{gpu}"
+            )
+            color = GPU_COLORS[(len(self.by_gpu)) % len(GPU_COLORS)]
+            self.fig.step(
+                "time",
+                "active",
+                source=src,
+                mode="after",
+                line_width=1.5,
+                line_dash="dashed",
+                color=color,
+                legend_label=gpu,
+            )
+        return src
+
+    @staticmethod
+    def _detail(e: Event) -> str:
+        kind = e.get("kind")
+        if kind == "notice":
+            return f"notice from {e.get('source', '?')}"
+        if kind == "preempted":
+            how = "after its notice" if e.get("notice") else "without notice"
+            return f"preempted {how} ({e.get('source', '?')})"
+        if kind == "replacement-requested":
+            return "a replacement was requested"
+        return str(kind)
 
     def _update(self, events: Sequence[Event], new: Sequence[Event]) -> None:
         rows: dict[str, list[Any]] = {"time": [], "active": []}
+        per_gpu: dict[str, dict[str, list[Any]]] = {}
         marks: dict[str, list[Any]] = {k: [] for k in self.markers.data}
         for e in new:
             kind, name = e.get("kind"), e.get("worker")
             if e.get("role") != "worker" or not name:
                 continue
+            changed: set[str] = set()
             if kind == "joined":
-                self.active[name] = str(e.get("gpu"))
+                gpu = str(e.get("gpu"))
+                self.active[name] = gpu
+                changed.add(gpu)
             elif kind in ("left", "preempted", "deleted"):
-                self.active.pop(name, None)
-            else:
-                if kind != "notice":
-                    continue
+                gone = self.active.pop(name, None)
+                if gone is not None:
+                    changed.add(gone)
+            elif kind not in MARKERS:
+                continue
             t = self._t(e)
             rows["time"].append(t)
             rows["active"].append(len(self.active))
+            for gpu in changed:
+                cols = per_gpu.setdefault(gpu, {"time": [], "active": []})
+                cols["time"].append(t)
+                cols["active"].append(sum(1 for g in self.active.values() if g == gpu))
             if kind in MARKERS:
                 marker, color = MARKERS[kind]
                 for k, v in (
@@ -220,13 +309,16 @@ class Workers(Component):
                     ("y", len(self.active)),
                     ("kind", kind),
                     ("worker", name),
-                    ("gpu", e.get("gpu")),
+                    ("gpu", str(e.get("gpu"))),
+                    ("detail", self._detail(e)),
                     ("marker", marker),
                     ("color", color),
                 ):
                     marks[k].append(v)
         if rows["time"]:
             self.source.stream(rows, rollover=ROLLOVER)
+        for gpu, cols in per_gpu.items():
+            self._gpu_source(gpu).stream(cols, rollover=ROLLOVER)
         if marks["time"]:
             self.markers.stream(marks, rollover=ROLLOVER)
 
@@ -237,7 +329,9 @@ class Throughput(Component):
     def __init__(self, t0: float | None = None, height: int = 260, width: int = 480):
         super().__init__(t0)
         self.colors: dict[str, str] = {}
-        self.source = ColumnDataSource({"time": [], "img_per_s": [], "worker": [], "color": []})
+        self.source = ColumnDataSource(
+            {"time": [], "img_per_s": [], "worker": [], "color": []}, name="throughput"
+        )
         fig = figure(
             title="Throughput per worker (images/s)",
             height=height,
@@ -267,7 +361,18 @@ class Throughput(Component):
 
 
 class RunFigures:
-    """The figure group of a run: accuracy and loss, cost, workers, throughput."""
+    """The figure group of a run: accuracy and loss, cost, workers, throughput.
+
+    Every figure shares one time axis (seconds since ``t0``; the first event's time when not
+    given), so that panning one pans them all.
+
+    Examples
+    --------
+    >>> figs = RunFigures(t0=0.0)
+    >>> figs.update([{"kind": "metrics", "time": 1.0, "step": 10, "loss": 2.0}])
+    >>> len(figs.accuracy.loss.data["step"])
+    1
+    """
 
     def __init__(self, t0: float | None = None, minimum_s: float = 60.0):
         self.accuracy = AccuracyLoss(t0)
@@ -275,13 +380,36 @@ class RunFigures:
         self.workers = Workers(t0)
         self.throughput = Throughput(t0)
         self.components: list[Component] = [self.accuracy, self.cost, self.workers, self.throughput]
+        shared = self.accuracy.acc_fig.x_range
+        for fig in (
+            self.accuracy.loss_fig,
+            self.cost.root,
+            self.workers.root,
+            self.throughput.root,
+        ):
+            fig.x_range = shared
         self.root = column(
             self.accuracy.root, row(self.cost.root, self.workers.root), self.throughput.root
         )
 
+    @property
+    def t0(self) -> float | None:
+        """Time (UNIX seconds) of the origin of the time axis, once known."""
+        return self.accuracy.t0
+
     def update(self, events: Sequence[Event]) -> None:
         """Stream whatever is new in ``events`` into every figure."""
+        if events:
+            t0 = next((c.t0 for c in self.components if c.t0 is not None), None)
+            if t0 is None:
+                t0 = float(events[0]["time"])
+            for c in self.components:
+                if c.t0 is None:
+                    c.t0 = t0
         for c in self.components:
-            if self.accuracy.t0 is not None:
-                c.t0 = self.accuracy.t0 if c.t0 is None else c.t0
             c.update(events)
+
+    def tick(self, events: Sequence[Event], now: float) -> None:
+        """Move the cost curve to ``now`` (dollars grow between events)."""
+        if self.cost.t0 is not None:
+            self.cost.tick(events, now)

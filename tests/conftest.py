@@ -1,0 +1,139 @@
+"""Shared fixtures and helpers of the transient_nb test suite.
+
+Every test runs with ``transient.run-dir`` and ``transient.registry-dir`` pointing into its own
+``tmp_path``, so that no test writes under the user's home folder or sees another test's clusters.
+Tests wait on conditions (events in the log, registry state, processes gone) with
+:func:`wait_for` / :func:`wait_for_sync`, never with bare sleeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import time
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import dask.config
+import psutil
+import pytest
+from distributed import utils_test
+
+# Dask's own fixture for the tests that want its leak checks.
+from distributed.utils_test import cleanup  # noqa: F401
+
+import transient_nb  # noqa: F401  (registers the ``transient`` config defaults)
+
+#: Poll interval of the wait helpers (seconds).
+POLL_S = 0.05
+
+
+@pytest.fixture(autouse=True)
+def _isolated_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Point the run record and cluster registry folders at this test's ``tmp_path``.
+
+    ``gen_test`` and ``gen_cluster`` reset dask's config to the snapshot that
+    ``distributed.utils_test`` took when it was imported; the ``transient`` namespace, isolated,
+    goes into that snapshot too, so that it survives the reset.
+    """
+    with dask.config.set(
+        {
+            "transient.run-dir": str(tmp_path / "runs"),
+            "transient.registry-dir": str(tmp_path / "clusters"),
+        }
+    ):
+        monkeypatch.setitem(
+            utils_test.original_config, "transient", copy.deepcopy(dask.config.get("transient"))
+        )
+        yield
+
+
+def _describe(predicate: Callable[..., Any]) -> str:
+    return getattr(predicate, "__qualname__", repr(predicate))
+
+
+def wait_for_sync(
+    predicate: Callable[[], Any], timeout: float = 60, message: str | None = None
+) -> Any:
+    """Poll ``predicate()`` every 0.05 s until it returns something truthy; return that.
+
+    Raises ``TimeoutError`` (with ``message``) after ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise TimeoutError(message or f"{_describe(predicate)} still false after {timeout}s")
+        time.sleep(POLL_S)
+
+
+async def wait_for(
+    predicate: Callable[[], Any | Awaitable[Any]], timeout: float = 60, message: str | None = None
+) -> Any:
+    """Async twin of :func:`wait_for_sync`; ``predicate`` may be a coroutine function."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise TimeoutError(message or f"{_describe(predicate)} still false after {timeout}s")
+        await asyncio.sleep(POLL_S)
+
+
+# -- events -------------------------------------------------------------------------------------
+def kinds(events: Iterable[dict[str, Any]], worker: str | None = None) -> list[str]:
+    """The ``kind`` of every event (of one worker, if given), in order."""
+    return [e["kind"] for e in events if worker is None or e.get("worker") == worker]
+
+
+def of_kind(events: Iterable[dict[str, Any]], kind: str, **match: Any) -> list[dict[str, Any]]:
+    """Events of one kind whose fields equal ``match``."""
+    return [e for e in events if e["kind"] == kind and all(e.get(k) == v for k, v in match.items())]
+
+
+def index_of(events: list[dict[str, Any]], kind: str, start: int = 0, **match: Any) -> int:
+    """Index of the first event of ``kind`` (matching ``match``) at or after ``start``; -1 if none."""
+    for i in range(start, len(events)):
+        e = events[i]
+        if e["kind"] == kind and all(e.get(k) == v for k, v in match.items()):
+            return i
+    return -1
+
+
+# -- processes ----------------------------------------------------------------------------------
+def child_pids() -> set[int]:
+    """Every live descendant of this test process."""
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def alive(pids: Iterable[int]) -> set[int]:
+    """The pids of ``pids`` that still run (zombies count as gone)."""
+    out = set()
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.add(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def vm_pids(cluster: Any) -> set[int]:
+    """The processes of every VM of a local cluster now: each VM's top process and descendants."""
+    pids: set[int] = set()
+    for vm in list(cluster.workers.values()):
+        pid = getattr(vm, "pid", None)
+        if pid is None:
+            continue
+        pids.add(pid)
+        try:
+            pids |= {c.pid for c in psutil.Process(pid).children(recursive=True)}
+        except psutil.NoSuchProcess:
+            pass
+    return pids

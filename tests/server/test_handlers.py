@@ -1,0 +1,365 @@
+"""REST routes of the JupyterLab panel, against a real Jupyter server and real small clusters."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import psutil
+import pytest
+from conftest import wait_for  # tests/conftest.py: the suite's wait helper
+from tornado.httpclient import HTTPClientError, HTTPResponse
+
+from transient_nb import TransientCluster, registry
+
+Fetch = Callable[..., Awaitable[HTTPResponse]]
+
+
+# -- helpers ----------------------------------------------------------------------------------------
+async def call(
+    jp_fetch: Fetch, *parts: str, method: str = "GET", body: Any = None, **kw: Any
+) -> tuple[int, Any]:
+    """Status and decoded JSON of one request; 4xx/5xx answers are returned, not raised."""
+    if body is not None and not isinstance(body, (str, bytes)):
+        body = json.dumps(body)
+    if body is None and method == "POST":
+        body = "{}"
+    response = await jp_fetch(
+        "transient-nb", *parts, method=method, body=body, raise_error=False, **kw
+    )
+    payload = json.loads(response.body) if response.body else None
+    return response.code, payload
+
+
+async def listing(jp_fetch: Fetch) -> dict[str, dict[str, Any]]:
+    code, data = await call(jp_fetch, "clusters")
+    assert code == 200, data
+    return {m["name"]: m for m in data["clusters"]}
+
+
+async def wait_model(
+    jp_fetch: Fetch,
+    predicate: Callable[[dict[str, dict[str, Any]]], Any],
+    timeout: float = 60,
+) -> dict[str, dict[str, Any]]:
+    """Poll the list route until ``predicate(models by name)`` holds; return the models."""
+    models: dict[str, dict[str, Any]] = {}
+
+    async def check() -> bool:
+        nonlocal models
+        models = await listing(jp_fetch)
+        return bool(predicate(models))
+
+    try:
+        await wait_for(check, timeout=timeout)
+    except TimeoutError:
+        raise AssertionError(f"condition not met; models: {json.dumps(models)[:2000]}") from None
+    return models
+
+
+def states(model: dict[str, Any]) -> dict[str, str]:
+    return {w["name"]: w["state"] for w in model["workers"]}
+
+
+@asynccontextmanager
+async def kernel_cluster(name: str, workers: int = 2) -> AsyncIterator[TransientCluster]:
+    """A cluster as a kernel would create it (it registers itself), closed at the end."""
+    cluster = await TransientCluster(
+        workers=workers, name=name, provisioning_delay=0, notice="1s", asynchronous=True
+    )
+    try:
+        await cluster._wait_for_workers(timeout=60)
+        yield cluster
+    finally:
+        await cluster.close()
+
+
+def register_stale(name: str) -> None:
+    """A registry entry whose owning process is gone, as a crashed kernel leaves it."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    path = registry.register(name, {"backend": "local", "scheduler_address": "tcp://127.0.0.1:9"})
+    with open(path) as f:
+        entry = json.load(f)
+    entry["pid"] = proc.pid
+    with open(path, "w") as f:
+        json.dump(entry, f)
+
+
+# -- listing ----------------------------------------------------------------------------------------
+async def test_empty_list(jp_fetch: Fetch) -> None:
+    code, data = await call(jp_fetch, "clusters")
+    assert code == 200
+    assert data["clusters"] == []
+    assert isinstance(data["version"], str)
+
+
+async def test_options_offer_catalog_choices(jp_fetch: Fetch) -> None:
+    code, data = await call(jp_fetch, "options")
+    assert code == 200
+    assert "t4" in data["gpus"]
+    assert data["defaults"]["zone"] in data["zones"]
+
+
+async def test_long_poll_answers_on_change_and_holds_when_idle(jp_fetch: Fetch) -> None:
+    code, data = await call(jp_fetch, "clusters")
+    version = data["version"]
+    start = time.monotonic()
+    code, same = await call(jp_fetch, "clusters", params={"version": version, "wait": "1"})
+    assert code == 200 and same["version"] == version
+    assert time.monotonic() - start >= 0.9  # held while nothing changed
+
+    start = time.monotonic()
+    pending = asyncio.ensure_future(
+        call(jp_fetch, "clusters", params={"version": version, "wait": "20"})
+    )
+    await asyncio.sleep(0.5)  # the request is waiting on the server now
+    assert not pending.done()
+    register_stale("ghost-poll")
+    code, changed = await pending
+    assert [m["name"] for m in changed["clusters"]] == ["ghost-poll"]
+    assert changed["version"] != version
+    assert time.monotonic() - start < 5  # answered on the change, not at the deadline
+
+
+# -- control ----------------------------------------------------------------------------------------
+@pytest.mark.slow
+async def test_kernel_cluster_is_listed_and_controlled(jp_fetch: Fetch) -> None:
+    """A cluster created in a kernel shows up; preempt, scale and stop reach it as events."""
+    async with kernel_cluster("api-ctl") as cluster:
+        models = await wait_model(
+            jp_fetch, lambda m: m.get("api-ctl", {}).get("counts") == {"joined": 2}
+        )
+        m = models["api-ctl"]
+        assert m["status"] == "running"
+        assert m["owner"] == "kernel"
+        assert m["pid"] == os.getpid()
+        assert m["backend"] == "local"
+        assert m["scheduler_address"] == cluster.scheduler_address
+        assert m["dashboard_link"] == cluster.dashboard_link
+        assert m["gpu"] == "t4" and m["spot"] is True
+        assert m["target_workers"] == 2
+        assert states(m) == {"ps-0": "joined", "w-0": "joined", "w-1": "joined"}
+        assert m["workers"][0]["role"] == "ps"  # the PS host first
+        assert all(w["gpu"] == "t4" and w["zone"] for w in m["workers"] if w["role"] == "worker")
+        assert m["preemptions"] == 0
+        assert m["training"] is None
+        assert m["cost"]["rate_per_hour"] > 0
+        assert m["cost"]["cost_on_demand"] > m["cost"]["cost"] > 0  # spot is cheaper
+        assert m["cost"]["saved"] > 0
+        assert "api-ctl" in m["connect_code"] or cluster.scheduler_address in m["connect_code"]
+        code, one = await call(jp_fetch, "clusters", "api-ctl")
+        assert code == 200 and one["name"] == "api-ctl"
+
+        # A worker that is not there: the owning cluster refuses, and says which ones are.
+        code, answer = await call(
+            jp_fetch, "clusters", "api-ctl", "preempt", method="POST", body={"worker": "w-99"}
+        )
+        assert code == 400 and "w-99" in answer["message"] and "w-0" in answer["message"]
+
+        code, answer = await call(
+            jp_fetch, "clusters", "api-ctl", "preempt", method="POST", body={"worker": "w-0"}
+        )
+        assert code == 200, answer
+        assert answer["answered"] is True
+        models = await wait_model(
+            jp_fetch,
+            lambda m: (
+                states(m["api-ctl"]).get("w-0") == "preempted"
+                and states(m["api-ctl"]).get("w-2") == "joined"
+            ),
+        )
+        assert models["api-ctl"]["preemptions"] == 1
+        assert models["api-ctl"]["last_control"]["action"] == "preempt"
+
+        code, answer = await call(
+            jp_fetch, "clusters", "api-ctl", "scale", method="POST", body={"workers": 3}
+        )
+        assert code == 200 and answer["answered"] is True, answer
+        models = await wait_model(jp_fetch, lambda m: m["api-ctl"]["counts"] == {"joined": 3})
+        assert models["api-ctl"]["target_workers"] == 3
+
+        code, answer = await call(jp_fetch, "clusters", "api-ctl", method="DELETE")
+        assert code == 200 and answer["answered"] is True, answer
+        await wait_model(jp_fetch, lambda m: "api-ctl" not in m)
+        assert registry.entries() == []
+        await wait_for(lambda: cluster.status.name == "closed", timeout=30)
+
+
+@pytest.mark.slow
+async def test_cluster_started_from_the_panel(jp_fetch: Fetch, jp_serverapp: Any) -> None:
+    code, model = await call(
+        jp_fetch,
+        "clusters",
+        method="POST",
+        body={"name": "panel-1", "workers": 1, "provisioning_delay": "0s", "notice": "1s"},
+    )
+    assert code == 201, model
+    assert model["name"] == "panel-1" and model["owner"] == "panel"
+    models = await wait_model(
+        jp_fetch, lambda m: m.get("panel-1", {}).get("counts") == {"joined": 1}
+    )
+    assert models["panel-1"]["pid"] == os.getpid()  # it lives in the server process
+
+    manager = jp_serverapp.web_app.settings["transient_nb_manager"]
+    cluster = manager._owned["panel-1"]
+    pids = {vm.pid for vm in cluster.workers.values() if getattr(vm, "pid", None)}
+    assert pids
+
+    code, answer = await call(jp_fetch, "clusters", "panel-1", method="DELETE")
+    assert code == 200, answer
+    assert await listing(jp_fetch) == {}
+    assert registry.entries() == []
+    assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+
+
+@pytest.mark.slow
+async def test_server_shutdown_stops_panel_clusters(jp_fetch: Fetch, jp_serverapp: Any) -> None:
+    code, model = await call(
+        jp_fetch,
+        "clusters",
+        method="POST",
+        body={"name": "panel-2", "workers": 1, "provisioning_delay": "0s"},
+    )
+    assert code == 201, model
+    manager = jp_serverapp.web_app.settings["transient_nb_manager"]
+    cluster = manager._owned["panel-2"]
+    await manager.close()  # what the server's stop_extension does
+    assert cluster.status.name == "closed"
+    assert registry.entries() == []
+
+
+# -- stale and unreachable clusters ---------------------------------------------------------------------
+async def test_stale_entry_is_shown_then_removed(jp_fetch: Fetch) -> None:
+    register_stale("ghost")
+
+    models = await listing(jp_fetch)
+    assert models["ghost"]["status"] == "stale"
+
+    code, answer = await call(
+        jp_fetch, "clusters", "ghost", "scale", method="POST", body={"workers": 1}
+    )
+    assert code == 400 and "stale" in answer["message"]
+
+    code, answer = await call(jp_fetch, "clusters", "ghost", method="DELETE")
+    assert code == 200 and answer["removed"] is True
+    assert "ghost" not in await listing(jp_fetch)
+
+
+async def test_unreachable_scheduler_is_marked_not_fatal(jp_fetch: Fetch) -> None:
+    # A live owner (this process) whose scheduler does not answer: port 9 (discard) is closed.
+    registry.register("lost", {"backend": "local", "scheduler_address": "tcp://127.0.0.1:9"})
+    models = await listing(jp_fetch)
+    assert models["lost"]["status"] == "unreachable"
+    code, answer = await call(
+        jp_fetch, "clusters", "lost", "preempt", method="POST", body={"worker": "w-0"}
+    )
+    assert code == 400 and "unreachable" in answer["message"]
+    registry.unregister("lost")
+
+
+# -- bad input --------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("method", "parts", "body"),
+    [
+        ("GET", ("clusters", "nope"), None),
+        ("DELETE", ("clusters", "nope"), None),
+        ("POST", ("clusters", "nope", "scale"), {"workers": 1}),
+        ("POST", ("clusters", "nope", "preempt"), {"worker": "w-0"}),
+    ],
+)
+async def test_unknown_cluster_is_404(
+    jp_fetch: Fetch, method: str, parts: tuple[str, ...], body: Any
+) -> None:
+    code, answer = await call(jp_fetch, *parts, method=method, body=body)
+    assert code == 404
+    assert "nope" in answer["message"]
+
+
+@pytest.mark.parametrize(
+    ("parts", "body", "fragment"),
+    [
+        (("scale",), {"workers": -1}, "whole number"),
+        (("scale",), {"workers": 1.5}, "whole number"),
+        (("scale",), {"workers": "two"}, "whole number"),
+        (("scale",), {"workers": True}, "whole number"),
+        (("scale",), {}, "workers"),
+        (("scale",), "{not json", "not valid JSON"),
+        (("scale",), "[1, 2]", "JSON object"),
+        (("preempt",), {"worker": 3}, "name of a worker"),
+        (("preempt",), {"worker": "w-0", "notice": "yes"}, "true or false"),
+        (("preempt",), {}, "worker"),
+    ],
+)
+async def test_bad_control_input_is_400(
+    jp_fetch: Fetch, parts: tuple[str, ...], body: Any, fragment: str
+) -> None:
+    # Checked before the cluster is looked up: a malformed request is wrong for any cluster.
+    code, answer = await call(jp_fetch, "clusters", "any", *parts, method="POST", body=body)
+    assert code == 400, answer
+    assert fragment in answer["message"]
+
+
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        ({"gpu": "h9000"}, "Unknown GPU type 'h9000'"),
+        ({"zone": "mars-1a"}, "Unknown zone"),
+        ({"workers": 0}, "at least 1"),
+        ({"workers": "2"}, "must be a whole number"),
+        ({"preemption": "sometimes"}, "sometimes"),
+        ({"name": "Bad Name"}, "not allowed"),
+        ({"colour": "red"}, "Unknown parameter 'colour'"),
+        ("{oops", "not valid JSON"),
+    ],
+)
+async def test_bad_create_input_is_400(jp_fetch: Fetch, body: Any, fragment: str) -> None:
+    code, answer = await call(jp_fetch, "clusters", method="POST", body=body)
+    assert code == 400, answer
+    assert fragment in answer["message"]
+    assert registry.entries() == []
+
+
+async def test_bad_wait_is_400(jp_fetch: Fetch) -> None:
+    code, answer = await call(jp_fetch, "clusters", params={"wait": "soon"})
+    assert code == 400 and "wait" in answer["message"]
+    code, answer = await call(jp_fetch, "clusters", params={"wait": "999"})
+    assert code == 400
+
+
+# -- authentication -------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "transient-nb/clusters"),
+        ("POST", "transient-nb/clusters"),
+        ("GET", "transient-nb/clusters/x"),
+        ("DELETE", "transient-nb/clusters/x"),
+        ("POST", "transient-nb/clusters/x/scale"),
+        ("POST", "transient-nb/clusters/x/preempt"),
+        ("GET", "transient-nb/options"),
+    ],
+)
+async def test_unauthenticated_requests_are_refused(
+    jp_fetch: Fetch, method: str, path: str
+) -> None:
+    body = "{}" if method == "POST" else None
+    try:
+        response = await jp_fetch(
+            *path.split("/"),
+            method=method,
+            body=body,
+            headers={"Authorization": "token wrong"},
+            raise_error=False,
+        )
+    except HTTPClientError as e:  # pragma: no cover - depends on the tornado version
+        response = e.response  # type: ignore[assignment]
+    assert response.code in (401, 403)
+    assert registry.entries() == []

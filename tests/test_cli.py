@@ -1,0 +1,47 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from transient_nb.cli import main
+
+
+@pytest.mark.slow
+def test_run_writes_summary_record_and_inline_report(tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "transient_nb.cli", "run", "--workers", "2", "--steps", "60",
+         "--data", "digits", "--preemption", "none", "--provisioning-delay", "0s",
+         "--batch-size", "32", "--out", str(out), "--json", str(tmp_path / "s.json"), "--quiet"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "s.json").read_text())
+    for key in ("steps", "wall_s", "accuracy", "preemptions", "replacements", "cost", "cost_on_demand"):
+        assert key in summary
+    assert summary["steps"] >= 60 and summary["cost"] > 0
+    assert summary["cost_on_demand"] > summary["cost"]
+    assert "final test accuracy" in proc.stdout and "speedup over one worker" in proc.stdout
+    report = (out / "report.html").read_text()
+    assert "Bokeh" in report and "cdn.bokeh.org" not in report  # BokehJS inline: works offline
+    records = list(out.glob("*/events.jsonl"))
+    assert len(records) == 1 and '"train-finished"' in records[0].read_text()
+
+
+@pytest.mark.parametrize(
+    "argv, word",
+    [
+        (["run", "--model", "resnet9000"], "resnet9000"),
+        (["run", "--data", "cifar10:/nonexistent/cifar"], "/nonexistent/cifar"),
+        (["run", "--steps", "0"], "--steps 0"),
+        (["run", "--gpu", "h900"], "h900"),
+        (["run", "--preemption", "weibull"], "weibull"),
+    ],
+)
+def test_bad_input_is_reported_before_anything_starts(argv, word, capsys, tmp_path):
+    assert main([*argv, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert word in err and "error" in err

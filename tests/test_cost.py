@@ -1,0 +1,150 @@
+"""Tests for transient_nb.cost: per-second billing from hand-made event lists."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from transient_nb.cost import bill, compute_costs
+
+T0 = 1_000_000.0
+
+
+def vm(name: str, price: float, od: float, role: str = "worker", **extra: Any) -> dict[str, Any]:
+    return {
+        "kind": "requested",
+        "time": T0,
+        "worker": name,
+        "role": role,
+        "gpu": None if role == "ps" else "t4",
+        "zone": "us-central1-a",
+        "spot": role != "ps",
+        "price": price,
+        "price_on_demand": od,
+        **extra,
+    }
+
+
+def ev(kind: str, t: float, worker: str | None = None, **fields: Any) -> dict[str, Any]:
+    return {"kind": kind, "time": T0 + t, "worker": worker, **fields}
+
+
+def test_bill() -> None:
+    assert bill(0, 3.6) == 0.0
+    assert bill(-5, 3.6) == 0.0
+    assert bill(1, 3.6) == pytest.approx(0.06)  # the one-minute minimum
+    assert bill(60, 3.6) == pytest.approx(0.06)
+    assert bill(61, 3.6) == pytest.approx(0.061)
+    assert bill(3600, 3.6) == pytest.approx(3.6)
+    assert bill(10, 3.6, minimum_s=0) == pytest.approx(0.01)
+
+
+def test_minimum_charge_and_per_second() -> None:
+    events = [
+        ev("started", 0, time_scale=1.0),
+        vm("w-0", 3.6, 7.2),
+        ev("provisioning", 1, "w-0"),
+        ev("running", 90, "w-0"),  # provisioning is not billed
+        ev("joined", 95, "w-0"),
+        ev("notice", 100, "w-0"),
+        ev("left", 105, "w-0"),
+        ev("preempted", 120, "w-0"),  # 30 s running: billed the minute
+        vm("w-1", 3.6, 7.2),
+        ev("running", 120, "w-1"),
+        ev("deleted", 420, "w-1"),  # 300 s
+        ev("closed", 500),
+    ]
+    report = compute_costs(events)
+    assert report.per_vm.loc["w-0", "seconds"] == pytest.approx(30)
+    assert report.per_vm.loc["w-0", "cost"] == pytest.approx(0.06)
+    assert report.per_vm.loc["w-0", "cost_on_demand"] == pytest.approx(0.12)
+    assert report.per_vm.loc["w-1", "seconds"] == pytest.approx(300)
+    assert report.per_vm.loc["w-1", "cost"] == pytest.approx(0.30)
+    assert report.total == pytest.approx(0.36)
+    assert report.total_on_demand == pytest.approx(0.72)
+    assert report.saved == pytest.approx(0.36)
+    assert report.saved_fraction == pytest.approx(0.5)
+    assert report.rate == 0.0  # nothing runs after close
+    assert report.to_dict()["saved_fraction"] == pytest.approx(0.5)
+    assert "saved 50%" in repr(report)
+    assert "<table" in report._repr_html_()
+
+
+def test_custom_minimum() -> None:
+    events = [vm("w-0", 3.6, 3.6), ev("running", 0, "w-0"), ev("preempted", 10, "w-0")]
+    assert compute_costs(events, minimum_s=0).total == pytest.approx(0.01)
+    assert compute_costs(events, minimum_s=30).total == pytest.approx(0.03)
+
+
+def test_time_scale_from_started_event_and_argument() -> None:
+    events = [
+        ev("started", 0, time_scale=120.0),
+        vm("w-0", 1.0, 2.0),
+        ev("running", 0, "w-0"),
+        ev("preempted", 30, "w-0"),  # 30 wall seconds = one simulated hour
+    ]
+    report = compute_costs(events)
+    assert report.time_scale == 120.0
+    assert report.per_vm.loc["w-0", "seconds"] == pytest.approx(3600)
+    assert report.total == pytest.approx(1.0)
+    assert report.total_on_demand == pytest.approx(2.0)
+    # An explicit time_scale wins; 30 s then falls under the minimum.
+    assert compute_costs(events, time_scale=1.0).total == pytest.approx(60 / 3600)
+
+
+def test_running_vm_billed_until_now_and_counted_in_rate() -> None:
+    events = [
+        vm("ps-0", 0.19, 0.19, role="ps"),
+        ev("running", 0, "ps-0"),
+        vm("w-0", 0.22, 0.73),
+        ev("running", 10, "w-0"),
+        vm("w-1", 0.22, 0.73),
+        ev("provisioning", 10, "w-1"),  # never ran: costs nothing, not in the rate
+    ]
+    report = compute_costs(events, now=T0 + 610)
+    assert report.per_vm.loc["ps-0", "seconds"] == pytest.approx(610)
+    assert report.per_vm.loc["w-0", "seconds"] == pytest.approx(600)
+    assert report.per_vm.loc["w-1", "seconds"] == 0
+    assert report.per_vm.loc["w-1", "cost"] == 0
+    expected = 610 * 0.19 / 3600 + 600 * 0.22 / 3600
+    assert report.total == pytest.approx(expected)
+    assert report.rate == pytest.approx(0.19 + 0.22)
+    assert report.rate_on_demand == pytest.approx(0.19 + 0.73)
+    # Without ``now`` or a closed event the meter keeps running: later is dearer.
+    assert compute_costs(events).total > report.total
+
+
+def test_ps_host_is_included_and_never_saves() -> None:
+    events = [
+        vm("ps-0", 0.19, 0.19, role="ps"),
+        ev("running", 0, "ps-0"),
+        ev("deleted", 3600, "ps-0"),
+        ev("closed", 3600),
+    ]
+    report = compute_costs(events)
+    assert report.per_vm.loc["ps-0", "role"] == "ps"
+    assert report.total == pytest.approx(0.19)
+    assert report.total_on_demand == pytest.approx(0.19)
+    assert report.saved_fraction == 0.0
+
+
+def test_first_end_wins_and_unknown_vms_ignored() -> None:
+    events = [
+        vm("w-0", 3.6, 3.6),
+        ev("running", 0, "w-0"),
+        ev("preempted", 100, "w-0"),
+        ev("deleted", 200, "w-0"),  # close deletes it again: still billed until the preemption
+        ev("running", 0, "w-9"),  # never requested: not a VM of this run
+        ev("closed", 300),
+    ]
+    report = compute_costs(events)
+    assert list(report.per_vm.index) == ["w-0"]
+    assert report.total == pytest.approx(0.1)
+
+
+def test_nothing_spent() -> None:
+    report = compute_costs([])
+    assert report.total == 0 and report.total_on_demand == 0
+    assert report.saved_fraction == 0.0
+    assert report.per_vm.empty

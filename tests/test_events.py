@@ -1,0 +1,80 @@
+"""Tests for transient_nb.events: the event vocabulary, frames, run records, VM states."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import msgpack
+import pandas as pd
+import pytest
+
+from transient_nb.events import (
+    BILLING_ENDS,
+    LIFECYCLE,
+    events_frame,
+    make_event,
+    read_run_record,
+    vm_states,
+)
+
+
+def test_make_event() -> None:
+    t0 = time.time()
+    e = make_event("notice", worker="w-1", deadline=5.0)
+    assert e["kind"] == "notice" and e["worker"] == "w-1" and e["deadline"] == 5.0
+    assert t0 <= e["time"] <= time.time()
+    # Events travel over the scheduler's comms: they must survive msgpack.
+    assert msgpack.unpackb(msgpack.packb(e)) == e
+
+
+def test_vocabulary() -> None:
+    assert LIFECYCLE.index("running") < LIFECYCLE.index("preempted")
+    assert set(BILLING_ENDS) <= set(LIFECYCLE)
+
+
+def test_events_frame_orders_columns_and_keeps_order() -> None:
+    events = [
+        {"kind": "started", "time": 10.0, "cluster": "c"},
+        {"kind": "requested", "time": 11.0, "worker": "w-0", "gpu": "t4"},
+        {"kind": "running", "time": 12.0, "worker": "w-0"},
+    ]
+    df = events_frame(events)
+    assert list(df.columns[:4]) == ["time", "timestamp", "kind", "worker"]
+    assert list(df["kind"]) == ["started", "requested", "running"]
+    assert df["timestamp"].iloc[1] == pd.Timestamp(11.0, unit="s", tz="UTC")
+    assert pd.isna(df["worker"].iloc[0]) and df["gpu"].iloc[1] == "t4"
+    # No worker column at all (only cluster events) still gives one.
+    assert "worker" in events_frame([{"kind": "started", "time": 1.0}])
+    assert list(events_frame([]).columns) == ["time", "timestamp", "kind", "worker"]
+
+
+def test_read_run_record_skips_torn_last_line(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    events = [make_event("started"), make_event("requested", worker="w-0")]
+    text = "".join(json.dumps(e) + "\n" for e in events)
+    path.write_text(text + "\n" + '{"kind": "runn')  # blank line, then a crash mid-write
+    assert read_run_record(path) == events
+
+
+def test_vm_states() -> None:
+    events = [
+        {"kind": "started", "time": 0.0},
+        {"kind": "requested", "time": 1.0, "worker": "w-0", "role": "worker", "gpu": "t4",
+         "zone": "z", "spot": True, "price": 0.2},
+        {"kind": "running", "time": 2.0, "worker": "w-0"},
+        {"kind": "joined", "time": 3.0, "worker": "w-0", "address": "tcp://a"},
+        {"kind": "requested", "time": 1.0, "worker": "w-1", "role": "worker", "gpu": "t4"},
+        {"kind": "running", "time": 2.0, "worker": "w-1"},
+        {"kind": "preempted", "time": 5.0, "worker": "w-1"},
+        {"kind": "left", "time": 6.0, "worker": "w-1"},  # late: does not revive it
+        {"kind": "replacement-requested", "time": 6.0, "worker": "w-1"},  # not a lifecycle event
+    ]  # fmt: skip
+    df = vm_states(events, now=10.0)
+    assert df.loc["w-0", "state"] == "joined"
+    assert df.loc["w-0", "seconds_in_state"] == pytest.approx(7.0)
+    assert df.loc["w-0", "address"] == "tcp://a" and df.loc["w-0", "gpu"] == "t4"
+    assert df.loc["w-1", "state"] == "preempted"
+    assert df.loc["w-1", "since"] == 5.0
+    assert vm_states([]).empty

@@ -1,0 +1,83 @@
+"""Tests for transient_nb.replacement: placement order and the memory of stock-outs."""
+
+from __future__ import annotations
+
+from transient_nb.replacement import Placement, ReplacementPolicy
+
+
+class Clock:
+    """A clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_preferred_placement_first_then_zones_then_gpus() -> None:
+    policy = ReplacementPolicy(
+        "t4",
+        "us-central1-a",
+        True,
+        fallback_zones=["us-central1-b", "us-central1-a"],  # the preferred zone is not repeated
+        fallback_gpus=["l4"],
+    )
+    assert list(policy.candidates()) == [
+        Placement("t4", "us-central1-a", True),
+        Placement("t4", "us-central1-b", True),
+        Placement("l4", "us-central1-a", True),
+        Placement("l4", "us-central1-b", True),
+    ]
+
+
+def test_on_demand_fallback_comes_last() -> None:
+    policy = ReplacementPolicy("t4", "z-a", True, fallback_zones=["z-b"], on_demand_fallback=True)
+    assert list(policy.candidates()) == [
+        Placement("t4", "z-a", True),
+        Placement("t4", "z-b", True),
+        Placement("t4", "z-a", False),
+        Placement("t4", "z-b", False),
+    ]
+    # An on-demand cluster has nothing to fall back to.
+    on_demand = ReplacementPolicy("t4", "z-a", False, on_demand_fallback=True)
+    assert list(on_demand.candidates()) == [Placement("t4", "z-a", False)]
+
+
+def test_stockouts_are_remembered_for_a_while() -> None:
+    clock = Clock()
+    policy = ReplacementPolicy(
+        "t4", "z-a", True, fallback_zones=["z-b"], stockout_memory_s=600, clock=clock
+    )
+    policy.remember_stockout(Placement("t4", "z-a", True))
+    assert list(policy.candidates()) == [Placement("t4", "z-b", True)]
+    assert policy.stocked_out() == [Placement("t4", "z-a", True)]
+
+    clock.now += 599
+    assert next(policy.candidates()) == Placement("t4", "z-b", True)
+
+    clock.now += 2  # the memory has run out: the preferred zone is tried first again
+    assert policy.stocked_out() == []
+    assert next(policy.candidates()) == Placement("t4", "z-a", True)
+
+
+def test_everything_stocked_out_leaves_no_candidate() -> None:
+    clock = Clock()
+    policy = ReplacementPolicy("t4", "z-a", True, fallback_zones=["z-b"], clock=clock)
+    for p in list(policy.candidates()):
+        policy.remember_stockout(p)
+    assert list(policy.candidates()) == []
+    # A stock-out of spot capacity says nothing about on-demand.
+    policy.on_demand_fallback = True
+    assert list(policy.candidates()) == [
+        Placement("t4", "z-a", False),
+        Placement("t4", "z-b", False),
+    ]
+
+
+def test_policies_do_not_share_memory() -> None:
+    a = ReplacementPolicy("t4", "z-a", True)
+    b = ReplacementPolicy("t4", "z-a", True)
+    a.remember_stockout(Placement("t4", "z-a", True))
+    assert list(a.candidates()) == []
+    assert list(b.candidates()) == [Placement("t4", "z-a", True)]

@@ -1,0 +1,146 @@
+"""Training on a real local cluster: real worker processes, really killed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+from dask.utils import parse_timedelta
+
+from transient_nb import TransientCluster, train
+from transient_nb.training.data import write_cifar10_files
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+def until(predicate, timeout=240, what="condition"):
+    """Wait for a condition of the run (polling its in-memory state; no fixed sleeps)."""
+    deadline = time.monotonic() + parse_timedelta(timeout)
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def kinds(run, kind):
+    return [e for e in run.events() if e.get("kind") == kind]
+
+
+@pytest.mark.timeout(900)
+def test_learns_digits_and_survives_frequent_preemptions():
+    """3 async workers reach 90% on digits; the same run with a preemption every few seconds
+    ends within 2 points of it."""
+    results = {}
+    for label, preemption in (("calm", "none"), ("stormy", "exp:mean=15s")):
+        with TransientCluster(
+            workers=3,
+            preemption=preemption,
+            notice="1s",
+            provisioning_delay="0.5s",
+            seed=3,
+        ) as cluster:
+            cluster.wait_for_workers(timeout=120)
+            run = train(cluster, model="resnet8", data="digits", steps=500, batch_size=64,
+                        eval_every=250, seed=1)
+            run.wait(timeout=400)
+            results[label] = run.summary()
+            if label == "stormy":
+                assert results[label]["preemptions"] >= 2, "the simulator should have preempted"
+                assert results[label]["replacements"] >= results[label]["preemptions"] - 1
+    assert results["calm"]["steps"] >= 500 and results["stormy"]["steps"] >= 500
+    assert results["calm"]["accuracy"] >= 0.90
+    assert results["stormy"]["accuracy"] >= results["calm"]["accuracy"] - 0.02
+
+
+def test_preempting_two_of_four_workers_loses_at_most_the_killed_gradient():
+    with TransientCluster(workers=4, notice="2s", provisioning_delay=0) as cluster:
+        cluster.wait_for_workers(timeout=120)
+        run = train(cluster, model="resnet8", data="digits", steps=700, batch_size=32,
+                    eval_every=700)
+        until(lambda: run.step >= 150 and len(run.status.get("active", [])) == 4,
+              what="4 trainers pushing")
+        drained, killed = "w-0", "w-1"
+        cluster.preempt(drained, notice=True)
+        cluster.preempt(killed, notice=False)
+        run.wait(timeout=400)
+        status = run.status
+        events = run.events()
+    finished = kinds(run, "train-finished")[-1]
+    assert finished["reason"] == "steps" and finished["step"] >= 700
+    # The replacements joined and contributed updates.
+    joined = {e["worker"] for e in events if e["kind"] == "joined" and e.get("role") == "worker"}
+    replacements = joined - {"w-0", "w-1", "w-2", "w-3"}
+    assert len(replacements) == 2
+    assert all(status["accepted"].get(w, 0) > 0 for w in replacements)
+    # The drained worker's last gradient arrived (pushed during the notice) ...
+    assert drained in status["drained"]
+    assert [e["worker"] for e in events if e["kind"] == "drained"] == [drained]
+    # ... and no gradient was lost but, at most, the one the killed worker was computing.
+    lost = [e["worker"] for e in events if e["kind"] == "gradient-lost"]
+    assert set(lost) <= {killed} and len(lost) <= 1
+    assert finished["lost_in_flight"] == len(lost)
+    assert status["gaps"] == 0
+    # Every accepted update is accounted for by a trainer.
+    assert sum(status["accepted"].values()) == status["step"]
+
+
+def test_losing_the_ps_recovers_from_its_checkpoint():
+    with TransientCluster(workers=2, notice="1s", provisioning_delay=0) as cluster:
+        cluster.wait_for_workers(timeout=120)
+        run = train(cluster, model="resnet8", data="digits", steps=600, batch_size=32,
+                    checkpoint_every=100, eval_every=600)
+        until(lambda: run.step >= 250, what="step 250")
+        ps_vm = next(vm for name, vm in cluster.workers.items() if name.startswith("ps-"))
+        os.killpg(ps_vm.pid, signal.SIGKILL)  # the host dies, for real
+        run.wait(timeout=400)
+        summary = run.summary()
+    lost = kinds(run, "ps-lost")
+    recovered = kinds(run, "ps-recovered")
+    assert len(lost) == 1 and len(recovered) == 1
+    assert recovered[0]["step"] % 100 == 0  # resumed from a checkpoint boundary
+    assert recovered[0]["steps_lost"] == lost[0]["step"] - recovered[0]["step"]
+    assert 0 <= recovered[0]["steps_lost"] <= 200
+    assert summary["ps_recoveries"] == 1 and summary["steps_lost"] == recovered[0]["steps_lost"]
+    assert summary["reason"] == "steps" and summary["steps"] >= 600
+    assert summary["accuracy"] > 0.5
+    # The PS came back on a new host and the trainers found it by themselves.
+    assert any(e["kind"] == "joined" and e.get("worker") == "ps-1" for e in run.events())
+
+
+def test_bad_input_fails_before_any_trainer_starts(tmp_path):
+    not_cifar = tmp_path / "not-cifar"
+    not_cifar.mkdir()
+    (not_cifar / "readme.txt").write_text("hello")
+    with TransientCluster(workers=1, provisioning_delay=0) as cluster:
+        cases = [
+            (dict(data=f"cifar10:{tmp_path / 'missing'}"), "missing"),
+            (dict(data=f"cifar10:{not_cifar}"), "not-cifar"),
+            (dict(data="imagenet"), "imagenet"),
+            (dict(model="resnet1000"), "resnet1000"),
+            (dict(steps=0), "steps=0"),
+            (dict(steps=-3), "steps=-3"),
+            (dict(budget=0.000001), "already spent"),
+        ]
+        cluster.wait_for_workers(timeout=120)
+        for kwargs, word in cases:
+            with pytest.raises(ValueError, match=word):
+                train(cluster, **kwargs)
+        started = [e for e in cluster.monitor.events if e["kind"] == "train-started"]
+        assert started == []
+
+
+def test_cifar10_files_train_through_the_same_loader(tmp_path):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    imgs = rng.integers(0, 256, size=(60, 32, 32, 3), dtype=np.uint8)
+    labels = rng.integers(0, 10, size=60)
+    path = write_cifar10_files(tmp_path, imgs[:50], labels[:50], imgs[50:], labels[50:], tar_gz=True)
+    with TransientCluster(workers=1, provisioning_delay=0) as cluster:
+        cluster.wait_for_workers(timeout=120)
+        run = train(cluster, model="resnet8", data=f"cifar10:{path}", steps=20, batch_size=8)
+        run.wait(timeout=300)
+    summary = run.summary()
+    assert summary["steps"] >= 20 and summary["accuracy"] is not None

@@ -1,0 +1,1104 @@
+"""The Google Compute Engine backend: every VM is a real GCE instance (Spot GPU workers).
+
+How the pieces fit
+------------------
+- :class:`GCEBackend` holds the settings (``transient.gce`` in the Dask config), checks them
+  against the API before anything is created (:meth:`GCEBackend.prepare`), makes the cluster's TLS
+  certificates, creates a firewall rule scoped to the cluster's network tag, and builds the one
+  instance request body (:meth:`GCEBackend.instance_body`) and startup script
+  (:func:`startup_script`) of every VM.
+- :class:`GCEVM` is one instance: ``_create`` inserts it and waits on the zone operation
+  (``ZONE_RESOURCE_POOL_EXHAUSTED``, quota errors and repeated preemptions raise
+  :class:`~transient_nb.backends.base.CapacityError`, which makes the cluster try its next zone or
+  GPU type); a watch task reads its state (``running`` when GCE says RUNNING; a stop without a
+  notice is reported as lost); deleting waits on the delete operation.
+- Preemption notices come from inside the VM: the worker preload
+  :mod:`transient_nb.backends.gce_agent` watches the metadata server's ``instance/preempted`` and,
+  30 s before the VM stops, tells the cluster (which asks for a replacement at once) and drains
+  exactly as on the local backend. Polling the instance's status is only the fallback signal,
+  since GCE reports RUNNING for a while after a preemption.
+- ``cluster.preempt(worker)`` calls ``instances.simulateMaintenanceEvent``, which preempts a Spot
+  VM for real (notice included); ``notice=False`` deletes the VM at once.
+- The SDK sits behind :class:`~transient_nb.backends.gce_api.ComputeAPI`; everything blocking runs
+  off the event loop through :func:`~transient_nb.backends.gce_api.call_async`.
+
+Where the scheduler runs
+------------------------
+``scheduler="local"`` (the only mode for now): the Dask scheduler runs in the notebook's Python
+process, as it does for the local backend, listening with TLS on ``gce.scheduler-host``
+(``0.0.0.0``). The VMs dial it, so **the notebook machine must be reachable from the VMs**: run
+the notebook on a GCE VM (e.g. Vertex AI Workbench) in the same VPC network, or set
+``gce.scheduler-address`` to an address that forwards to it. The dashboard listens on 127.0.0.1
+only. The parameter server runs on an on-demand VM (the ``ps`` worker), never on a Spot one.
+
+Images
+------
+Workers boot from an image that already holds the GPU driver and the Python environment
+(``gce.image-family``, default ``transient-nb`` in your project), so a replacement joins seconds
+after it boots instead of spending minutes installing drivers. ``gce_image.md`` beside this file
+shows how to bake one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import json
+import logging
+import os
+import re
+import shlex
+import socket
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from dask.utils import parse_timedelta
+from distributed.core import rpc
+from distributed.security import Security
+
+import transient_nb
+from transient_nb import config, registry
+from transient_nb.backends.base import Backend, CapacityError, TransientVM, VMSpec
+from transient_nb.backends.gce_api import ComputeAPI, GCEError, call_async
+from transient_nb.backends.local import WORKER_PRE_SPAWN_ENVIRON
+
+logger = logging.getLogger(__name__)
+
+#: Catalog GPU names and the GCE accelerator types they stand for.
+GPU_TYPES: dict[str, str] = {
+    "t4": "nvidia-tesla-t4",
+    "p4": "nvidia-tesla-p4",
+    "l4": "nvidia-l4",
+    "p100": "nvidia-tesla-p100",
+    "v100": "nvidia-tesla-v100",
+    "k80": "nvidia-tesla-k80",
+    "a100-40gb": "nvidia-tesla-a100",
+    "a100-80gb": "nvidia-a100-80gb",
+    "h100-80gb": "nvidia-h100-80gb",
+}
+#: GPUs that attach to N1 machine types through ``guestAccelerators``.
+N1_GPUS = frozenset({"t4", "p4", "p100", "v100", "k80"})
+#: Accelerator-optimized machine families come with their GPUs (no ``guestAccelerators``).
+BUNDLED_GPUS: dict[str, frozenset[str]] = {
+    "a2-": frozenset({"a100-40gb", "a100-80gb"}),
+    "a3-": frozenset({"h100-80gb"}),
+    "g2-": frozenset({"l4"}),
+}
+
+#: Labels that mark a VM as transient_nb's (``sweep`` looks for them).
+LABEL = "transient-nb"
+LABEL_CLUSTER = "transient-nb-cluster"
+LABEL_ROLE = "transient-nb-role"
+LABEL_HOST = "transient-nb-host"
+LABEL_PID = "transient-nb-pid"
+#: Metadata keys through which a VM gets the cluster's TLS certificate and key.
+TLS_CERT_KEY = "transient-nb-tls-cert"
+TLS_KEY_KEY = "transient-nb-tls-key"
+
+#: Instance states in which the VM no longer runs our worker.
+STOPPED_STATES = frozenset({"STOPPING", "TERMINATED", "SUSPENDING", "SUSPENDED"})
+
+_NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+def _label_value(value: str) -> str:
+    # Label values: at most 63 lowercase letters, digits, "-" and "_".
+    return re.sub(r"[^a-z0-9_-]", "-", value.lower())[:63]
+
+
+def this_host() -> str:
+    """This machine's name as a label value (the owner of the VMs it creates)."""
+    return _label_value(socket.gethostname()) or "unknown"
+
+
+def accelerator_type(gpu: str) -> str:
+    """The GCE accelerator type of a catalog GPU name (``t4`` -> ``nvidia-tesla-t4``)."""
+    if gpu in GPU_TYPES:
+        return GPU_TYPES[gpu]
+    if gpu.startswith("nvidia-"):
+        return gpu
+    raise ValueError(
+        f"Unknown GPU type {gpu!r} for GCE: use one of {', '.join(GPU_TYPES)}, or a GCE "
+        "accelerator type name (list them with `gcloud compute accelerator-types list`)."
+    )
+
+
+def bundled_gpu_family(machine_type: str) -> str | None:
+    """The accelerator-optimized family prefix (``g2-``) of a machine type, if it is one."""
+    return next((p for p in BUNDLED_GPUS if machine_type.startswith(p)), None)
+
+
+def startup_script(
+    *,
+    python: str,
+    scheduler_address: str,
+    vm: dict[str, Any],
+    resources: dict[str, float],
+    nthreads: int,
+    death_timeout_s: float,
+    worker_ports: str,
+    nanny_ports: str,
+    notice_s: float,
+) -> str:
+    """The bash startup script of a VM: fetch the TLS files, start the Dask worker.
+
+    Nothing is installed at boot: the image has the driver and the environment. No credential is
+    in the script; the cluster's TLS certificate and key come from the instance metadata, into a
+    folder only root can read.
+
+    Parameters
+    ----------
+    python
+        The image's Python (``gce.python``).
+    scheduler_address
+        ``tls://HOST:PORT`` the worker dials.
+    vm
+        ``name``, ``role``, ``gpu``, ``zone``, ``spot``: who this VM is (``TRANSIENT_NB_VM``).
+    resources
+        Dask worker resources (``gpu=1`` or ``ps=1``).
+    nthreads, death_timeout_s, worker_ports, nanny_ports
+        Dask worker options.
+    notice_s
+        Seconds between the metadata notice and the VM's stop.
+
+    Examples
+    --------
+    >>> s = startup_script(python="/opt/transient-nb/bin/python",
+    ...     scheduler_address="tls://10.0.0.2:8786",
+    ...     vm={"name": "w-0", "role": "worker", "gpu": "t4", "zone": "us-central1-a", "spot": True},
+    ...     resources={"gpu": 1}, nthreads=1, death_timeout_s=120, worker_ports="41000:41099",
+    ...     nanny_ports="41100:41199", notice_s=30)
+    >>> "dask worker tls://10.0.0.2:8786 --name w-0" in s
+    True
+    """
+    args = [
+        python,
+        "-m",
+        "dask",
+        "worker",
+        scheduler_address,
+        "--name",
+        str(vm["name"]),
+        "--nworkers",
+        "1",
+        "--nthreads",
+        str(nthreads),
+        "--death-timeout",
+        f"{death_timeout_s:g}s",
+        "--worker-port",
+        worker_ports,
+        "--nanny-port",
+        nanny_ports,
+        "--no-dashboard",
+    ]
+    if resources:
+        args += ["--resources", ",".join(f"{k}={v:g}" for k, v in resources.items())]
+    args += ["--preload", "transient_nb.agent", "--preload", "transient_nb.backends.gce_agent"]
+    command = " ".join(shlex.quote(a) for a in args)
+    tls = ' --tls-ca-file "$TLS/cert.pem" --tls-cert "$TLS/cert.pem" --tls-key "$TLS/key.pem"'
+    env = {
+        "TRANSIENT_NB_VM": json.dumps(vm, sort_keys=True),
+        "TRANSIENT_NB_NOTICE_S": f"{notice_s:g}",
+        "DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON": repr(WORKER_PRE_SPAWN_ENVIRON),
+        "DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION": "True",
+    }
+    exports = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items())
+    gpu_check = ""
+    if vm.get("gpu"):
+        gpu_check = (
+            "# A GPU worker without a driver would train on the CPU: say so in the serial log.\n"
+            'command -v nvidia-smi >/dev/null && nvidia-smi -L || echo "transient_nb: no GPU '
+            'driver in this image (see transient_nb/backends/gce_image.md)" >&2\n'
+        )
+    return f"""#!/bin/bash
+# transient_nb {transient_nb.__version__}: Dask worker {vm["name"]} ({vm["role"]}, {vm.get("gpu") or "no GPU"}, {vm["zone"]}).
+# The image already holds the GPU driver and the Python environment: nothing is installed here,
+# so a replacement VM joins seconds after it boots.
+set -euo pipefail
+MD="http://${{GCE_METADATA_HOST:-metadata.google.internal}}/computeMetadata/v1/instance/attributes"
+# The cluster's TLS certificate and key, from the instance metadata into a folder only we can read.
+TLS="$(mktemp -d)"
+curl -sSf -H "Metadata-Flavor: Google" "$MD/{TLS_CERT_KEY}" -o "$TLS/cert.pem"
+curl -sSf -H "Metadata-Flavor: Google" "$MD/{TLS_KEY_KEY}" -o "$TLS/key.pem"
+chmod 600 "$TLS/key.pem"
+{gpu_check}{exports}
+exec {command}{tls}
+"""
+
+
+class GCEVM(TransientVM):
+    """One Compute Engine instance of a transient cluster (a GPU worker or the PS host)."""
+
+    def __init__(
+        self,
+        spec: VMSpec,
+        *,
+        backend: GCEBackend,
+        delay_s: float = 0.0,  # the local backend's simulated boot time; GCE has a real one
+        connection_args: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ):
+        super().__init__(spec, **kwargs)
+        self.backend = backend
+        self.connection_args = connection_args or {}
+        self.instance = backend.instance_name(spec.name)
+        self.zone = spec.zone
+        self._watch_task: Any = None
+        self._gone = False
+        self._was_running = False
+
+    async def post(self, kind: str, **fields: Any) -> None:
+        """Log a lifecycle event; GCE's events also name the instance."""
+        await super().post(kind, **{"instance": self.instance, **fields})
+
+    # -- create -----------------------------------------------------------------------------------
+    async def _create(self) -> None:
+        backend = self.backend
+        if self.spec.role == "worker" and self.spec.gpu:
+            reason = backend.avoid(self.spec.gpu, self.zone, self.spec.spot)
+            if reason:
+                raise CapacityError(self.zone, self.spec.gpu, reason)
+        body = backend.instance_body(self.spec, backend.scheduler_address or self.scheduler_address)
+        api = backend.api
+        # Known as ours before the request goes out: whatever happens next (an error, the
+        # cluster closing mid-request, the kernel exiting), close() and the exit hook delete it.
+        backend.live.add((self.zone, self.instance))
+        try:
+            op = await call_async(api.insert_instance, self.zone, body)
+            await call_async(api.wait_zone_operation, self.zone, op, backend.operation_timeout)
+        except GCEError as e:
+            # Nothing of a failed request may stay behind (GCE can leave a TERMINATED record).
+            await self._remove()
+            if not e.capacity:
+                raise RuntimeError(
+                    f"GCE refused VM {self.instance} in {self.zone}: {e} ({e.code})"
+                ) from e
+            raise CapacityError(self.zone, self.spec.gpu, e.code) from e
+        except asyncio.CancelledError:
+            await asyncio.shield(self._remove())
+            raise
+        self._watch_task = backend.spawn(self._watch())
+
+    async def _watch(self) -> None:
+        # Booting: billing starts when GCE says RUNNING. Afterwards this is the fallback signal of
+        # a stop that came without a notice (the metadata watcher in the VM is the first one).
+        while not self.stopped:
+            try:
+                info = await call_async(self.backend.api.get_instance, self.zone, self.instance)
+            except GCEError as e:
+                logger.info("Could not read %s: %s", self.instance, e)
+                info = {"status": "UNKNOWN"}
+            status = None if info is None else str(info.get("status"))
+            if status == "RUNNING" and not self._was_running:
+                self._was_running = True
+                await self.running()
+            elif status is None or status in STOPPED_STATES:
+                if not self.stopped:
+                    self._gone = True
+                    if self.spec.spot:
+                        self.backend.record_preemption(self.spec)
+                    await self._remove()  # a STOPped Spot VM keeps billing for its disk
+                    self.exited_by_itself()
+                return
+            await self.backend.sleep_poll()
+
+    # -- preemption --------------------------------------------------------------------------------
+    async def _notify(self, deadline: float) -> None:
+        if self.spec.spot:
+            try:
+                await call_async(
+                    self.backend.api.simulate_maintenance_event, self.zone, self.instance
+                )
+                return
+            except GCEError as e:  # e.g. the VM is still booting
+                logger.info("simulateMaintenanceEvent on %s failed: %s", self.instance, e)
+        # On-demand workers are not preempted by a maintenance event: tell the worker directly.
+        await self._tell_worker(deadline)
+
+    async def _worker_address(self) -> str | None:
+        async with rpc(self.scheduler_address, connection_args=self.connection_args) as r:
+            info = await r.identity()
+        for addr, w in info.get("workers", {}).items():
+            if str(w.get("name")) == self.name:
+                return str(addr)
+        return None
+
+    async def _tell_worker(self, deadline: float) -> None:
+        try:
+            addr = await self._worker_address()
+            if addr is not None:
+                async with rpc(addr, connection_args=self.connection_args) as w:
+                    await w.transient_notice(deadline=deadline)
+        except OSError as e:
+            logger.info("Could not deliver the notice to %s: %r", self.name, e)
+
+    async def _wait_exit(self, deadline: float) -> None:
+        # The worker drains and leaves by itself; once it is gone the VM can go at once rather
+        # than at the deadline (Spot VMs are billed until they stop).
+        while time.time() < deadline and not self._gone:
+            try:
+                if await self._worker_address() is None:
+                    return
+            except OSError:
+                return
+            await self.backend.sleep_poll(short=True)
+
+    async def _kill(self) -> None:
+        if self.provider_notice:
+            self.backend.record_preemption(self.spec)
+        await self._remove()
+
+    async def _delete(self) -> None:
+        await self._remove()
+
+    async def _remove(self) -> None:
+        """Delete the instance and wait until GCE has done so (nothing left running)."""
+        if self._watch_task is not None and self._watch_task is not _current_task():
+            self._watch_task.cancel()
+        api = self.backend.api
+        try:
+            op = await call_async(api.delete_instance, self.zone, self.instance)
+            if op is not None:
+                await call_async(
+                    api.wait_zone_operation, self.zone, op, self.backend.operation_timeout
+                )
+        except GCEError as e:
+            if not e.not_found:
+                logger.warning("Could not delete %s in %s: %s", self.instance, self.zone, e)
+                return
+        self._gone = True
+        self.backend.live.discard((self.zone, self.instance))
+
+
+def _current_task() -> Any:
+    try:
+        return asyncio.current_task()
+    except RuntimeError:
+        return None
+
+
+class GCEBackend(Backend):
+    """VMs on Google Compute Engine: Spot (or on-demand) GPU workers and an on-demand PS host.
+
+    Every argument defaults to the ``transient.gce`` configuration (``transient.yaml`` documents
+    each key); arguments win over the configuration.
+
+    Parameters
+    ----------
+    log_dir
+        Folder of this run's logs (the cluster passes it).
+    project
+        Google Cloud project ID; ``None``: the project of the application-default credentials.
+    scheduler
+        ``"local"``: the scheduler runs in this process and the VMs must be able to reach it.
+    scheduler_host, scheduler_port, scheduler_address
+        Where the local scheduler listens, and the address VMs dial (``None``: its own).
+    image_family, image_project, python
+        Boot image (GPU driver and environment baked in) and its Python.
+    disk_size_gb, disk_type, network, subnetwork, external_ip
+        Disk and network of the VMs.
+    service_account, scopes
+        The identity VMs act with (never your own credentials).
+    provisioning_model
+        ``"spot"`` (``scheduling.provisioningModel: SPOT``) or ``"preemptible"`` (legacy).
+    termination_action
+        What GCE does to a preempted Spot VM: ``"DELETE"`` or ``"STOP"``.
+    worker_ports, nanny_ports
+        Port ranges of the Dask worker and nanny (the firewall rule opens only these).
+    firewall, firewall_source_ranges
+        Create a firewall rule for the cluster's network tag; extra CIDRs it lets in.
+    nthreads, death_timeout
+        Dask worker settings.
+    poll_interval, operation_timeout
+        How often VM states are read; how long one operation may take.
+    preemption_limit, preemption_window
+        Provider preemptions of a GPU type in a zone after which that zone is avoided.
+    budget, deadline
+        Stop the cluster at this many dollars spent / after this long.
+    api_endpoint, credentials
+        Another API endpoint (a fake server in tests) and ``google.auth`` credentials.
+
+    Examples
+    --------
+    >>> from transient_nb import TransientCluster
+    >>> cluster = TransientCluster(workers=4, gpu="t4", backend="gce", project="my-project",
+    ...                            zone="us-central1-a", fallback_zones=["us-central1-b"],
+    ...                            budget=5.0, deadline="3h")  # doctest: +SKIP
+    """
+
+    name = "gce"
+
+    def __init__(
+        self,
+        log_dir: str,
+        project: str | None = None,
+        scheduler: str | None = None,
+        scheduler_host: str | None = None,
+        scheduler_port: int | None = None,
+        scheduler_address: str | None = None,
+        image_family: str | None = None,
+        image_project: str | None = None,
+        python: str | None = None,
+        disk_size_gb: int | None = None,
+        disk_type: str | None = None,
+        network: str | None = None,
+        subnetwork: str | None = None,
+        external_ip: bool | None = None,
+        service_account: str | None = None,
+        scopes: Sequence[str] | None = None,
+        provisioning_model: str | None = None,
+        termination_action: str | None = None,
+        worker_ports: str | None = None,
+        nanny_ports: str | None = None,
+        firewall: bool | None = None,
+        firewall_source_ranges: Sequence[str] | None = None,
+        nthreads: int | None = None,
+        death_timeout: str | float | None = None,
+        poll_interval: str | float | None = None,
+        operation_timeout: str | float | None = None,
+        preemption_limit: int | None = None,
+        preemption_window: str | float | None = None,
+        budget: float | None = None,
+        deadline: str | float | None = None,
+        api_endpoint: str | None = None,
+        credentials: Any = None,
+    ):
+        def get(key: str, value: Any) -> Any:
+            return config.get(f"gce.{key}", override_with=value)
+
+        self.log_dir = log_dir
+        self.scheduler = get("scheduler", scheduler)
+        if self.scheduler != "local":
+            raise ValueError(
+                f"scheduler={self.scheduler!r} is not supported yet: use scheduler='local' (the "
+                "scheduler runs in this process; run the notebook on a VM in the same VPC "
+                "network as the workers, or set gce.scheduler-address)."
+            )
+        self.scheduler_host = str(get("scheduler-host", scheduler_host))
+        self.scheduler_port = int(get("scheduler-port", scheduler_port))
+        self.scheduler_address: str | None = get("scheduler-address", scheduler_address)
+        self.image_family = str(get("image-family", image_family))
+        self.python = str(get("python", python))
+        self.disk_size_gb = int(get("disk-size-gb", disk_size_gb))
+        self.disk_type = str(get("disk-type", disk_type))
+        self.network = str(get("network", network))
+        self.subnetwork: str | None = get("subnetwork", subnetwork)
+        self.external_ip = bool(get("external-ip", external_ip))
+        self.service_account = str(get("service-account", service_account))
+        self.scopes = list(get("scopes", scopes))
+        self.provisioning_model = str(get("provisioning-model", provisioning_model)).lower()
+        if self.provisioning_model not in ("spot", "preemptible"):
+            raise ValueError(
+                f"provisioning_model={self.provisioning_model!r}: use 'spot' or 'preemptible'."
+            )
+        self.termination_action = str(get("termination-action", termination_action)).upper()
+        if self.termination_action not in ("STOP", "DELETE"):
+            raise ValueError(
+                f"termination_action={self.termination_action!r}: use 'DELETE' or 'STOP'."
+            )
+        self.worker_ports = str(get("worker-ports", worker_ports))
+        self.nanny_ports = str(get("nanny-ports", nanny_ports))
+        for what, ports in (("worker_ports", self.worker_ports), ("nanny_ports", self.nanny_ports)):
+            if not re.fullmatch(r"\d+(:\d+)?", ports):
+                raise ValueError(f"{what}={ports!r}: give a port or a range like '41000:41099'.")
+        self.firewall = bool(get("firewall", firewall))
+        self.firewall_source_ranges = list(get("firewall-source-ranges", firewall_source_ranges))
+        self.nthreads = int(get("nthreads", nthreads))
+        self.death_timeout_s = float(parse_timedelta(get("death-timeout", death_timeout)))
+        self.poll_s = float(parse_timedelta(get("poll-interval", poll_interval)))
+        self.operation_timeout = float(parse_timedelta(get("operation-timeout", operation_timeout)))
+        self.preemption_limit = int(get("preemption-limit", preemption_limit))
+        self.preemption_window_s = float(
+            parse_timedelta(get("preemption-window", preemption_window))
+        )
+        budget = get("budget", budget)
+        self.budget: float | None = None if budget is None else float(budget)
+        if self.budget is not None and not self.budget > 0:
+            raise ValueError(f"budget={budget!r} must be a positive number of dollars.")
+        deadline = get("deadline", deadline)
+        self.deadline_s: float | None = (
+            None if deadline is None else float(parse_timedelta(deadline, default="seconds"))
+        )
+        if self.deadline_s is not None and not self.deadline_s > 0:
+            raise ValueError(f"deadline={deadline!r} must be a positive duration such as '3h'.")
+        api_endpoint = get("api-endpoint", api_endpoint)
+        project = get("project", project)
+        if project is None:
+            project = _default_project(credentials)
+        self.project = str(project)
+        self.image_project = str(get("image-project", image_project) or self.project)
+        self.api = ComputeAPI(self.project, api_endpoint=api_endpoint, credentials=credentials)
+        # Certificates made for this cluster only, in memory: every connection (workers,
+        # scheduler, clients) is TLS with mutual authentication.
+        self._security = Security.temporary()
+        self.cluster_name = "transient"
+        self.notice_s = 30.0
+        self.live: set[tuple[str, str]] = set()
+        self._not_offered: set[tuple[str, str]] = set()
+        self._preemptions: dict[tuple[str, str], list[float]] = {}
+        self._tasks: set[Any] = set()
+        self._atexit_registered = False
+        self._close_lock = asyncio.Lock()
+        self.firewall_name: str | None = None
+
+    # -- settings shared with the cluster ------------------------------------------------------------
+    @property
+    def security(self) -> Security:
+        """The cluster's TLS settings (scheduler, workers and clients)."""
+        return self._security
+
+    @property
+    def tag(self) -> str:
+        """The network tag of the cluster's VMs (the firewall rule's target)."""
+        return f"{self.cluster_name}-vm"
+
+    def instance_name(self, vm: str) -> str:
+        """GCE instance name of the cluster's VM ``vm`` (instance names are per project)."""
+        return f"{self.cluster_name}-{vm}"
+
+    def describe(self) -> str:
+        return (
+            f"GCE backend: project {self.project}, image family {self.image_family} "
+            f"({self.image_project}), {self.provisioning_model} workers, TLS, local scheduler"
+        )
+
+    def scheduler_options(self) -> dict[str, Any]:
+        return {
+            "host": self.scheduler_host,
+            "port": self.scheduler_port,
+            "protocol": "tls",
+            "security": self._security,
+        }
+
+    # -- checks before anything is created ------------------------------------------------------------
+    def prepare(
+        self,
+        cluster_name: str,
+        *,
+        gpus: Sequence[str],
+        zones: Sequence[str],
+        machine_type: str,
+        ps_machine_type: str,
+        notice_s: float,
+    ) -> None:
+        """Check project, zones, machine types, GPU types and image against the API.
+
+        A bad value raises ``ValueError`` naming it and the ``gcloud`` command that lists the
+        valid ones; (GPU, zone) pairs that GCE does not offer are skipped by the replacement
+        policy, unless none of the preferred GPU's zones has it.
+        """
+        self.cluster_name = cluster_name
+        self.notice_s = notice_s
+        if not _NAME_RE.match(self.instance_name("w-999")):
+            raise ValueError(f"Cluster name {cluster_name!r} is too long for GCE instance names.")
+        api = self.api
+        try:
+            api.get_project()
+        except GCEError as e:
+            raise ValueError(
+                f"GCE project {self.project!r} was not found or these credentials cannot use it "
+                f"({e.status}: {e}). List your projects with `gcloud projects list`; set "
+                "gce.project or pass project=."
+            ) from e
+        for zone in zones:
+            try:
+                api.get_zone(zone)
+            except GCEError as e:
+                raise ValueError(
+                    f"Zone {zone!r} does not exist in project {self.project!r} ({e}). List the "
+                    "zones with `gcloud compute zones list`."
+                ) from e
+        checks = [(ps_machine_type, zones[0])] + [(machine_type, z) for z in zones]
+        for mt, zone in checks:
+            try:
+                api.get_machine_type(zone, mt)
+            except GCEError as e:
+                raise ValueError(
+                    f"Machine type {mt!r} is not available in {zone} ({e}). List the machine "
+                    f"types with `gcloud compute machine-types list --zones {zone}`."
+                ) from e
+        family = bundled_gpu_family(machine_type)
+        for i, gpu in enumerate(gpus):
+            accel = accelerator_type(gpu)
+            if family is not None and gpu not in BUNDLED_GPUS[family]:
+                raise ValueError(
+                    f"Machine type {machine_type!r} comes with {'/'.join(sorted(BUNDLED_GPUS[family]))} "
+                    f"GPUs, not {gpu!r}: pick a machine type for {gpu} (N1 for "
+                    f"{', '.join(sorted(N1_GPUS))}; g2 for l4; a2 for a100)."
+                )
+            if family is None and gpu not in N1_GPUS and gpu in GPU_TYPES:
+                raise ValueError(
+                    f"GPU {gpu!r} does not attach to machine type {machine_type!r}: use a g2 "
+                    "machine type for l4, a2 for a100, a3 for h100 (`gcloud compute "
+                    "machine-types list --filter=name~'^(g2|a2|a3)'`)."
+                )
+            offered = []
+            for zone in zones:
+                try:
+                    api.get_accelerator_type(zone, accel)
+                    offered.append(zone)
+                except GCEError as e:
+                    if not e.not_found:
+                        raise ValueError(f"Could not look up GPU {accel} in {zone}: {e}") from e
+                    self._not_offered.add((gpu, zone))
+            if i == 0 and not offered:
+                raise ValueError(
+                    f"GPU type {gpu!r} ({accel}) is not offered in {', '.join(zones)}. List the "
+                    f"zones that have it with `gcloud compute accelerator-types list "
+                    f"--filter=name={accel}`."
+                )
+        try:
+            api.get_image_from_family(self.image_project, self.image_family)
+        except GCEError as e:
+            raise ValueError(
+                f"Image family {self.image_family!r} was not found in project "
+                f"{self.image_project!r} ({e}). Bake it as transient_nb/backends/gce_image.md "
+                "shows, or set gce.image-family / gce.image-project; list images with "
+                f"`gcloud compute images list --project {self.image_project} --no-standard-images`."
+            ) from e
+
+    # -- cluster start and close ----------------------------------------------------------------------
+    async def start(self, scheduler_address: str) -> None:
+        """Create the firewall rule; from here on, VMs left at exit are deleted."""
+        if not self._atexit_registered:
+            atexit.register(self.delete_all_now)
+            self._atexit_registered = True
+        if self.firewall:
+            await self._create_firewall(self.scheduler_address or scheduler_address)
+
+    async def close(self) -> None:
+        """Delete what is left: VMs caught mid-creation, then the firewall rule.
+
+        Idempotent, and a second caller waits for the first: a cluster closed twice at once (a
+        budget stop and the user) leaves nothing behind either way.
+        """
+        async with self._close_lock:
+            for t in list(self._tasks):
+                t.cancel()
+            if self.live:
+                await asyncio.gather(
+                    *(self._delete_and_wait(z, n) for z, n in list(self.live)),
+                    return_exceptions=True,
+                )
+            if self.firewall_name is not None:
+                try:
+                    op = await call_async(self.api.delete_firewall, self.firewall_name)
+                    if op is not None:
+                        await call_async(self.api.wait_global_operation, op, self.operation_timeout)
+                    self.firewall_name = None
+                except GCEError as e:
+                    logger.warning("Could not delete firewall rule %s: %s", self.firewall_name, e)
+            if not self.live and self.firewall_name is None and self._atexit_registered:
+                atexit.unregister(self.delete_all_now)
+                self._atexit_registered = False
+
+    async def _delete_and_wait(self, zone: str, name: str) -> None:
+        try:
+            op = await call_async(self.api.delete_instance, zone, name)
+            if op is not None:
+                await call_async(self.api.wait_zone_operation, zone, op, self.operation_timeout)
+        except GCEError as e:
+            if not e.not_found:
+                logger.warning("Could not delete %s in %s: %s", name, zone, e)
+                return
+        self.live.discard((zone, name))
+
+    def delete_all_now(self) -> None:
+        """Ask GCE to delete every VM this backend still has (at interpreter exit).
+
+        Blocking and without waiting for the operations, so that a kernel that exits without
+        closing its cluster (or whose event loop is gone) still leaves nothing running.
+        """
+        for zone, name in list(self.live):
+            try:
+                self.api.delete_instance(zone, name)
+                logger.warning("Deleted %s in %s at exit", name, zone)
+            except Exception as e:  # at exit, report and go on with the others
+                logger.warning("Could not delete %s in %s at exit: %s", name, zone, e)
+        self.live.clear()
+        if self.firewall_name is not None:
+            try:
+                self.api.delete_firewall(self.firewall_name)
+            except Exception as e:
+                logger.warning("Could not delete firewall rule %s: %s", self.firewall_name, e)
+
+    def firewall_body(self, scheduler_address: str) -> dict[str, Any]:
+        """The firewall rule: worker and nanny ports, from the cluster's VMs (and the scheduler)."""
+        sources = list(self.firewall_source_ranges)
+        host = _host_of(scheduler_address)
+        if host and not host.startswith("127.") and host not in ("localhost", "0.0.0.0"):
+            # The local scheduler connects to its workers too.
+            sources.append(f"{host}/32")
+        ports = [p.replace(":", "-") for p in (self.worker_ports, self.nanny_ports)]
+        body: dict[str, Any] = {
+            "name": f"{self.cluster_name}-dask",
+            "description": (
+                f"transient_nb cluster {self.cluster_name} (host {this_host()}, pid "
+                f"{os.getpid()}): Dask worker and nanny ports between the cluster's VMs"
+            ),
+            "network": self._network_url(),
+            "direction": "INGRESS",
+            "priority": 1000,
+            "targetTags": [self.tag],
+            "sourceTags": [self.tag],
+            "allowed": [{"IPProtocol": "tcp", "ports": ports}],
+        }
+        if sources:
+            body["sourceRanges"] = sources
+        return body
+
+    async def _create_firewall(self, scheduler_address: str) -> None:
+        body = self.firewall_body(scheduler_address)
+        try:
+            op = await call_async(self.api.insert_firewall, body)
+            await call_async(self.api.wait_global_operation, op, self.operation_timeout)
+        except GCEError as e:
+            if "alreadyExists" not in e.codes and e.status != 409:
+                raise RuntimeError(f"Could not create firewall rule {body['name']}: {e}") from e
+        self.firewall_name = body["name"]
+
+    # -- the request body --------------------------------------------------------------------------
+    def _network_url(self) -> str:
+        return f"projects/{self.project}/global/networks/{self.network}"
+
+    def labels(self, spec: VMSpec) -> dict[str, str]:
+        """Labels that mark the VM as this cluster's (and whose process owns it)."""
+        return {
+            LABEL: "true",
+            LABEL_CLUSTER: _label_value(self.cluster_name),
+            LABEL_ROLE: spec.role,
+            LABEL_HOST: this_host(),
+            LABEL_PID: str(os.getpid()),
+        }
+
+    def instance_body(self, spec: VMSpec, scheduler_address: str) -> dict[str, Any]:
+        """The ``instances.insert`` request body of a VM (GCE's REST JSON), in one place."""
+        zone = spec.zone
+        gpu = spec.gpu if spec.role == "worker" else None
+        if gpu and spec.spot:
+            if self.provisioning_model == "spot":
+                scheduling: dict[str, Any] = {
+                    "provisioningModel": "SPOT",
+                    "instanceTerminationAction": self.termination_action,
+                    "onHostMaintenance": "TERMINATE",
+                    "automaticRestart": False,
+                }
+            else:
+                scheduling = {
+                    "preemptible": True,
+                    "onHostMaintenance": "TERMINATE",
+                    "automaticRestart": False,
+                }
+        elif gpu:
+            # On-demand GPU VMs cannot live-migrate; they restart after host maintenance.
+            scheduling = {
+                "provisioningModel": "STANDARD",
+                "onHostMaintenance": "TERMINATE",
+                "automaticRestart": True,
+            }
+        else:
+            # The PS host: never preemptible, live-migrates through maintenance.
+            scheduling = {
+                "provisioningModel": "STANDARD",
+                "onHostMaintenance": "MIGRATE",
+                "automaticRestart": True,
+            }
+        vm = {"name": spec.name, "role": spec.role, "gpu": gpu, "zone": zone, "spot": spec.spot}
+        script = startup_script(
+            python=self.python,
+            scheduler_address=scheduler_address,
+            vm=vm,
+            resources=dict(spec.resources),
+            nthreads=self.nthreads,
+            death_timeout_s=self.death_timeout_s,
+            worker_ports=self.worker_ports,
+            nanny_ports=self.nanny_ports,
+            notice_s=self.notice_s,
+        )
+        cert = self._security.tls_worker_cert or self._security.tls_ca_file
+        key = self._security.tls_worker_key
+        interface: dict[str, Any] = {"network": self._network_url()}
+        if self.subnetwork:
+            region = zone.rsplit("-", 1)[0]
+            interface["subnetwork"] = (
+                f"projects/{self.project}/regions/{region}/subnetworks/{self.subnetwork}"
+            )
+        if self.external_ip:
+            interface["accessConfigs"] = [{"type": "ONE_TO_ONE_NAT", "name": "External NAT"}]
+        body: dict[str, Any] = {
+            "name": self.instance_name(spec.name),
+            "machineType": f"zones/{zone}/machineTypes/{spec.machine_type}",
+            "disks": [
+                {
+                    "boot": True,
+                    "autoDelete": True,
+                    "initializeParams": {
+                        "sourceImage": (
+                            f"projects/{self.image_project}/global/images/family/{self.image_family}"
+                        ),
+                        "diskSizeGb": str(self.disk_size_gb),
+                        "diskType": f"zones/{zone}/diskTypes/{self.disk_type}",
+                    },
+                }
+            ],
+            "networkInterfaces": [interface],
+            "scheduling": scheduling,
+            "labels": self.labels(spec),
+            "tags": {"items": [self.tag]},
+            "metadata": {
+                "items": [
+                    {"key": "startup-script", "value": script},
+                    {"key": TLS_CERT_KEY, "value": cert},
+                    {"key": TLS_KEY_KEY, "value": key},
+                ]
+            },
+            "serviceAccounts": [{"email": self.service_account, "scopes": self.scopes}],
+        }
+        if gpu and bundled_gpu_family(spec.machine_type) is None:
+            body["guestAccelerators"] = [
+                {
+                    "acceleratorType": (
+                        f"projects/{self.project}/zones/{zone}/acceleratorTypes/"
+                        f"{accelerator_type(gpu)}"
+                    ),
+                    "acceleratorCount": 1,
+                }
+            ]
+        return body
+
+    # -- where not to go ------------------------------------------------------------------------------
+    def record_preemption(self, spec: VMSpec) -> None:
+        """Count a preemption by the provider of a GPU type in a zone."""
+        if spec.gpu:
+            self._preemptions.setdefault((spec.gpu, spec.zone), []).append(time.monotonic())
+
+    def avoid(self, gpu: str, zone: str, spot: bool) -> str | None:
+        """Why a (GPU, zone) should not be asked for now, or ``None``."""
+        if (gpu, zone) in self._not_offered:
+            return "GPU_NOT_OFFERED_IN_ZONE"
+        if spot:
+            now = time.monotonic()
+            recent = [
+                t
+                for t in self._preemptions.get((gpu, zone), [])
+                if now - t < self.preemption_window_s
+            ]
+            self._preemptions[(gpu, zone)] = recent
+            if self.preemption_limit > 0 and len(recent) >= self.preemption_limit:
+                return "REPEATED_PREEMPTIONS"
+        return None
+
+    # -- helpers of the VMs ------------------------------------------------------------------------
+    def make_vm(self, spec: VMSpec, **kwargs: Any) -> GCEVM:
+        return GCEVM(spec, backend=self, **kwargs)
+
+    def spawn(self, coro: Any) -> Any:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def sleep_poll(self, short: bool = False) -> None:
+        """Wait between two reads of a VM's state."""
+        await asyncio.sleep(min(self.poll_s, 0.25) if short else self.poll_s)
+
+
+def _host_of(address: str) -> str:
+    rest = address.split("://", 1)[-1]
+    return rest.rsplit(":", 1)[0].strip("[]")
+
+
+def _default_project(credentials: Any) -> str:
+    try:
+        import google.auth
+
+        _, project = google.auth.default()
+    except Exception as e:
+        raise ValueError(
+            "No GCE project given and none found in the application-default credentials "
+            f"({e}). Pass project='my-project' (or set transient.gce.project); list your projects "
+            "with `gcloud projects list`, and log in with `gcloud auth application-default login`."
+        ) from e
+    if not project:
+        raise ValueError(
+            "No GCE project given: pass project='my-project' or set transient.gce.project "
+            "(`gcloud projects list` shows yours)."
+        )
+    return str(project)
+
+
+# -- sweep ---------------------------------------------------------------------------------------
+def _owner_alive(labels: dict[str, str], registry_path: str | None) -> tuple[bool | None, str]:
+    """Whether the owning cluster still runs (None: cannot tell from here), and why."""
+    if labels.get(LABEL_HOST) != this_host():
+        return None, f"created on host {labels.get(LABEL_HOST)!r}: cannot check it from here"
+    try:
+        pid = int(labels.get(LABEL_PID, "-1"))
+    except ValueError:
+        pid = -1
+    cluster = labels.get(LABEL_CLUSTER)
+    for entry in registry.entries(registry_path):
+        if (
+            _label_value(str(entry["name"])) == cluster
+            and int(entry.get("pid", -2)) == pid
+            and not entry["stale"]
+        ):
+            return True, f"cluster {cluster} is running (pid {pid})"
+    return False, f"cluster {cluster} is gone (pid {pid})"
+
+
+def sweep(
+    project: str | None = None,
+    zones: Sequence[str] | None = None,
+    dry_run: bool = False,
+    *,
+    force: bool = False,
+    confirm: Callable[[list[dict[str, Any]]], bool] | None = None,
+    quiet: bool = False,
+    api_endpoint: str | None = None,
+    credentials: Any = None,
+    registry_path: str | None = None,
+) -> list[dict[str, Any]]:
+    """Find VMs (and firewall rules) of transient clusters that are gone, show them, delete them.
+
+    A VM is transient_nb's when it has the ``transient-nb`` label; its cluster is gone when the
+    process that created it (labels ``transient-nb-host`` and ``transient-nb-pid``) no longer runs
+    that cluster on this machine. VMs created from another machine are listed but only deleted
+    with ``force=True``.
+
+    Parameters
+    ----------
+    project
+        Project ID (default: ``transient.gce.project``, else the application-default one).
+    zones
+        Zones to look in (default: every zone of the price catalog).
+    dry_run
+        Only show what would be deleted.
+    force
+        Also delete VMs whose owner cannot be checked from here (created on another machine).
+    confirm
+        Called with the list before anything is deleted; deletion goes on only if it returns True.
+    quiet
+        Do not print the list.
+    api_endpoint, credentials
+        As for the backend (tests point them at a fake server).
+    registry_path
+        Cluster registry folder (default: ``transient.registry-dir``).
+
+    Returns
+    -------
+    One dict per VM or firewall rule found: ``kind``, ``name``, ``zone``, ``cluster``,
+    ``status``, ``alive`` (True, False, or None: cannot tell), ``reason``, ``deleted``.
+
+    Examples
+    --------
+    >>> from transient_nb.backends.gce import sweep
+    >>> sweep("my-project", ["us-central1-a"], dry_run=True)  # doctest: +SKIP
+    """
+    from transient_nb.prices import PriceCatalog
+
+    project = config.get("gce.project", override_with=project)
+    if project is None:
+        project = _default_project(credentials)
+    api_endpoint = config.get("gce.api-endpoint", override_with=api_endpoint)
+    api = ComputeAPI(str(project), api_endpoint=api_endpoint, credentials=credentials)
+    zones = list(zones) if zones else PriceCatalog.load().zones()
+    found: list[dict[str, Any]] = []
+    for zone in zones:
+        try:
+            instances = api.list_instances(zone, filter=f'labels.{LABEL} = "true"')
+        except GCEError as e:
+            if e.not_found:
+                raise ValueError(
+                    f"Zone {zone!r} or project {project!r} does not exist ({e}); list zones with "
+                    "`gcloud compute zones list`."
+                ) from e
+            raise
+        for inst in instances:
+            labels = inst.get("labels") or {}
+            if labels.get(LABEL) != "true":
+                continue
+            alive, reason = _owner_alive(labels, registry_path)
+            found.append(
+                {
+                    "kind": "instance",
+                    "name": inst["name"],
+                    "zone": zone,
+                    "cluster": labels.get(LABEL_CLUSTER),
+                    "status": inst.get("status"),
+                    "alive": alive,
+                    "reason": reason,
+                    "deleted": False,
+                }
+            )
+    gone_clusters = {f["cluster"] for f in found if f["alive"] is False}
+    for rule in api.list_firewalls(filter='name eq ".*-dask"'):
+        desc = str(rule.get("description", ""))
+        m = re.match(r"transient_nb cluster (\S+) \(host (\S+), pid (\d+)\)", desc)
+        if not m:
+            continue
+        labels = {LABEL_CLUSTER: _label_value(m[1]), LABEL_HOST: m[2], LABEL_PID: m[3]}
+        alive, reason = _owner_alive(labels, registry_path)
+        if labels[LABEL_CLUSTER] in gone_clusters:
+            alive = False
+        found.append(
+            {
+                "kind": "firewall",
+                "name": rule["name"],
+                "zone": "global",
+                "cluster": labels[LABEL_CLUSTER],
+                "status": "",
+                "alive": alive,
+                "reason": reason,
+                "deleted": False,
+            }
+        )
+    doomed = [f for f in found if f["alive"] is False or (f["alive"] is None and force)]
+    if not quiet:
+        _print_sweep(found, doomed, dry_run)
+    if dry_run or not doomed or (confirm is not None and not confirm(doomed)):
+        return found
+    pending = []
+    for f in doomed:
+        try:
+            if f["kind"] == "instance":
+                op = api.delete_instance(f["zone"], f["name"])
+                if op is not None:
+                    pending.append((f, op))
+            f["deleted"] = True
+        except GCEError as e:
+            f["reason"] = f"delete failed: {e}"
+    for f, op in pending:
+        try:
+            api.wait_zone_operation(f["zone"], op)
+        except GCEError as e:
+            f["deleted"] = False
+            f["reason"] = f"delete failed: {e}"
+    # Firewall rules last: a VM being deleted still uses its cluster's rule.
+    for f in doomed:
+        if f["kind"] == "firewall":
+            try:
+                op = api.delete_firewall(f["name"])
+                if op is not None:
+                    api.wait_global_operation(op)
+                f["deleted"] = True
+            except GCEError as e:
+                f["deleted"] = False
+                f["reason"] = f"delete failed: {e}"
+    if not quiet:
+        n = sum(1 for f in doomed if f["deleted"])
+        print(f"Deleted {n} of {len(doomed)}.", file=sys.stdout)
+    return found
+
+
+def _print_sweep(found: list[dict[str, Any]], doomed: list[dict[str, Any]], dry_run: bool) -> None:
+    if not found:
+        print("No transient_nb VMs or firewall rules found.")
+        return
+    verb = "would delete" if dry_run else "delete"
+    print(f"{'':<2}{'kind':<9}{'name':<40}{'zone':<16}{'status':<12}action")
+    for f in found:
+        action = f"{verb} ({f['reason']})" if f in doomed else f"keep ({f['reason']})"
+        print(f"  {f['kind']:<9}{f['name']:<40}{f['zone']:<16}{f['status'] or '':<12}{action}")

@@ -1,0 +1,308 @@
+"""Attach to a transient cluster that another kernel (or process) owns, by name.
+
+Every running :class:`~transient_nb.TransientCluster` registers its name and scheduler address in
+the on-disk registry. :func:`connect` looks the name up and returns a :class:`RemoteCluster`: a
+Dask ``Client`` on that scheduler, a live mirror of the cluster's event log (so ``events()``,
+``cost()``, ``vms()``, the control panel and the dashboard work as for a local cluster), and
+control — ``scale``, ``preempt``, ``shutdown`` — sent as requests on the scheduler's
+``transient-control`` topic, which the owning cluster acts on and answers with a ``control`` event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import pandas as pd
+from distributed import Client
+from distributed.core import Status
+from distributed.deploy.spec import SpecCluster
+
+from transient_nb import registry
+from transient_nb.cost import CostReport, compute_costs
+from transient_nb.events import CONTROL_TOPIC, events_frame, vm_states
+from transient_nb.prices import PriceCatalog
+
+logger = logging.getLogger(__name__)
+
+#: Failed reads of the event log in a row after which a remote cluster counts as gone.
+MAX_FAILURES = 8
+
+
+class _EventMirror:
+    """The owning scheduler's event log, copied here as it grows (same shape as the monitor)."""
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+
+
+class RemoteCluster:
+    """A handle on a transient cluster that another process owns.
+
+    Use :func:`connect` to get one. Reading (``events``, ``cost``, ``vms``, views) works from a
+    copy of the cluster's event log kept up to date on the client's event loop; control requests
+    go to the owning cluster through its scheduler and wait for its answer.
+
+    Parameters
+    ----------
+    entry
+        The cluster's registry entry (``name``, ``scheduler_address``, ...).
+    timeout
+        Seconds to wait for the scheduler when connecting.
+    answer_timeout
+        Seconds to wait for the owning cluster's answer to a control request.
+    interval
+        Seconds between two reads of the event log.
+
+    Examples
+    --------
+    >>> from transient_nb import connect
+    >>> cluster = connect("demo")  # doctest: +SKIP
+    >>> cluster.preempt("w-1")  # doctest: +SKIP
+    >>> cluster.cost()  # doctest: +SKIP
+    >>> cluster.close()  # our handle only; the cluster keeps running  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        entry: Mapping[str, Any],
+        *,
+        timeout: float = 10.0,
+        answer_timeout: float = 10.0,
+        interval: float = 0.25,
+    ):
+        from transient_nb.views.widgets import Ticker
+
+        self.entry = dict(entry)
+        self.name = str(entry["name"])
+        self.scheduler_address = str(entry["scheduler_address"])
+        self.dashboard_link = entry.get("dashboard_link")
+        self.answer_timeout = answer_timeout
+        self.monitor = _EventMirror()
+        self.status = Status.running
+        self._failures = 0
+        self._catalog: PriceCatalog | None = None
+        self.client = Client(self.scheduler_address, set_as_default=False, timeout=timeout)
+        self.loop = self.client.loop
+        try:
+            self.client.sync(self._fetch)
+        except Exception:
+            self.client.close()
+            raise
+        self._ticker = Ticker(self.loop, self._fetch, interval)
+        self._ticker.start()
+
+    # -- the event log ------------------------------------------------------------------------------
+    async def _fetch(self) -> None:
+        if self.status != Status.running:
+            return
+        events = self.monitor.events
+        try:
+            new = await asyncio.wait_for(
+                self.client.scheduler.transient_events(since=len(events)), 5
+            )
+        except Exception as e:
+            self._failures += 1
+            logger.debug("Reading the event log of %s failed: %r", self.name, e)
+            if self._failures >= MAX_FAILURES:
+                self.status = Status.closed
+                self._ticker.stop()
+            if not events:
+                raise
+            return
+        self._failures = 0
+        events.extend(new)
+        if events and events[-1].get("kind") == "closed":
+            self.status = Status.closed
+            self._ticker.stop()
+
+    def _started(self) -> Mapping[str, Any]:
+        return next((e for e in self.monitor.events if e.get("kind") == "started"), {})
+
+    @property
+    def catalog(self) -> PriceCatalog | None:
+        """The price catalog the owning cluster bills with (None if it cannot be loaded)."""
+        if self._catalog is None:
+            name = self._started().get("catalog")
+            try:
+                self._catalog = PriceCatalog.load(name) if name else None
+            except (ValueError, OSError):
+                self._catalog = None
+        return self._catalog
+
+    @property
+    def time_scale(self) -> float:
+        """Simulated seconds per wall second of the owning cluster."""
+        return float(self._started().get("time_scale", 1.0))
+
+    @property
+    def gpu(self) -> str | None:
+        """GPU type of new workers."""
+        return self.entry.get("gpu") or self._started().get("gpu")
+
+    @property
+    def zone(self) -> str | None:
+        """Zone of new workers."""
+        return self.entry.get("zone") or self._started().get("zone")
+
+    @property
+    def spot(self) -> bool:
+        """Whether new workers are Spot VMs."""
+        return bool(self.entry.get("spot", self._started().get("spot", True)))
+
+    def events(self) -> pd.DataFrame:
+        """Every event of the cluster's run so far, as a DataFrame."""
+        return events_frame(list(self.monitor.events))
+
+    def cost(self) -> CostReport:
+        """Money spent so far, per VM and in total, beside the on-demand counterfactual."""
+        catalog = self.catalog
+        return compute_costs(
+            list(self.monitor.events), minimum_s=catalog.minimum_s if catalog else 60.0
+        )
+
+    def vms(self) -> pd.DataFrame:
+        """Every VM of the cluster with its lifecycle state and time in state."""
+        return vm_states(list(self.monitor.events))
+
+    def get_client(self) -> Client:
+        """The Dask client connected to the cluster's scheduler."""
+        return self.client
+
+    def wait_for_workers(self, n_workers: int = 1, timeout: float | None = None) -> None:
+        """Block until ``n_workers`` GPU workers have joined (by the event log)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            states = vm_states(list(self.monitor.events))
+            if not states.empty:
+                joined = states[(states["state"] == "joined") & (states["role"] == "worker")]
+                if len(joined) >= n_workers:
+                    return
+            if self.status != Status.running:
+                raise RuntimeError(
+                    f"Cluster {self.name!r} closed before {n_workers} workers joined."
+                )
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"Only some of {n_workers} workers joined within {timeout} s.")
+            time.sleep(0.1)
+
+    # -- control ----------------------------------------------------------------------------------------
+    async def _control(self, msg: dict[str, Any]) -> dict[str, Any]:
+        request = uuid.uuid4().hex[:12]
+        msg = {**msg, "id": request}
+        since = len(self.monitor.events)
+        await self.client.scheduler.log_event(topic=CONTROL_TOPIC, msg=msg)
+        deadline = time.monotonic() + self.answer_timeout
+        while time.monotonic() < deadline:
+            # Read the scheduler's log directly: the answer must not wait for the next mirror tick.
+            new = await self.client.scheduler.transient_events(since=since)
+            for e in new:
+                if e.get("kind") == "control" and e.get("request") == request:
+                    if not e.get("ok"):
+                        raise ValueError(str(e.get("error") or "the cluster refused"))
+                    return dict(e)
+            since += len(new)
+            await asyncio.sleep(0.05)
+        raise TimeoutError(
+            f"Cluster {self.name!r} did not answer the {msg['action']!r} request within "
+            f"{self.answer_timeout:g} s; its owning process may be gone or busy."
+        )
+
+    def _request(self, msg: dict[str, Any]) -> dict[str, Any]:
+        if self.status != Status.running:
+            raise ValueError(f"Cluster {self.name!r} is closed; nothing can act on it.")
+        return self.client.sync(self._control, msg)  # type: ignore[no-any-return]
+
+    def scale(self, n: int) -> dict[str, Any]:
+        """Ask the owning cluster to keep ``n`` GPU workers; returns its answer."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"scale({n!r}): give a whole number of workers, 0 or more.")
+        return self._request({"action": "scale", "workers": n})
+
+    def preempt(self, target: int | str = 1, notice: bool = True) -> dict[str, Any]:
+        """Ask the owning cluster to preempt ``target`` workers (a count) or the worker named so."""
+        if isinstance(target, bool) or not isinstance(target, (int, str)):
+            raise ValueError(f"preempt({target!r}): give a number of workers or a worker name.")
+        if isinstance(target, int):
+            if target < 1:
+                raise ValueError(f"preempt({target}): the number of workers must be at least 1.")
+            return self._request({"action": "preempt", "count": target, "notice": bool(notice)})
+        return self._request({"action": "preempt", "worker": target, "notice": bool(notice)})
+
+    def shutdown(self) -> dict[str, Any]:
+        """Ask the owning process to close the cluster, then close this handle."""
+        try:
+            return self._request({"action": "stop"})
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Close this handle (the client and the mirror); the cluster keeps running."""
+        self._ticker.stop()
+        if self.status == Status.running:
+            self.status = Status.closed
+        self.client.close()
+
+    def __enter__(self) -> RemoteCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"<RemoteCluster {self.name!r}: {self.scheduler_address} (pid "
+            f"{self.entry.get('pid')}), status={self.status.name}>"
+        )
+
+
+def connect(name: str, *, timeout: float = 10.0, prefer_local: bool = True) -> Any:
+    """A handle on the running transient cluster called ``name``, from any kernel.
+
+    Parameters
+    ----------
+    name
+        The cluster's name (``%transient_cluster list`` or ``registry.entries()`` shows them).
+    timeout
+        Seconds to wait for its scheduler.
+    prefer_local
+        When this process owns the cluster, return the :class:`~transient_nb.TransientCluster`
+        itself rather than a remote handle.
+
+    Returns
+    -------
+    The :class:`~transient_nb.TransientCluster` (owned here) or a :class:`RemoteCluster`.
+
+    Raises
+    ------
+    ValueError
+        No running cluster has that name, or its owning process is gone.
+
+    Examples
+    --------
+    >>> from transient_nb import connect
+    >>> cluster = connect("demo")  # doctest: +SKIP
+    >>> cluster.scale(6)  # doctest: +SKIP
+    """
+    from transient_nb.cluster import TransientCluster
+
+    if prefer_local:
+        for c in list(SpecCluster._instances):
+            if isinstance(c, TransientCluster) and c.name == name and c.status == Status.running:
+                return c
+    try:
+        entry = registry.lookup(name)
+    except KeyError as e:
+        raise ValueError(e.args[0]) from None
+    if entry.get("stale"):
+        raise ValueError(
+            f"Cluster {name!r} is stale: the process that owned it (pid {entry.get('pid')}) is "
+            "gone. Start a new one with `%transient_cluster up`."
+        )
+    if not entry.get("scheduler_address"):
+        raise ValueError(f"Cluster {name!r} is still starting; try again in a moment.")
+    return RemoteCluster(entry, timeout=timeout)

@@ -1,0 +1,587 @@
+import {
+  Dialog,
+  InputDialog,
+  showDialog,
+  showErrorMessage
+} from '@jupyterlab/apputils';
+import { ServerConnection } from '@jupyterlab/services';
+import { Poll } from '@lumino/polling';
+import { Widget } from '@lumino/widgets';
+
+import { requestAPI } from './handler';
+import {
+  ICluster,
+  IClusterList,
+  INewCluster,
+  IOptions,
+  IWorker
+} from './types';
+
+/**
+ * How long the server may hold a list request open when nothing changes (seconds). The server
+ * answers as soon as something a user would see changes, so news arrive within half a second
+ * while an idle panel makes one request per LONG_POLL_S.
+ */
+const LONG_POLL_S = 10;
+
+/**
+ * Gap between two list requests, and the backoff when the server is unreachable (ms).
+ */
+const POLL_INTERVAL_MS = 500;
+const POLL_MAX_MS = 30 * 1000;
+
+/**
+ * The "Transient clusters" side panel: every transient cluster of this user, live.
+ */
+export class TransientSidebar extends Widget {
+  constructor(options: TransientSidebar.IOptions) {
+    super();
+    this.id = 'transient-nb-sidebar';
+    this.addClass('tnb-Sidebar');
+    this.title.caption = 'Transient clusters';
+    this._insertConnect = options.insertConnect;
+
+    const header = el('header', 'tnb-Header');
+    header.appendChild(el('h2', 'tnb-Title', 'Transient clusters'));
+    header.appendChild(
+      button('New cluster', 'tnb-NewButton jp-mod-styled jp-mod-accept', () =>
+        this.newCluster()
+      )
+    );
+    this._message = el('div', 'tnb-Message');
+    this._list = el('div', 'tnb-ClusterList');
+    this.node.append(header, this._message, this._list);
+
+    this._poll = new Poll({
+      factory: () => this._refresh(),
+      frequency: {
+        interval: POLL_INTERVAL_MS,
+        backoff: true,
+        max: POLL_MAX_MS
+      },
+      name: 'transient-nb:clusters',
+      // Stand by while the panel is collapsed, and while the browser tab is hidden.
+      standby: () => (this.isVisible ? 'when-hidden' : true)
+    });
+  }
+
+  /**
+   * The clusters shown now.
+   */
+  get clusters(): ReadonlyArray<ICluster> {
+    return this._clusters;
+  }
+
+  /**
+   * Fetch the list now, without waiting for a change.
+   */
+  refresh(): Promise<void> {
+    this._now = true;
+    return this._poll.refresh();
+  }
+
+  /**
+   * Ask for a new cluster with a short form, and start it in the Jupyter server.
+   */
+  async newCluster(): Promise<void> {
+    let options: IOptions;
+    try {
+      options = this._options ?? (await requestAPI<IOptions>('options'));
+      this._options = options;
+    } catch (error) {
+      return void showErrorMessage(
+        'Cannot reach the transient_nb server extension',
+        error as Error
+      );
+    }
+    const result = await showDialog({
+      title: 'New transient cluster',
+      body: new NewClusterForm(options),
+      buttons: [Dialog.cancelButton(), Dialog.okButton({ label: 'Start' })],
+      focusNodeSelector: 'input'
+    });
+    if (!result.button.accept || !result.value) {
+      return;
+    }
+    await this._act('Starting the cluster failed', () =>
+      requestAPI<ICluster>('clusters', {
+        method: 'POST',
+        body: JSON.stringify(result.value)
+      })
+    );
+  }
+
+  protected onAfterShow(): void {
+    void this.refresh();
+  }
+
+  dispose(): void {
+    if (this.isDisposed) {
+      return;
+    }
+    this._abort?.abort();
+    this._poll.dispose();
+    super.dispose();
+  }
+
+  private async _refresh(): Promise<void> {
+    const seq = ++this._seq;
+    // A newer request supersedes a pending long poll.
+    this._abort?.abort();
+    const abort = (this._abort = new AbortController());
+    const wait = this._version && !this._now ? LONG_POLL_S : 0;
+    this._now = false;
+    const query = this._version
+      ? `?version=${encodeURIComponent(this._version)}&wait=${wait}`
+      : '';
+    try {
+      const data = await requestAPI<IClusterList>(`clusters${query}`, {
+        signal: abort.signal
+      });
+      if (seq !== this._seq) {
+        return;
+      }
+      this._version = data.version;
+      this._clusters = data.clusters;
+      this._showMessage('');
+      this._render();
+    } catch (error) {
+      if (abort.signal.aborted) {
+        return;
+      }
+      this._version = '';
+      this._showMessage(
+        `Cannot reach the transient_nb server extension (${messageOf(error)}); retrying.`
+      );
+      throw error; // the poll backs off
+    }
+  }
+
+  /**
+   * Run a panel action, report its error, and refresh the list at once.
+   */
+  private async _act(
+    what: string,
+    action: () => Promise<unknown>
+  ): Promise<void> {
+    this.addClass('tnb-mod-busy');
+    try {
+      await action();
+    } catch (error) {
+      void showErrorMessage(what, messageOf(error));
+    } finally {
+      this.removeClass('tnb-mod-busy');
+      void this.refresh();
+    }
+  }
+
+  private _showMessage(text: string): void {
+    this._message.textContent = text;
+    this._message.hidden = text.length === 0;
+  }
+
+  private _render(): void {
+    const list = this._list;
+    list.replaceChildren();
+    if (this._clusters.length === 0) {
+      const empty = el('div', 'tnb-Empty');
+      empty.appendChild(el('p', '', 'No transient cluster is running.'));
+      empty.appendChild(
+        el(
+          'p',
+          'tnb-Hint',
+          'Start one here, or in a notebook with %transient_cluster up or TransientCluster().'
+        )
+      );
+      empty.appendChild(
+        button('Create a cluster', 'jp-mod-styled jp-mod-accept', () =>
+          this.newCluster()
+        )
+      );
+      list.appendChild(empty);
+      return;
+    }
+    for (const cluster of this._clusters) {
+      list.appendChild(this._renderCluster(cluster));
+    }
+  }
+
+  private _renderCluster(c: ICluster): HTMLElement {
+    const card = el('section', `tnb-Cluster tnb-mod-${c.status}`);
+    card.dataset.cluster = c.name;
+    card.dataset.status = c.status;
+
+    const head = el('div', 'tnb-ClusterHead');
+    head.appendChild(el('span', 'tnb-ClusterName', c.name));
+    head.appendChild(el('span', `tnb-Badge tnb-mod-${c.status}`, c.status));
+    head.appendChild(el('span', 'tnb-Backend', c.backend ?? ''));
+    if (c.dashboard_link && c.status === 'running') {
+      const link = el('a', 'tnb-Dashboard', 'Dashboard') as HTMLAnchorElement;
+      link.href = c.dashboard_link;
+      link.target = '_blank';
+      link.rel = 'noopener noreferrer';
+      link.title = 'Open the Dask dashboard of this cluster';
+      head.appendChild(link);
+    }
+    card.appendChild(head);
+
+    const placement = [
+      c.gpu ?? 'no GPU',
+      c.zone ?? '',
+      c.spot === null ? '' : c.spot ? 'spot' : 'on-demand',
+      c.target_workers !== null
+        ? `target ${c.target_workers} worker${c.target_workers === 1 ? '' : 's'}`
+        : '',
+      c.owner === 'panel' ? 'started here' : c.pid ? `kernel pid ${c.pid}` : ''
+    ].filter(Boolean);
+    card.appendChild(el('div', 'tnb-Placement', placement.join(' · ')));
+
+    const money = el('div', 'tnb-Cost');
+    money.appendChild(
+      el('span', 'tnb-Spent', `${dollars(c.cost.cost)} so far`)
+    );
+    money.appendChild(
+      el('span', 'tnb-Rate', `${rate(c.cost.rate_per_hour)} now`)
+    );
+    money.appendChild(
+      el(
+        'span',
+        'tnb-Saved',
+        `saved ${dollars(c.cost.saved)} (${percent(c.cost.saved_fraction)}) vs on-demand`
+      )
+    );
+    card.appendChild(money);
+
+    const counts = Object.entries(c.counts)
+      .map(([state, n]) => `${n} ${state}`)
+      .join(', ');
+    card.appendChild(
+      el(
+        'div',
+        'tnb-Counts',
+        `Workers: ${counts || 'none'} · preemptions survived: ${c.preemptions}`
+      )
+    );
+
+    if (c.training) {
+      const t = c.training;
+      const parts = [
+        `step ${t.step}${t.steps ? `/${t.steps}` : ''}`,
+        t.accuracy !== null ? `accuracy ${percent(t.accuracy, 1)}` : '',
+        t.finished
+          ? `finished (${t.reason ?? 'done'})`
+          : t.eta_s !== null
+            ? `ETA ${duration(t.eta_s)}`
+            : ''
+      ].filter(Boolean);
+      card.appendChild(
+        el('div', 'tnb-Training', `Training: ${parts.join(' · ')}`)
+      );
+    }
+
+    if (c.last_control && !c.last_control.ok) {
+      card.appendChild(
+        el(
+          'div',
+          'tnb-Error',
+          `${c.last_control.action} failed: ${c.last_control.error}`
+        )
+      );
+    }
+
+    if (c.workers.length > 0) {
+      card.appendChild(this._renderWorkers(c));
+    }
+
+    const actions = el('div', 'tnb-Actions');
+    const live = c.status === 'running';
+    actions.appendChild(
+      button(
+        'Scale…',
+        'tnb-ScaleButton jp-mod-styled',
+        () => this._scale(c),
+        !live
+      )
+    );
+    actions.appendChild(
+      button(
+        'Connect code',
+        'tnb-ConnectButton jp-mod-styled',
+        () => this._insertConnect(c),
+        !live,
+        'Insert the code that connects to this cluster into the active notebook'
+      )
+    );
+    actions.appendChild(
+      button(
+        c.status === 'stale' ? 'Remove' : 'Stop',
+        'tnb-StopButton jp-mod-styled jp-mod-warn',
+        () => this._stop(c)
+      )
+    );
+    card.appendChild(actions);
+    return card;
+  }
+
+  private _renderWorkers(c: ICluster): HTMLElement {
+    const list = el('div', 'tnb-Workers');
+    for (const w of c.workers) {
+      list.appendChild(this._renderWorker(c, w));
+    }
+    return list;
+  }
+
+  private _renderWorker(c: ICluster, w: IWorker): HTMLElement {
+    const gone = w.state === 'preempted' || w.state === 'deleted';
+    const row = el(
+      'div',
+      `tnb-Worker tnb-mod-${w.state}${gone ? ' tnb-mod-gone' : ''}`
+    );
+    row.dataset.worker = w.name;
+    row.dataset.state = w.state;
+    row.appendChild(el('span', 'tnb-WorkerName', w.name));
+    row.appendChild(el('span', 'tnb-WorkerState', w.state));
+    const cell = el('span', 'tnb-WorkerAction');
+    if (
+      w.role === 'worker' &&
+      !gone &&
+      w.state !== 'notice' &&
+      c.status === 'running'
+    ) {
+      cell.appendChild(
+        button(
+          'Preempt',
+          'tnb-PreemptButton jp-mod-styled',
+          () =>
+            this._act(`Preempting ${w.name} failed`, () =>
+              requestAPI(`clusters/${encodeURIComponent(c.name)}/preempt`, {
+                method: 'POST',
+                body: JSON.stringify({ worker: w.name, notice: true })
+              })
+            ),
+          false,
+          'Preempt this worker as the provider would (with the notice); it is replaced'
+        )
+      );
+    }
+    row.appendChild(cell);
+    // What it is on a line of its own: the sidebar is too narrow for a column each.
+    const info = [
+      w.role === 'ps' ? 'parameter server' : (w.gpu ?? 'no GPU'),
+      w.spot === null ? '' : w.spot ? 'spot' : 'on-demand',
+      w.zone ?? ''
+    ].filter(Boolean);
+    row.appendChild(el('span', 'tnb-WorkerInfo', info.join(' · ')));
+    return row;
+  }
+
+  private async _scale(c: ICluster): Promise<void> {
+    const result = await InputDialog.getNumber({
+      title: `Scale ${c.name}`,
+      label: 'Number of GPU workers to keep (the PS host comes on top)',
+      value: c.target_workers ?? 1
+    });
+    if (!result.button.accept || result.value === null) {
+      return;
+    }
+    await this._act(`Scaling ${c.name} failed`, () =>
+      requestAPI(`clusters/${encodeURIComponent(c.name)}/scale`, {
+        method: 'POST',
+        body: JSON.stringify({ workers: result.value })
+      })
+    );
+  }
+
+  private async _stop(c: ICluster): Promise<void> {
+    const stale = c.status === 'stale';
+    const result = await showDialog({
+      title: stale ? `Remove ${c.name}?` : `Stop ${c.name}?`,
+      body: stale
+        ? 'Its kernel is gone; this removes it from the list.'
+        : 'Its workers are deleted and billing stops; a training run on it ends.',
+      buttons: [
+        Dialog.cancelButton(),
+        Dialog.warnButton({ label: stale ? 'Remove' : 'Stop' })
+      ]
+    });
+    if (!result.button.accept) {
+      return;
+    }
+    await this._act(`Stopping ${c.name} failed`, () =>
+      requestAPI(`clusters/${encodeURIComponent(c.name)}`, { method: 'DELETE' })
+    );
+  }
+
+  private _clusters: ICluster[] = [];
+  private _version = '';
+  private _now = true;
+  private _seq = 0;
+  private _abort: AbortController | null = null;
+  private _options: IOptions | null = null;
+  private _poll: Poll;
+  private _list: HTMLElement;
+  private _message: HTMLElement;
+  private _insertConnect: (cluster: ICluster) => void;
+}
+
+export namespace TransientSidebar {
+  export interface IOptions {
+    /**
+     * Put the code that connects to `cluster` into the active notebook.
+     */
+    insertConnect: (cluster: ICluster) => void;
+  }
+}
+
+/**
+ * The body of the "new cluster" dialog: workers, GPU, zone, spot and the preemption spec.
+ */
+export class NewClusterForm
+  extends Widget
+  implements Dialog.IBodyWidget<INewCluster>
+{
+  constructor(options: IOptions) {
+    super();
+    this.addClass('tnb-NewClusterForm');
+    const d = options.defaults;
+    this._name = input('text', '');
+    this._name.placeholder = 'a fresh name';
+    this._workers = input('number', String(d.workers));
+    this._workers.min = '0';
+    this._gpu = select(options.gpus, d.gpu);
+    this._zone = select(options.zones, d.zone);
+    this._spot = input('checkbox', '');
+    this._spot.checked = d.spot;
+    this._preemption = input('text', d.preemption);
+    const examples = el('datalist') as HTMLDataListElement;
+    examples.id = 'tnb-preemption-examples';
+    for (const spec of options.preemption_examples) {
+      const option = el('option') as HTMLOptionElement;
+      option.value = spec;
+      examples.appendChild(option);
+    }
+    this._preemption.setAttribute('list', examples.id);
+    this.node.append(
+      field('Name', this._name),
+      field('Workers', this._workers),
+      field('GPU', this._gpu),
+      field('Zone', this._zone),
+      field('Spot (preemptible)', this._spot),
+      field('Preemptions', this._preemption),
+      examples,
+      el(
+        'p',
+        'tnb-Hint',
+        `Prices: ${options.catalog}. Preemptions: none, paper:k80, exp:mean=60s…`
+      )
+    );
+  }
+
+  getValue(): INewCluster {
+    const value: INewCluster = {
+      workers: Number(this._workers.value),
+      gpu: this._gpu.value,
+      zone: this._zone.value,
+      spot: this._spot.checked,
+      preemption: this._preemption.value.trim()
+    };
+    const name = this._name.value.trim();
+    if (name) {
+      value.name = name;
+    }
+    return value;
+  }
+
+  private _name: HTMLInputElement;
+  private _workers: HTMLInputElement;
+  private _gpu: HTMLSelectElement;
+  private _zone: HTMLSelectElement;
+  private _spot: HTMLInputElement;
+  private _preemption: HTMLInputElement;
+}
+
+// -- small DOM and formatting helpers -------------------------------------------------------------
+function el(tag: string, className = '', text?: string): HTMLElement {
+  const node = document.createElement(tag);
+  if (className) {
+    node.className = className;
+  }
+  if (text !== undefined) {
+    node.textContent = text;
+  }
+  return node;
+}
+
+function button(
+  label: string,
+  className: string,
+  onClick: () => unknown,
+  disabled = false,
+  title = ''
+): HTMLButtonElement {
+  const node = el('button', className, label) as HTMLButtonElement;
+  node.type = 'button';
+  node.disabled = disabled;
+  node.title = title;
+  node.addEventListener('click', () => void onClick());
+  return node;
+}
+
+function input(type: string, value: string): HTMLInputElement {
+  const node = el(
+    'input',
+    type === 'checkbox' ? '' : 'jp-mod-styled'
+  ) as HTMLInputElement;
+  node.type = type;
+  node.value = value;
+  return node;
+}
+
+function select(choices: string[], value: string): HTMLSelectElement {
+  const node = el('select', 'jp-mod-styled') as HTMLSelectElement;
+  for (const choice of choices) {
+    const option = el('option', '', choice) as HTMLOptionElement;
+    option.value = choice;
+    node.appendChild(option);
+  }
+  node.value = value;
+  return node;
+}
+
+function field(label: string, control: HTMLElement): HTMLElement {
+  const node = el('label', 'tnb-Field');
+  node.appendChild(el('span', '', label));
+  node.appendChild(control);
+  return node;
+}
+
+function dollars(x: number | null): string {
+  const v = x ?? 0;
+  return `$${Math.abs(v) < 10 ? v.toFixed(4) : v.toFixed(2)}`;
+}
+
+function rate(x: number | null): string {
+  return `$${(x ?? 0).toFixed(3)}/h`;
+}
+
+function percent(x: number | null, digits = 0): string {
+  return `${((x ?? 0) * 100).toFixed(digits)}%`;
+}
+
+function duration(seconds: number): string {
+  if (seconds < 90) {
+    return `${Math.round(seconds)} s`;
+  }
+  if (seconds < 90 * 60) {
+    return `${Math.round(seconds / 60)} min`;
+  }
+  const h = Math.floor(seconds / 3600);
+  return `${h} h ${Math.round((seconds - h * 3600) / 60)} min`;
+}
+
+function messageOf(error: unknown): string {
+  if (error instanceof ServerConnection.ResponseError) {
+    return error.message;
+  }
+  return error instanceof Error ? error.message : String(error);
+}

@@ -1,0 +1,101 @@
+/**
+ * The JSON models that the server extension sends (transient_nb/server/manager.py).
+ */
+
+export type ClusterStatus =
+  'starting' | 'running' | 'unreachable' | 'stale' | 'closed';
+
+/** One VM of a cluster: the PS host or a GPU worker, with its lifecycle state. */
+export interface IWorker {
+  name: string;
+  role: 'ps' | 'worker';
+  state: string;
+  gpu: string | null;
+  zone: string | null;
+  spot: boolean | null;
+  price: number | null;
+  since: number | null;
+  seconds_in_state: number | null;
+}
+
+export interface ICost {
+  cost: number;
+  cost_on_demand: number;
+  saved: number;
+  saved_fraction: number;
+  rate_per_hour: number;
+  rate_on_demand_per_hour: number;
+}
+
+export interface ITraining {
+  run: string | null;
+  model: string | null;
+  step: number;
+  steps: number | null;
+  accuracy: number | null;
+  loss: number | null;
+  img_per_s: number | null;
+  active_workers: number | null;
+  eta_s: number | null;
+  finished: boolean;
+  reason: string | null;
+}
+
+export interface ICluster {
+  name: string;
+  status: ClusterStatus;
+  owner: 'panel' | 'kernel';
+  pid: number | null;
+  backend: string | null;
+  scheduler_address: string | null;
+  dashboard_link: string | null;
+  gpu: string | null;
+  zone: string | null;
+  spot: boolean | null;
+  preemption: string | null;
+  time_scale: number | null;
+  target_workers: number | null;
+  workers: IWorker[];
+  counts: { [state: string]: number };
+  cost: ICost;
+  preemptions: number;
+  training: ITraining | null;
+  last_control: {
+    action: string;
+    ok: boolean;
+    error: string | null;
+  } | null;
+  connect_code: string;
+}
+
+export interface IClusterList {
+  clusters: ICluster[];
+  version: string;
+}
+
+export interface IOptions {
+  defaults: {
+    workers: number;
+    gpu: string;
+    zone: string;
+    spot: boolean;
+    preemption: string;
+    time_scale: number;
+    notice: string;
+    provisioning_delay: string;
+  };
+  gpus: string[];
+  zones: string[];
+  catalog: string;
+  preemption_examples: string[];
+}
+
+/** What the "new cluster" form sends. */
+export interface INewCluster {
+  name?: string;
+  workers: number;
+  gpu: string;
+  zone: string;
+  spot: boolean;
+  preemption: string;
+}

@@ -1,0 +1,684 @@
+"""The state behind the JupyterLab panel: every transient cluster of this user, as JSON models.
+
+One :class:`ClusterManager` lives in the Jupyter server. It finds clusters through the on-disk
+registry (so clusters created by magics or the Python API in any kernel show up, and those of
+crashed kernels show up as stale), reads each live cluster's event log from its scheduler over Dask
+RPC, and turns it into one JSON model per cluster with :func:`make_cluster_model`. Control actions
+(scale, preempt, stop) travel to the cluster that owns a scheduler as events on the
+``transient-control`` topic; the owning kernel's cluster acts on them and answers with a
+``control`` event. Clusters started from the panel are created here, in the server process, and
+kept until the panel stops them or the server shuts down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import hashlib
+import json
+import logging
+import math
+import os
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from distributed.core import ConnectionPool, Status
+
+from transient_nb import config, registry
+from transient_nb.cluster import TransientCluster
+from transient_nb.cost import compute_costs
+from transient_nb.events import CONTROL_TOPIC, read_run_record, vm_states
+from transient_nb.prices import PriceCatalog, shipped_catalogs
+
+logger = logging.getLogger(__name__)
+
+#: Lifecycle states after which a VM is gone (shown for a while, greyed out, then dropped).
+GONE_STATES = ("preempted", "deleted")
+#: How many gone VMs a model keeps: enough to see the last preemptions, bounded for long runs.
+MAX_GONE_ROWS = 8
+#: Window over which the training speed (and so the ETA) is measured, in seconds.
+ETA_WINDOW_S = 60.0
+
+#: Parameters the panel's "new cluster" form may send, with the JSON types each accepts.
+CREATE_PARAMETERS: dict[str, tuple[type, ...]] = {
+    "name": (str,),
+    "workers": (int,),
+    "gpu": (str,),
+    "zone": (str,),
+    "spot": (bool,),
+    "preemption": (str,),
+    "time_scale": (int, float),
+    "notice": (str, int, float),
+    "provisioning_delay": (str, int, float),
+    "prices": (str,),
+    "replace": (bool,),
+}
+
+_TYPE_NAMES = {int: "a whole number", float: "a number", str: "a string", bool: "true or false"}
+
+
+class ClusterNotFound(KeyError):
+    """No cluster of that name is registered or owned by the manager."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "cluster not found"
+
+
+class ControlRefused(ValueError):
+    """The owning cluster answered a control request with an error."""
+
+
+# -- the model ------------------------------------------------------------------------------------
+def _plain(value: Any) -> Any:
+    """A JSON-safe copy of a scalar: numpy numbers to Python ones, NaN and missing to None."""
+    if value is None:
+        return None
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        value = value.item()  # numpy scalar
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
+def connect_code(name: str, scheduler_address: str | None) -> str:
+    """The code a notebook runs to connect to cluster ``name``.
+
+    ``transient_nb.connect`` is preferred when the package has it (it returns the cluster object
+    with its events and costs); otherwise a plain ``distributed.Client`` on the scheduler.
+
+    Examples
+    --------
+    >>> print(connect_code("demo", "tcp://127.0.0.1:8786"))  # doctest: +SKIP
+    from distributed import Client
+    client = Client("tcp://127.0.0.1:8786")
+    """
+    import transient_nb
+
+    if hasattr(transient_nb, "connect"):
+        return f'from transient_nb import connect\ncluster = connect("{name}")'
+    return f'from distributed import Client\nclient = Client("{scheduler_address}")'
+
+
+def _training_model(events: Sequence[Mapping[str, Any]], now: float) -> dict[str, Any] | None:
+    """Step, accuracy and ETA of the latest training run in ``events``; None without one."""
+    start = None
+    for i in range(len(events) - 1, -1, -1):
+        if events[i].get("kind") == "train-started":
+            start = i
+            break
+    if start is None:
+        return None
+    started = events[start]
+    run = started.get("run")
+    metrics: list[Mapping[str, Any]] = []
+    last_eval: Mapping[str, Any] | None = None
+    finished: Mapping[str, Any] | None = None
+    for e in events[start:]:
+        if e.get("run") != run:
+            continue
+        kind = e.get("kind")
+        if kind == "metrics":
+            metrics.append(e)
+        elif kind == "eval":
+            last_eval = e
+        elif kind == "train-finished":
+            finished = e
+    step = int(metrics[-1]["step"]) if metrics else 0
+    target = started.get("steps")
+    accuracy = last_eval.get("accuracy") if last_eval else None
+    eta_s = None
+    if finished is not None:
+        step = int(finished.get("step", step))
+        accuracy = finished.get("accuracy", accuracy)
+        eta_s = 0.0
+    elif target and len(metrics) >= 2:
+        # Speed over the last minute, not since the start: preemptions change it a lot.
+        recent = [m for m in metrics if m["time"] >= metrics[-1]["time"] - ETA_WINDOW_S]
+        first, last = (recent[0], recent[-1]) if len(recent) >= 2 else (metrics[-2], metrics[-1])
+        dt = float(last["time"]) - float(first["time"])
+        ds = float(last["step"]) - float(first["step"])
+        if dt > 0 and ds > 0:
+            eta_s = max(0.0, (float(target) - step) / (ds / dt))
+    latest = metrics[-1] if metrics else {}
+    return {
+        "run": _plain(run),
+        "model": _plain(started.get("model")),
+        "step": step,
+        "steps": _plain(target),
+        "accuracy": _plain(accuracy),
+        "loss": _plain(latest.get("loss")),
+        "img_per_s": _plain(latest.get("img_per_s")),
+        "active_workers": _plain(latest.get("active_workers")),
+        "eta_s": _plain(eta_s),
+        "finished": finished is not None,
+        "reason": _plain(finished.get("reason")) if finished else None,
+        "updated": _plain(latest.get("time", started.get("time"))),
+    }
+
+
+def make_cluster_model(
+    entry: Mapping[str, Any],
+    events: Sequence[Mapping[str, Any]],
+    *,
+    status: str = "running",
+    owner: str = "kernel",
+    now: float | None = None,
+    minimum_s: float = 60.0,
+) -> dict[str, Any]:
+    """The JSON model of one cluster that the panel shows.
+
+    Parameters
+    ----------
+    entry
+        The cluster's registry entry (``name``, ``backend``, ``scheduler_address``,
+        ``dashboard_link``, ``pid``, ``gpu``, ``zone``, ``spot``...).
+    events
+        The cluster's event log so far, in order.
+    status
+        ``"starting"``, ``"running"``, ``"unreachable"`` (its scheduler did not answer),
+        ``"stale"`` (its owning process is gone) or ``"closed"``.
+    owner
+        ``"panel"`` for clusters this server started, ``"kernel"`` otherwise.
+    now
+        Wall-clock time of the model (costs are billed up to it); defaults to now, or to the last
+        event for stale and closed clusters, whose VMs stopped costing money when they died.
+    minimum_s
+        The price catalog's minimum billed seconds per VM.
+
+    Returns
+    -------
+    A dict of plain JSON values: identity and links, ``workers`` (one row per VM, the gone ones
+    last and at most :data:`MAX_GONE_ROWS` of them), ``counts`` (GPU workers per lifecycle state),
+    ``cost`` (spent, on-demand counterfactual, saved, $/h now), ``preemptions``, ``training``
+    (None without a training run) and ``connect_code``.
+
+    Examples
+    --------
+    >>> from transient_nb.events import make_event
+    >>> m = make_cluster_model({"name": "demo"}, [make_event("started", workers=2)])
+    >>> m["name"], m["target_workers"], m["workers"]
+    ('demo', 2, [])
+    """
+    if now is None:
+        # A stale or closed cluster's VMs stopped costing money with its last event.
+        now = float(events[-1]["time"]) if status in ("stale", "closed") and events else time.time()
+    started: Mapping[str, Any] = next((e for e in events if e.get("kind") == "started"), {})
+    target = started.get("workers")
+    for e in events:
+        if e.get("kind") == "scale":
+            target = e.get("workers")
+    if status == "running" and any(e.get("kind") == "closed" for e in events):
+        status = "closed"
+
+    vms = vm_states(events, now=now)
+    rows: list[dict[str, Any]] = []
+    for name, vm in vms.iterrows():
+        rows.append(
+            {
+                "name": str(name),
+                "role": _plain(vm.get("role")) or "worker",
+                "state": _plain(vm.get("state")),
+                "gpu": _plain(vm.get("gpu")),
+                "zone": _plain(vm.get("zone")),
+                "spot": None if _plain(vm.get("spot")) is None else bool(vm.get("spot")),
+                "price": _plain(vm.get("price")),
+                "since": _plain(vm.get("since")),
+                "seconds_in_state": _plain(vm.get("seconds_in_state")),
+            }
+        )
+    live = [r for r in rows if r["state"] not in GONE_STATES]
+    gone = sorted(
+        (r for r in rows if r["state"] in GONE_STATES), key=lambda r: r["since"] or 0, reverse=True
+    )
+    # PS host first, then workers by number (w-2 before w-10), then the latest gone ones.
+    live.sort(key=lambda r: (r["role"] != "ps", len(r["name"]), r["name"]))
+    counts: dict[str, int] = {}
+    for r in live:
+        if r["role"] == "worker":
+            counts[r["state"]] = counts.get(r["state"], 0) + 1
+
+    time_scale = started.get("time_scale")
+    report = compute_costs(
+        list(events),
+        now=now,
+        minimum_s=minimum_s,
+        time_scale=float(time_scale) if time_scale else 1.0,  # 1: a log cut before "started"
+    )
+    control = next((e for e in reversed(events) if e.get("kind") == "control"), None)
+    name = str(entry.get("name", started.get("cluster", "")))
+    address = entry.get("scheduler_address") or started.get("scheduler_address")
+    return {
+        "name": name,
+        "status": status,
+        "owner": owner,
+        "pid": _plain(entry.get("pid")),
+        "backend": _plain(entry.get("backend", started.get("backend"))),
+        "scheduler_address": _plain(address),
+        "dashboard_link": _plain(entry.get("dashboard_link")),
+        "run_record": _plain(entry.get("run_record", started.get("run_record"))),
+        "gpu": _plain(entry.get("gpu", started.get("gpu"))),
+        "zone": _plain(entry.get("zone", started.get("zone"))),
+        "spot": _plain(entry.get("spot", started.get("spot"))),
+        "preemption": _plain(started.get("preemption")),
+        "time_scale": _plain(time_scale),
+        "catalog": _plain(started.get("catalog")),
+        "started": _plain(started.get("time")),
+        "target_workers": _plain(target),
+        "workers": live + gone[:MAX_GONE_ROWS],
+        "counts": counts,
+        "cost": {k: _plain(v) for k, v in report.to_dict().items()},
+        "preemptions": sum(1 for e in events if e.get("kind") == "preempted"),
+        "training": _training_model(events, now),
+        "last_control": (
+            {k: _plain(control.get(k)) for k in ("action", "ok", "error", "request", "time")}
+            if control
+            else None
+        ),
+        "n_events": len(events),
+        "updated": now,
+        "connect_code": connect_code(name, address),
+    }
+
+
+def fingerprint(models: Sequence[Mapping[str, Any]]) -> str:
+    """A short hash of what the panel shows, blind to clocks ticking.
+
+    Two lists of models get the same fingerprint unless something a user would see changed: a
+    cluster, its status, an event, or money spent at the cent. The panel's long poll returns as
+    soon as it changes.
+    """
+    shown = [
+        (
+            m["name"],
+            m["status"],
+            m["n_events"],
+            round(m["cost"]["cost"] or 0.0, 2),
+            round(m["cost"]["cost_on_demand"] or 0.0, 2),
+        )
+        for m in models
+    ]
+    return hashlib.sha1(json.dumps(shown).encode()).hexdigest()[:16]
+
+
+# -- the manager ------------------------------------------------------------------------------------
+@dataclass
+class _Tracked:
+    """What the manager remembers about one registered cluster between refreshes."""
+
+    address: str | None
+    pid: int | None
+    events: list[dict[str, Any]] = field(default_factory=list)
+    from_record: bool = False
+    model: dict[str, Any] | None = None
+    built_at: float = 0.0
+    built_from: tuple[int, str] = (-1, "")
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class ClusterManager:
+    """Finds, describes and controls every transient cluster of this user.
+
+    Parameters
+    ----------
+    rpc_timeout
+        Seconds to wait for a scheduler's answer before marking its cluster unreachable.
+    answer_timeout
+        Seconds to wait for the owning cluster's answer to a control request.
+    min_refresh_s
+        Refreshes closer together than this share one result: many browser tabs, one scan.
+
+    Examples
+    --------
+    >>> manager = ClusterManager()
+    >>> models = await manager.list_clusters()  # doctest: +SKIP
+    >>> await manager.scale("demo", 4)  # doctest: +SKIP
+    >>> await manager.close()  # doctest: +SKIP
+    """
+
+    def __init__(
+        self, rpc_timeout: float = 2.0, answer_timeout: float = 5.0, min_refresh_s: float = 0.25
+    ):
+        self.rpc_timeout = rpc_timeout
+        self.answer_timeout = answer_timeout
+        self.min_refresh_s = min_refresh_s
+        self._owned: dict[str, TransientCluster] = {}
+        self._starting: dict[str, asyncio.Task[Any]] = {}
+        self._tracked: dict[str, _Tracked] = {}
+        self._pool: ConnectionPool | None = None
+        self._refreshing: asyncio.Task[list[dict[str, Any]]] | None = None
+        self._models: list[dict[str, Any]] = []
+        self._refreshed_at = 0.0
+        self._closed = False
+
+    # -- reading ----------------------------------------------------------------------------------
+    async def _rpc(self, address: str) -> Any:
+        if self._pool is None:
+            # One pool for every scheduler: a poll reuses its connection instead of a handshake.
+            self._pool = await ConnectionPool(limit=64, timeout=self.rpc_timeout)
+        return self._pool(address)
+
+    async def _fetch(self, name: str, entry: Mapping[str, Any]) -> tuple[_Tracked, str]:
+        """Bring one cluster's events up to date; returns its tracking record and status."""
+        address = entry.get("scheduler_address")
+        pid = entry.get("pid")
+        tracked = self._tracked.get(name)
+        if tracked is None or tracked.address != address or tracked.pid != pid:
+            # A new cluster, or a new one under an old name: start its log afresh.
+            tracked = self._tracked[name] = _Tracked(address, pid)
+        async with tracked.lock:
+            if entry.get("stale") or not address:
+                self._read_record(tracked, entry)
+                return tracked, "stale" if entry.get("stale") else "starting"
+            try:
+                if tracked.from_record:
+                    tracked.events, tracked.from_record = [], False
+                rpc = await self._rpc(address)
+                new = await asyncio.wait_for(
+                    rpc.transient_events(since=len(tracked.events)), self.rpc_timeout
+                )
+            except Exception as e:
+                # Busy, dead, or firewalled: show what we last knew and say so.
+                logger.debug("cluster %s at %s unreachable: %r", name, address, e)
+                if self._pool is not None:
+                    self._pool.remove(address, reason="unreachable")
+                if not tracked.events:
+                    self._read_record(tracked, entry)
+                return tracked, "unreachable"
+            tracked.events.extend(new)
+            return tracked, "running"
+
+    @staticmethod
+    def _read_record(tracked: _Tracked, entry: Mapping[str, Any]) -> None:
+        """Fill the log from the run record on disk, once (the cluster no longer adds to it)."""
+        if tracked.events or not entry.get("run_record"):
+            return
+        try:
+            tracked.events = read_run_record(entry["run_record"])
+            tracked.from_record = True
+        except OSError:
+            pass
+
+    def _build(self, name: str, entry: Mapping[str, Any], tracked: _Tracked, status: str) -> None:
+        key = (len(tracked.events), status)
+        # Rebuild on news, and every second while VMs bill (the $ figures move).
+        if tracked.model is None or key != tracked.built_from or time.time() - tracked.built_at > 1:
+            tracked.model = make_cluster_model(
+                entry,
+                tracked.events,
+                status=status,
+                owner="panel" if name in self._owned else "kernel",
+                minimum_s=_minimum_s(entry, tracked.events),
+            )
+            tracked.built_at, tracked.built_from = time.time(), key
+
+    async def _model(self, entry: Mapping[str, Any]) -> dict[str, Any]:
+        name = str(entry["name"])
+        tracked, status = await self._fetch(name, entry)
+        self._build(name, entry, tracked, status)
+        assert tracked.model is not None
+        return tracked.model
+
+    async def _scan(self) -> list[dict[str, Any]]:
+        entries = {str(e["name"]): e for e in registry.entries()}
+        models = list(await asyncio.gather(*(self._model(e) for e in entries.values())))
+        for name in list(self._tracked):
+            if name not in entries:
+                tracked = self._tracked.pop(name)
+                if tracked.address and self._pool is not None:
+                    self._pool.remove(tracked.address, reason="cluster gone")
+        for name, cluster in list(self._owned.items()):
+            if name in entries:
+                continue
+            if cluster.status in (Status.closed, Status.closing, Status.failed):
+                if name not in self._starting:
+                    self._owned.pop(name, None)
+                continue
+            # Started here but not registered yet: its scheduler is still coming up.
+            entry = {
+                "name": name,
+                "backend": cluster.backend.name,
+                "gpu": cluster.gpu,
+                "zone": cluster.zone,
+                "spot": cluster.spot,
+                "pid": os.getpid(),
+            }
+            models.append(make_cluster_model(entry, [], status="starting", owner="panel"))
+        models.sort(key=lambda m: m["name"])
+        self._models, self._refreshed_at = models, time.monotonic()
+        return models
+
+    async def list_clusters(self) -> list[dict[str, Any]]:
+        """The model of every cluster: registered ones (live, stale or unreachable) and those
+        this manager is starting. Concurrent callers share one scan."""
+        if self._refreshing is None:
+            if time.monotonic() - self._refreshed_at < self.min_refresh_s:
+                return self._models
+            self._refreshing = asyncio.ensure_future(self._scan())
+            self._refreshing.add_done_callback(lambda _: setattr(self, "_refreshing", None))
+        return await asyncio.shield(self._refreshing)
+
+    async def get_cluster(self, name: str) -> dict[str, Any]:
+        """The model of cluster ``name``; :class:`ClusterNotFound` if there is none."""
+        for m in await self.list_clusters():
+            if m["name"] == name:
+                return m
+        known = ", ".join(m["name"] for m in self._models) or "none"
+        raise ClusterNotFound(f"No transient cluster named {name!r} (known: {known}).")
+
+    async def wait_for_change(
+        self,
+        version: str | None,
+        timeout: float,
+        interval: float = 0.5,
+        gone: Callable[[], bool] | None = None,
+    ) -> tuple[list[dict[str, Any]], str]:
+        """The models and their fingerprint, as soon as the fingerprint differs from ``version``
+        or after ``timeout`` seconds (a long poll: news within ``interval``, few requests when
+        nothing happens). ``gone()`` tells when the client stopped waiting."""
+        deadline = time.monotonic() + timeout
+        while True:
+            models = await self.list_clusters()
+            current = fingerprint(models)
+            if current != version or time.monotonic() >= deadline or self._closed:
+                return models, current
+            if gone is not None and gone():  # the client hung up: stop scanning for it
+                return models, current
+            await asyncio.sleep(min(interval, max(0.0, deadline - time.monotonic())))
+
+    # -- creating -------------------------------------------------------------------------------
+    async def create(self, params: Mapping[str, Any], wait: float = 30.0) -> dict[str, Any]:
+        """Start a cluster in this server process, as the panel's "new cluster" form asks.
+
+        Parameters
+        ----------
+        params
+            Keyword arguments of :class:`~transient_nb.cluster.TransientCluster` among
+            :data:`CREATE_PARAMETERS`; anything else, or a wrong type, is a ``ValueError``.
+        wait
+            Seconds to wait for the cluster to register before answering with its model (the
+            workers keep coming up afterwards).
+        """
+        if not isinstance(params, Mapping):
+            raise ValueError("Send the new cluster's parameters as a JSON object.")
+        kwargs: dict[str, Any] = {}
+        for key, value in params.items():
+            if key not in CREATE_PARAMETERS:
+                allowed = ", ".join(CREATE_PARAMETERS)
+                raise ValueError(f"Unknown parameter {key!r}: use some of {allowed}.")
+            if value is None or value == "":
+                continue  # left blank in the form: the configured default
+            types = CREATE_PARAMETERS[key]
+            if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+                kind = " or ".join(_TYPE_NAMES[t] for t in types)
+                raise ValueError(f"{key}={value!r} must be {kind}.")
+            kwargs[key] = value
+        name = kwargs.get("name")
+        if name is not None and (name in self._owned or name in self._starting):
+            raise ValueError(f"A transient cluster named {name!r} is already running.")
+        # The constructor checks everything (GPU, zone, preemption spec) before starting anything.
+        cluster = TransientCluster(asynchronous=True, **kwargs)
+        self._owned[cluster.name] = cluster
+        task = asyncio.ensure_future(self._start(cluster))
+        self._starting[cluster.name] = task
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and not task.done():
+            if any(e["name"] == cluster.name for e in registry.entries()):
+                break
+            await asyncio.sleep(0.05)
+        failure = task.result() if task.done() and not task.cancelled() else None
+        if failure is not None:
+            raise failure
+        self._refreshed_at = 0.0  # the next listing must show it
+        return await self.get_cluster(cluster.name)
+
+    async def _start(self, cluster: TransientCluster) -> Exception | None:
+        """Start an owned cluster; its failure is returned (and logged), never left unretrieved."""
+        try:
+            await cluster
+            return None
+        except asyncio.CancelledError:
+            raise  # stopped from the panel while starting: ``stop`` closes it
+        except Exception as e:
+            logger.exception("cluster %s failed to start", cluster.name)
+            self._owned.pop(cluster.name, None)
+            with contextlib.suppress(Exception):
+                await _close(cluster)
+            return e
+        finally:
+            self._starting.pop(cluster.name, None)
+
+    # -- controlling ------------------------------------------------------------------------------
+    async def _entry(self, name: str) -> dict[str, Any]:
+        for entry in registry.entries():
+            if entry["name"] == name:
+                return entry
+        if name in self._owned:
+            raise ValueError(f"Cluster {name!r} is still starting; try again in a moment.")
+        known = ", ".join(e["name"] for e in registry.entries()) or "none"
+        raise ClusterNotFound(f"No transient cluster named {name!r} (known: {known}).")
+
+    async def _control(self, name: str, msg: dict[str, Any]) -> dict[str, Any]:
+        """Post a control request on the cluster's scheduler and wait for its owner's answer."""
+        entry = await self._entry(name)
+        if entry.get("stale"):
+            raise ValueError(
+                f"Cluster {name!r} is stale: the process that owned it (pid {entry.get('pid')}) "
+                "is gone, so nothing can act on it. Stop it to remove it from the list."
+            )
+        request = uuid.uuid4().hex[:12]
+        msg = {**msg, "id": request}
+        tracked, status = await self._fetch(name, entry)
+        if status != "running":
+            raise ValueError(f"Cluster {name!r} is {status}: its scheduler does not answer.")
+        rpc = await self._rpc(entry["scheduler_address"])
+        await asyncio.wait_for(rpc.log_event(topic=CONTROL_TOPIC, msg=msg), self.rpc_timeout)
+        deadline = time.monotonic() + self.answer_timeout
+        seen = 0
+        while time.monotonic() < deadline:
+            tracked, status = await self._fetch(name, entry)
+            for e in tracked.events[seen:]:
+                if e.get("kind") == "control" and e.get("request") == request:
+                    self._refreshed_at = 0.0
+                    if not e.get("ok"):
+                        raise ControlRefused(str(e.get("error") or "the cluster refused"))
+                    return {"request": request, "answered": True, "action": msg["action"]}
+            seen = len(tracked.events)
+            if status != "running":
+                break
+            await asyncio.sleep(0.05)
+        # Posted but not answered yet: the owning kernel acts when its loop gets to it.
+        return {"request": request, "answered": False, "action": msg["action"]}
+
+    async def scale(self, name: str, workers: Any) -> dict[str, Any]:
+        """Ask cluster ``name`` to keep ``workers`` GPU workers."""
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
+            raise ValueError(f"workers={workers!r}: give a whole number of workers, 0 or more.")
+        return await self._control(name, {"action": "scale", "workers": workers})
+
+    async def preempt(self, name: str, worker: Any, notice: Any = True) -> dict[str, Any]:
+        """Preempt worker ``worker`` of cluster ``name``, with or without the notice."""
+        if not isinstance(worker, str) or not worker:
+            raise ValueError(f"worker={worker!r}: give the name of a worker, e.g. 'w-0'.")
+        if not isinstance(notice, bool):
+            raise ValueError(f"notice={notice!r} must be true or false.")
+        return await self._control(name, {"action": "preempt", "worker": worker, "notice": notice})
+
+    async def stop(self, name: str) -> dict[str, Any]:
+        """Stop cluster ``name``; a stale entry (its owner is gone) is just removed."""
+        cluster = self._owned.get(name)
+        if cluster is not None:
+            task = self._starting.get(name)
+            if task is not None:
+                task.cancel()
+            self._owned.pop(name, None)
+            await _close(cluster)
+            self._refreshed_at = 0.0
+            return {"action": "stop", "answered": True}
+        entry = await self._entry(name)
+        if entry.get("stale"):
+            registry.unregister(name)
+            self._refreshed_at = 0.0
+            return {"action": "stop", "answered": True, "removed": True}
+        return await self._control(name, {"action": "stop"})
+
+    async def close(self) -> None:
+        """Stop the clusters started from the panel and close connections (server shutdown)."""
+        self._closed = True
+        for task in list(self._starting.values()):
+            task.cancel()
+        owned, self._owned = list(self._owned.values()), {}
+        results = await asyncio.gather(*(_close(c) for c in owned), return_exceptions=True)
+        for cluster, result in zip(owned, results, strict=True):
+            if isinstance(result, BaseException):
+                logger.warning("closing cluster %s failed: %r", cluster.name, result)
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+
+    # -- the form -----------------------------------------------------------------------------------
+    def options(self) -> dict[str, Any]:
+        """What the "new cluster" form offers: defaults from the configuration, and the GPU types
+        and zones of the configured price catalog."""
+        catalog = PriceCatalog.load()
+        return {
+            "defaults": {
+                "workers": config.get("workers"),
+                "gpu": config.get("gpu"),
+                "zone": config.get("zone"),
+                "spot": config.get("spot"),
+                "preemption": config.get("preemption"),
+                "time_scale": config.get("time-scale"),
+                "notice": str(config.get("notice")),
+                "provisioning_delay": str(config.get("provisioning-delay")),
+            },
+            "gpus": catalog.gpus(),
+            "zones": catalog.zones(),
+            "catalog": catalog.name,
+            "catalogs": shipped_catalogs(),
+            "preemption_examples": ["none", "paper:k80", "paper:v100", "exp:mean=60s"],
+        }
+
+
+async def _close(cluster: TransientCluster) -> None:
+    # The clusters here are asynchronous: Dask's dual API hands back an awaitable.
+    await cast("Awaitable[None]", cluster.close())
+
+
+@functools.lru_cache(maxsize=16)
+def _catalog_minimum_s(name: str) -> float:
+    try:
+        return PriceCatalog.load(name).minimum_s
+    except (ValueError, OSError):
+        return 60.0
+
+
+def _minimum_s(entry: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) -> float:
+    """Minimum billed seconds of the cluster's price catalog (60 if it cannot be loaded)."""
+    name = next((e.get("catalog") for e in events if e.get("kind") == "started"), None)
+    return _catalog_minimum_s(str(name)) if name else 60.0
