@@ -105,6 +105,7 @@ class TrainingRun:
         self._done = threading.Event()
         self._events: queue.Queue[dict[str, Any]] = queue.Queue()
         self._trainers: dict[str, Any] = {}  # worker name -> (actor, run future)
+        self._pending: dict[str, Any] = {}  # worker name -> future of its trainer actor
         self._ps: list[Any] = []
         self._ps_address: str | None = None
         self._generation = 0
@@ -275,6 +276,7 @@ class TrainingRun:
         failures = 0
         while True:
             self._handle_events()
+            self._launch_ready_trainers()
             try:
                 self.status = self._ps[0].status().result(timeout=self.hp.call_timeout_s)
                 failures = 0
@@ -389,9 +391,14 @@ class TrainingRun:
 
     # -- trainers -------------------------------------------------------------------------------------
     def _start_trainer(self, name: str, address: str) -> None:
-        if name in self._trainers:
+        """Ask for a trainer actor on the worker; it starts training once created.
+
+        Never blocks the driver: a worker can die while its trainer is being created, and the
+        driver must keep serving the others meanwhile.
+        """
+        if name in self._trainers or name in self._pending:
             return
-        fut = self._client.submit(
+        self._pending[name] = self._client.submit(
             Trainer,
             self.id,
             self.model,
@@ -407,12 +414,18 @@ class TrainingRun:
             pure=False,
             key=f"trainer-{self.id}-{name}",
         )
-        try:
-            actor = fut.result(timeout=self.hp.call_timeout_s)
-        except Exception as e:  # the worker went away before its trainer started
-            logger.info("Trainer on %s did not start: %r", name, e)
-            return
-        self._trainers[name] = (actor, actor.run())
+
+    def _launch_ready_trainers(self) -> None:
+        for name, fut in list(self._pending.items()):
+            if not fut.done():
+                continue
+            del self._pending[name]
+            try:
+                actor = fut.result(timeout=self.hp.call_timeout_s)
+            except Exception as e:  # the worker went away before its trainer started
+                logger.info("Trainer on %s did not start: %r", name, e)
+                continue
+            self._trainers[name] = (actor, actor.run())
 
     def _handle_events(self) -> None:
         while True:
@@ -423,6 +436,8 @@ class TrainingRun:
             kind, name, role = e.get("kind"), e.get("worker"), e.get("role")
             if kind == "joined" and role == "worker" and name:
                 self._start_trainer(str(name), str(e.get("address")))
+            elif kind in ("left", "preempted") and role == "worker" and name in self._pending:
+                self._pending.pop(name).cancel()
             elif kind in ("left", "preempted") and role == "worker" and name in self._trainers:
                 self._trainers.pop(name)
                 try:  # a trainer that drained has left already; this is a no-op then
@@ -464,15 +479,22 @@ class TrainingRun:
 
     def _finish(self, reason: str) -> None:
         self.reason = reason
+        for fut in self._pending.values():
+            fut.cancel()
         for actor, _ in self._trainers.values():
             try:
                 actor.stop()
             except Exception:
                 pass
+        # One deadline for all: a trainer whose worker just died never answers.
+        deadline = time.monotonic() + self.hp.call_timeout_s
         results = []
         for name, (_, fut) in list(self._trainers.items()):
+            while not fut.done() and time.monotonic() < deadline:
+                time.sleep(0.02)
             try:
-                results.append(fut.result(timeout=self.hp.call_timeout_s))
+                if fut.done():
+                    results.append(fut.result(timeout=1))
             except Exception as e:
                 logger.info("Trainer on %s ended with %r", name, e)
         try:
