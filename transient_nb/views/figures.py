@@ -19,6 +19,8 @@ from bokeh.plotting import figure
 from transient_nb.cost import compute_costs
 
 ROLLOVER = 100_000
+#: Most cost points one update adds (each costs a pass over the billing events).
+MAX_COST_POINTS = 200
 Event = Mapping[str, Any]
 
 #: Marker and colour of each lifecycle event drawn on the workers figure.
@@ -163,9 +165,13 @@ class Cost(Component):
     def _update(self, events: Sequence[Event], new: Sequence[Event]) -> None:
         billing = self._billing_events(events)
         times = sorted({float(e["time"]) for e in new})
-        # A point per new event time (enough for a step-wise cumulative curve).
+        # A point per new event time (enough for a step-wise cumulative curve), thinned to at most
+        # MAX_COST_POINTS evenly spread ones so that a whole run fed at once stays cheap.
+        if len(times) > MAX_COST_POINTS:
+            stride = len(times) / MAX_COST_POINTS
+            times = [times[int(i * stride)] for i in range(MAX_COST_POINTS)] + [times[-1]]
         rows: dict[str, list[float]] = {"time": [], "cost": [], "on_demand": []}
-        for t in times[-50:]:
+        for t in times:
             upto = [e for e in billing if float(e["time"]) <= t]
             report = compute_costs(upto, now=t, minimum_s=self.minimum_s)
             rows["time"].append(self._t({"time": t}))
