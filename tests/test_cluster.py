@@ -490,14 +490,16 @@ def test_control_requests(cleanup: None) -> None:
 
         client.log_event(CONTROL_TOPIC, {"action": "scale", "workers": 2, "id": 1})
         assert answer(1)["ok"] is True and answer(1)["action"] == "scale"
-        wait_for_sync(lambda: n_joined(cluster) == 2, timeout=60)
+        wait_for_sync(lambda: len(worker_states(cluster)) == 2, timeout=60)
 
         client.log_event(
             CONTROL_TOPIC, {"action": "preempt", "worker": "w-1", "notice": False, "id": 2}
         )
         assert answer(2)["ok"] is True
-        wait_for_sync(lambda: replaced(snapshot(cluster), "w-1"), timeout=60)
-        assert of_kind(snapshot(cluster), "preempted", worker="w-1")[0]["notice"] is False
+        wait_for_sync(lambda: replacement_of(snapshot(cluster), "w-1")[0] == "w-2", timeout=60)
+        events = snapshot(cluster)
+        assert of_kind(events, "preempted", worker="w-1")[0]["notice"] is False
+        assert of_kind(events, "notice", worker="w-1") == []
 
         for request_id, msg, error in [
             (3, {"action": "preempt", "worker": "w-99"}, "No preemptible worker named 'w-99'"),

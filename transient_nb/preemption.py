@@ -41,7 +41,8 @@ PAPER_STARTUP_S = {"spot": (81.0, 98.0), "on_demand": (69.0, 82.0)}
 class PreemptionModel(Protocol):
     """Draws the lifetime of a newly running VM, in simulated seconds (None: never preempted)."""
 
-    spec: str
+    @property
+    def spec(self) -> str: ...
 
     def lifetime(self, rng: random.Random) -> float | None: ...
 

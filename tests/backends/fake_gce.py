@@ -10,8 +10,8 @@ invalid) and failed operations (ZONE_RESOURCE_POOL_EXHAUSTED, QUOTA_EXCEEDED).
 
 When ``run_vms`` is on, a VM that boots really runs: the fake starts a metadata server for it and
 runs the startup script the backend generated with bash, with ``GCE_METADATA_HOST`` pointing at
-that metadata server, so the script fetches its TLS files and ``exec``s its ``dask worker ...``
-line; the worker joins the scheduler over TLS. A preemption flips the VM's
+that metadata server, so the script fetches its TLS files and runs its ``dask worker ...`` line;
+the worker joins the scheduler over TLS. A script that ends powers its VM off (TERMINATED). A preemption flips the VM's
 ``instance/preempted`` to TRUE and kills the VM's process group ``notice_s`` later, as GCE does
 after its 30 s notice.
 """
@@ -596,9 +596,12 @@ class FakeGCE:
                 "TMPDIR": os.path.join(folder, "tmp"),
                 "LANG": "C.UTF-8",
                 "GCE_METADATA_HOST": md.host,
+                # The script powers the VM off when its worker ends: here the fake notices the
+                # script's end instead (see _reap); never power off the test machine.
+                "TRANSIENT_NB_POWEROFF": "true",
             }
             log = open(os.path.join(folder, "console.log"), "ab")
-            # A VM is a process group: killing the group stops bash's exec'ed nanny and worker.
+            # A VM is a process group: killing the group stops bash, the nanny and the worker.
             self.procs[key] = subprocess.Popen(
                 ["bash", path],
                 cwd=folder,
@@ -609,6 +612,20 @@ class FakeGCE:
                 start_new_session=True,
             )
             log.close()
+            threading.Thread(target=self._reap, args=(key, self.procs[key]), daemon=True).start()
+
+    def _reap(self, key: tuple[str, str], proc: subprocess.Popen[bytes]) -> None:
+        # The startup script ended by itself (it powers the VM off): the VM is TERMINATED.
+        proc.wait()
+        with self.lock:
+            if self.procs.get(key) is not proc:
+                return  # killed by the fake (deletion, preemption): handled there
+            del self.procs[key]
+            md = self.metadata.pop(key, None)
+            if key in self.instances:
+                self.instances[key]["status"] = "TERMINATED"
+        if md is not None:
+            md.close()
 
     def _kill(self, key: tuple[str, str]) -> None:
         with self.lock:

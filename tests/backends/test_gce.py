@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import dask.config
+import psutil
 import pytest
 from conftest import alive, index_of, kinds, of_kind, wait_for, wait_for_sync
 from fake_gce import FakeGCE, FakeMetadata
@@ -467,6 +468,12 @@ def test_end_to_end_notice_drain_and_replacement_in_the_next_zone(tmp_path: Path
 
                 wait_for_sync(replacement_joined, timeout=90)
                 wait_for_sync(lambda: len(cluster.scheduler.workers) == 2, timeout=30)
+                # A crash without any notice: the worker dies, the startup script powers the VM
+                # off, the VM's state shows it, and the VM is replaced.
+                script = fake.procs[("us-central1-b", "e2e-w-2")]
+                for p in psutil.Process(script.pid).children(recursive=True):
+                    p.kill()
+                wait_for_sync(lambda: of_kind(events(cluster), "joined", worker="w-3"), timeout=90)
             log = events(cluster)
             notice = index_of(log, "notice", worker="w-0")
             assert log[notice]["source"] == "gce-metadata"
@@ -489,6 +496,9 @@ def test_end_to_end_notice_drain_and_replacement_in_the_next_zone(tmp_path: Path
             assert costs.loc["w-1", "seconds"] == 0  # never ran: nothing to pay
             assert costs.loc["w-2", "zone"] == "us-central1-b"
             assert costs.loc["ps-0", "spot"] == False  # noqa: E712
+            lost = of_kind(log, "preempted", worker="w-2")
+            assert lost[0]["source"] == "lost" and lost[0]["notice"] is False
+            assert of_kind(log, "requested", worker="w-3")[0]["zone"] == "us-central1-b"
             pids = fake.pids()
         assert fake.instance_names() == []
         assert fake.firewalls == {}

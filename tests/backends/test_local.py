@@ -270,9 +270,7 @@ OWNER_SCRIPT = textwrap.dedent(
 
 @pytest.mark.slow
 @gen_cluster(nthreads=[], timeout=120)
-async def test_vm_dies_with_its_owner_even_when_its_scheduler_lives(
-    s: Any, tmp_path: Path
-) -> None:
+async def test_vm_dies_with_its_owner_even_when_its_scheduler_lives(s: Any, tmp_path: Path) -> None:
     # The VM's scheduler (this test's) outlives the VM's owner (a subprocess): only
     # PR_SET_PDEATHSIG can stop the VM when the owner is killed.
     proc = subprocess.Popen(

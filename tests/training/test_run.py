@@ -87,10 +87,11 @@ def test_preempting_two_of_four_workers_loses_at_most_the_killed_gradient():
 
 
 def test_losing_the_ps_recovers_from_its_checkpoint():
+    """Two PS shards on the ps host; the host dies; both shards come back from checkpoints."""
     with TransientCluster(workers=2, notice="1s", provisioning_delay=0) as cluster:
         cluster.wait_for_workers(timeout=120)
         run = train(cluster, model="resnet8", data="digits", steps=600, batch_size=32,
-                    checkpoint_every=100, eval_every=600)
+                    checkpoint_every=100, eval_every=600, shards=2)
         until(lambda: run.step >= 250, what="step 250")
         ps_vm = next(vm for name, vm in cluster.workers.items() if name.startswith("ps-"))
         os.killpg(ps_vm.pid, signal.SIGKILL)  # the host dies, for real
@@ -144,3 +145,36 @@ def test_cifar10_files_train_through_the_same_loader(tmp_path):
         run.wait(timeout=300)
     summary = run.summary()
     assert summary["steps"] >= 20 and summary["accuracy"] is not None
+
+
+def test_stop_conditions_and_the_run_record_alone_rebuild_the_summary():
+    from transient_nb.events import read_run_record
+    from transient_nb.training.run import summarize
+
+    with TransientCluster(workers=2, provisioning_delay=0) as cluster:
+        cluster.wait_for_workers(timeout=120)
+        by_accuracy = train(cluster, model="resnet8", data="digits", steps=100_000,
+                            batch_size=64, eval_every=50, target_accuracy=0.6).wait(timeout=300)
+        by_deadline = train(cluster, model="resnet8", data="digits", steps=100_000,
+                            eval_every=100_000, deadline="6s").wait(timeout=300)
+        spent = cluster.cost().total
+        by_budget = train(cluster, model="resnet8", data="digits", steps=100_000,
+                          eval_every=100_000, budget=spent + 0.002).wait(timeout=300)
+        record = cluster.run_record
+    assert by_accuracy.reason == "accuracy" and by_accuracy.accuracy >= 0.6
+    assert by_deadline.reason == "deadline"
+    assert 6 <= by_deadline.summary()["wall_s"] < 120
+    assert by_budget.reason == "budget"
+    assert by_budget.cluster.cost().total >= spent + 0.002
+    history = by_accuracy.history
+    assert list(history.columns) == ["step", "time", "loss", "accuracy", "active_workers",
+                                     "staleness", "img_per_s", "lr", "cost", "cost_on_demand"]
+    assert len(history) >= 1 and history["step"].is_monotonic_increasing
+    assert (history["cost"] <= history["cost_on_demand"]).all()
+    # The run record on disk holds everything the summary is computed from.
+    events = [e for e in read_run_record(record) if e.get("run") in (None, by_budget.id)]
+    from_disk = summarize(events)
+    live = by_budget.summary()
+    for key in ("steps", "accuracy", "preemptions", "reason"):
+        assert from_disk[key] == live[key]
+    assert from_disk["cost"] == pytest.approx(live["cost"])

@@ -114,7 +114,15 @@ def this_host() -> str:
 
 
 def accelerator_type(gpu: str) -> str:
-    """The GCE accelerator type of a catalog GPU name (``t4`` -> ``nvidia-tesla-t4``)."""
+    """The GCE accelerator type of a catalog GPU name.
+
+    Examples
+    --------
+    >>> accelerator_type("t4")
+    'nvidia-tesla-t4'
+    >>> accelerator_type("nvidia-h200-141gb")  # a GCE name passes through
+    'nvidia-h200-141gb'
+    """
     if gpu in GPU_TYPES:
         return GPU_TYPES[gpu]
     if gpu.startswith("nvidia-"):
@@ -142,11 +150,13 @@ def startup_script(
     nanny_ports: str,
     notice_s: float,
 ) -> str:
-    """The bash startup script of a VM: fetch the TLS files, start the Dask worker.
+    """The bash startup script of a VM: fetch the TLS files, run the Dask worker, power off.
 
     Nothing is installed at boot: the image has the driver and the environment. No credential is
     in the script; the cluster's TLS certificate and key come from the instance metadata, into a
-    folder only root can read.
+    folder only root can read. When the worker ends, the VM powers itself off
+    (``TRANSIENT_NB_POWEROFF`` overrides the command, for images that manage that themselves and
+    for tests).
 
     Parameters
     ----------
@@ -224,7 +234,10 @@ curl -sSf -H "Metadata-Flavor: Google" "$MD/{TLS_CERT_KEY}" -o "$TLS/cert.pem"
 curl -sSf -H "Metadata-Flavor: Google" "$MD/{TLS_KEY_KEY}" -o "$TLS/key.pem"
 chmod 600 "$TLS/key.pem"
 {gpu_check}{exports}
-exec {command}{tls}
+{command}{tls} || echo "transient_nb: the Dask worker exited with status $?" >&2
+# The worker is gone (drained after a notice, its scheduler lost for --death-timeout, a crash):
+# power off, so that a VM whose cluster is gone stops billing its GPU; sweep deletes the rest.
+${{TRANSIENT_NB_POWEROFF:-poweroff}}
 """
 
 
@@ -587,7 +600,9 @@ class GCEBackend(Backend):
 
         A bad value raises ``ValueError`` naming it and the ``gcloud`` command that lists the
         valid ones; (GPU, zone) pairs that GCE does not offer are skipped by the replacement
-        policy, unless none of the preferred GPU's zones has it.
+        policy, unless none of the preferred GPU's zones has it. These are a handful of quick,
+        blocking look-ups, made from ``TransientCluster.__init__`` so that a mistake surfaces
+        before the scheduler or any VM exists.
         """
         self.cluster_name = cluster_name
         self.notice_s = notice_s

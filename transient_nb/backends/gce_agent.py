@@ -41,7 +41,13 @@ RETRY_S = 1.0
 
 
 def metadata_url(path: str) -> str:
-    """URL of ``computeMetadata/v1/<path>`` on this VM's metadata server."""
+    """URL of ``computeMetadata/v1/<path>`` on this VM's metadata server.
+
+    Examples
+    --------
+    >>> metadata_url("instance/preempted").endswith("/computeMetadata/v1/instance/preempted")
+    True
+    """
     host = os.environ.get("GCE_METADATA_HOST", "metadata.google.internal")
     return f"http://{host}/computeMetadata/v1/{path}"
 

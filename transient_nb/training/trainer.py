@@ -17,6 +17,7 @@ import os
 import threading
 import time
 import zlib
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -58,14 +59,14 @@ def decay_mask(model: torch.nn.Module) -> np.ndarray:
     )
 
 
-def get_flat(tensors: list[torch.Tensor]) -> np.ndarray:
+def get_flat(tensors: Sequence[torch.Tensor]) -> np.ndarray:
     """Concatenate tensors into one float32 numpy vector (on the host)."""
     if not tensors:
         return np.zeros(0, dtype=np.float32)
     return torch.cat([t.detach().reshape(-1) for t in tensors]).float().cpu().numpy()
 
 
-def set_flat(tensors: list[torch.Tensor], flat: np.ndarray) -> None:
+def set_flat(tensors: Sequence[torch.Tensor], flat: np.ndarray) -> None:
     """Copy a flat vector back into tensors (any device)."""
     src = torch.from_numpy(np.ascontiguousarray(flat, dtype=np.float32))
     device = tensors[0].device if tensors else "cpu"

@@ -86,17 +86,12 @@ class Dashboard:
         self._model: Any = None
         self.closed_seen = False
         self.update()
-        self._ticker = Ticker(cluster.loop, self._tick, interval)
+        self._ticker = Ticker(cluster.loop, self.update, interval)
         if start and not self.closed_seen:
             self._ticker.start()
 
     def _keep(self, e: Event) -> bool:
         return self.run_id is None or e.get("run") in (None, self.run_id)
-
-    def _tick(self) -> None:
-        self.update()
-        if self.closed_seen:
-            self._ticker.stop()
 
     def update(self, now: float | None = None) -> int:
         """Stream the events not seen yet into the figures; returns how many were new.
@@ -118,7 +113,9 @@ class Dashboard:
                 self.figures.tick(self.events, now)
                 self._last_tick = now
             self.closed_seen = closed
-            return len(new)
+        if closed and hasattr(self, "_ticker"):
+            self._ticker.stop()  # nothing will change any more
+        return len(new)
 
     @property
     def widget(self) -> Any:

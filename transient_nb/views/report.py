@@ -9,7 +9,7 @@ from typing import Any
 
 from bokeh.embed import file_html
 from bokeh.layouts import column
-from bokeh.models import Div
+from bokeh.models.widgets import Div
 from bokeh.resources import INLINE
 
 from transient_nb.views.figures import RunFigures

@@ -74,17 +74,22 @@ class Ticker:
 
     @property
     def running(self) -> bool:
-        """True while the periodic callback is scheduled."""
-        return self._pc is not None and self._pc.is_running()
+        """True while the periodic callback is scheduled and not asked to stop."""
+        return not self._stopped and self._pc is not None and self._pc.is_running()
 
     def start(self) -> Ticker:
         """Start ticking (safe from any thread)."""
         self._stopped = False
-        try:
-            self.loop.add_callback(self._start)
-        except RuntimeError:  # the loop is closed: the cluster is gone, nothing will change
-            self._stopped = True
+        self._call(self._start)
         return self
+
+    def _call(self, fn: Callable[[], Any]) -> None:
+        if self.loop is None:
+            return
+        try:
+            self.loop.add_callback(fn)
+        except RuntimeError:  # the loop is closed: its callbacks died with it
+            self._pc = None
 
     def _start(self) -> None:
         from tornado.ioloop import PeriodicCallback
@@ -95,6 +100,9 @@ class Ticker:
         self._pc.start()
 
     def _tick(self) -> Any:
+        if self._stopped:  # a stop whose callback was lost (e.g. the loop was stopping)
+            self._stop()
+            return None
         try:
             result = self.fn()
         except Exception:
@@ -127,10 +135,7 @@ class Ticker:
     def stop(self) -> None:
         """Stop ticking (safe from any thread, also after the loop closed)."""
         self._stopped = True
-        try:
-            self.loop.add_callback(self._stop)
-        except RuntimeError:  # loop closed: its callbacks died with it
-            self._pc = None
+        self._call(self._stop)
 
 
 def event_log(cluster: Any) -> Sequence[Event]:
@@ -484,16 +489,11 @@ class ClusterPanel(widgets.VBox):
         )
         self.add_class("transient-panel")
         self.update()
-        self._ticker = Ticker(cluster.loop, self._tick, interval)
+        self._ticker = Ticker(cluster.loop, self.update, interval)
         if start and not self._closed_seen:
             self._ticker.start()
 
     # -- reading the log ----------------------------------------------------------------------------
-    def _tick(self) -> None:
-        self.update()
-        if self._closed_seen:
-            self._ticker.stop()
-
     def update(self, force: bool = False) -> bool:
         """Read new events and refresh what changed; returns whether anything was redrawn.
 
@@ -522,7 +522,9 @@ class ClusterPanel(widgets.VBox):
             self._render(now, closed)
             self._last_render = now
             self._closed_seen = closed
-            return True
+        if closed and hasattr(self, "_ticker"):
+            self._ticker.stop()  # nothing will change any more
+        return True
 
     def _render(self, now: float, closed: bool) -> None:
         self.rows, self.cost = vm_rows(self._table_events, self.minimum_s, now)

@@ -1,0 +1,316 @@
+"""Helpers shared by the benchmark scripts: tables, clusters, step-rate windows, plain loops.
+
+Not a benchmark itself. Functions that run inside Dask workers are sent by value (see
+:func:`send_by_value`), so the workers need not find this folder on their path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import multiprocessing as mp
+import os
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+#: Environment of every plain (baseline) process: the same as the Dask workers get from the local
+#: backend (one BLAS/OpenMP thread, no MALLOC_TRIM_THRESHOLD_), so only the PS path differs.
+PLAIN_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+# -- output ----------------------------------------------------------------------------------------
+def fmt(x: Any, digits: int = 3) -> str:
+    """A number with ``digits`` significant digits (integers as they are)."""
+    if isinstance(x, str):
+        return x
+    if isinstance(x, int):
+        return str(x)
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    if x == 0:
+        return "0"
+    magnitude = math.floor(math.log10(abs(x)))
+    decimals = max(0, digits - 1 - magnitude)
+    return f"{x:.{decimals}f}"
+
+
+def md_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A markdown table (the output every benchmark prints)."""
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def parse_md_table(text: str) -> tuple[list[str], list[list[str]]]:
+    """The first markdown table in ``text``: header and rows (for the tests)."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("|")]
+    if len(lines) < 2:
+        raise ValueError("no markdown table in the output")
+    cells = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines]
+    return cells[0], [row for row in cells[2:] if row != cells[0]]
+
+
+def quiet() -> None:
+    """Keep Dask's INFO chatter out of the tables."""
+    for name in ("distributed", "transient_nb", "torch.distributed"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def log(msg: str) -> None:
+    """Progress on stderr (the table goes to stdout)."""
+    import sys
+
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def spread(values: Sequence[float]) -> str:
+    """'min-max' of repeated measurements."""
+    if len(values) < 2:
+        return "-"
+    return f"{fmt(min(values))}-{fmt(max(values))}"
+
+
+def median(values: Sequence[float]) -> float:
+    return float(statistics.median(values)) if values else math.nan
+
+
+# -- clusters ---------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def transient_cluster(workers: int, **options: Any) -> Iterator[Any]:
+    """A local :class:`~transient_nb.TransientCluster` (real worker processes, no provisioning
+    delay, no simulated preemptions), its run record in a temporary folder."""
+    import dask
+
+    from transient_nb import TransientCluster
+
+    folder = tempfile.mkdtemp(prefix="transient-bench-")
+    with dask.config.set({"transient.run-dir": folder, "transient.registry-dir": folder}):
+        options = {"provisioning_delay": 0, "preemption": "none", **options}
+        cluster = TransientCluster(workers=workers, **options)
+        try:
+            cluster.wait_for_workers(timeout=300)
+            yield cluster
+        finally:
+            cluster.close()
+
+
+def send_by_value(*modules: Any) -> None:
+    """Pickle these modules' functions by value, so Dask workers need not import them."""
+    import cloudpickle
+
+    for m in modules:
+        with contextlib.suppress(ValueError):  # already registered
+            cloudpickle.register_pickle_by_value(m)
+
+
+# -- step rates ---------------------------------------------------------------------------------------
+def window_rates(
+    times: Sequence[float], window_s: float, min_steps: int = 4, start: float = -math.inf
+) -> list[float]:
+    """Steps per second over consecutive windows of completion times ``times`` (sorted).
+
+    A window spans at least ``window_s`` seconds and ``min_steps`` steps (slow CPU steps would
+    otherwise make a short window count 2 or 3 steps, a quantised rate); it starts and ends on a
+    step, so no partial step is counted. Completions before ``start`` are ignored (warm-up).
+    """
+    ts = sorted(t for t in times if t >= start)
+    rates = []
+    i = 0
+    for j in range(1, len(ts)):
+        if ts[j] - ts[i] >= window_s and j - i >= min_steps:
+            rates.append((j - i) / (ts[j] - ts[i]))
+            i = j
+    return rates
+
+
+class PSPoller:
+    """Samples the PS status of a training run (shard 0) every ``interval`` seconds.
+
+    Records one completion time per accepted update (at the poll that saw it), globally and per
+    trainer: the step timestamps of a run through the PS, seen from outside.
+    """
+
+    def __init__(self, cluster: Any, variable: str, interval: float = 0.02):
+        self.cluster = cluster
+        self.variable = variable
+        self.interval = interval
+        self.steps: list[float] = []  # one time per global step
+        self.per_trainer: dict[str, list[float]] = {}
+        self.samples: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._main, daemon=True)
+        self._last_step: int | None = None
+        self._last_acc: dict[str, int] = {}
+
+    def __enter__(self) -> PSPoller:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def _main(self) -> None:
+        import json
+
+        from distributed import Client, Variable
+        from distributed.actor import Actor
+
+        from transient_nb.training.ps import ParameterServer
+
+        with Client(self.cluster, set_as_default=False, direct_to_workers=True) as client:
+            actor = None
+            gen = None
+            while not self._stop.is_set():
+                try:
+                    info = json.loads(Variable(self.variable, client=client).get(timeout=1))
+                    if info["generation"] != gen:
+                        gen = info["generation"]
+                        with client.as_current():
+                            actor = Actor(ParameterServer, *info["shards"][0])
+                        self._last_step = None
+                        self._last_acc = {}
+                    assert actor is not None
+                    t0 = time.time()
+                    with client.as_current():
+                        st = actor.status().result(timeout=5)
+                    self._record((t0 + time.time()) / 2, st)
+                except Exception:
+                    pass  # not published yet, or the PS is being replaced
+                self._stop.wait(self.interval)
+
+    def _record(self, t: float, st: dict[str, Any]) -> None:
+        step = int(st["step"])
+        self.samples.append((t, step))
+        if self._last_step is not None and step > self._last_step:
+            self.steps += [t] * (step - self._last_step)
+        self._last_step = step
+        for name, n in st["accepted"].items():
+            before = self._last_acc.get(name)
+            if before is None:  # first sight: counts from here on
+                self.per_trainer.setdefault(name, [])
+            elif n > before:
+                self.per_trainer.setdefault(name, []).extend([t] * (n - before))
+            self._last_acc[name] = n
+
+
+# -- plain (no PS) training loops ------------------------------------------------------------------------
+def plain_loop(
+    model_name: str,
+    data: str,
+    batch_size: int,
+    device: str,
+    threads: int,
+    stop_at: float,
+    seed: int = 0,
+    amp: bool = False,
+    channels_last: bool = False,
+) -> list[float]:
+    """Train ``model_name`` in this process, the way one would without a PS, until ``stop_at``
+    (UNIX time); return the completion time of every step.
+
+    The step is the Trainer's minus the PS: the same data pipeline (``BatchStream``, host-side
+    augmentation), model, batch, thread count and device, with momentum SGD and weight decay in
+    ``torch.optim.SGD``. On CUDA every step ends with a synchronisation, as the Trainer's does (its
+    gradient goes to the host every step); ``amp``/``channels_last`` are off unless asked for.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    from transient_nb.training.data import BatchStream, load_dataset
+    from transient_nb.training.models import build_model
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(seed)
+    dataset = load_dataset(data, train=True)
+    model = build_model(model_name, num_classes=dataset.num_classes).to(device)
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
+    stream = BatchStream(dataset, batch_size, seed=seed)
+    cuda = device.startswith("cuda")
+    times: list[float] = []
+    while time.time() < stop_at:
+        x, y = next(stream)
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        if channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp and cuda):
+            loss = F.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=False)
+        loss.backward()
+        opt.step()
+        if cuda:
+            torch.cuda.synchronize()
+        times.append(time.time())
+    return times
+
+
+def _plain_child(queue: Any, kwargs: dict[str, Any]) -> None:
+    try:
+        queue.put(("ok", plain_loop(**kwargs)))
+    except BaseException as e:  # report, do not hang the parent
+        queue.put(("error", repr(e)))
+
+
+def run_plain_processes(n: int, **kwargs: Any) -> list[list[float]]:
+    """Run :func:`plain_loop` in ``n`` fresh processes at once; their step times."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    saved = {k: os.environ.get(k) for k in [*PLAIN_ENV, "MALLOC_TRIM_THRESHOLD_"]}
+    os.environ.update(PLAIN_ENV)
+    os.environ.pop("MALLOC_TRIM_THRESHOLD_", None)
+    try:
+        procs = [
+            ctx.Process(target=_plain_child, args=(queue, {**kwargs, "seed": i}), daemon=True)
+            for i in range(n)
+        ]
+        for p in procs:
+            p.start()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    timeout = max(60.0, kwargs["stop_at"] - time.time() + 300)
+    results = []
+    for _ in procs:
+        status, value = queue.get(timeout=timeout)
+        if status != "ok":
+            raise RuntimeError(f"plain training process failed: {value}")
+        results.append(value)
+    for p in procs:
+        p.join(30)
+    return results
+
+
+def steady_window(
+    step_times: Sequence[Sequence[float]], warmup_s: float
+) -> tuple[float, float] | None:
+    """The interval in which every loop of ``step_times`` was past its warm-up and still
+    running: from the last first step plus ``warmup_s`` to the first last step."""
+    if not step_times or any(len(t) < 2 for t in step_times):
+        return None
+    start = max(t[0] for t in step_times) + warmup_s
+    end = min(t[-1] for t in step_times)
+    return (start, end) if end > start else None
+
+
+def aggregate_rate(
+    step_times: Sequence[Sequence[float]],
+    window_s: float,
+    span: tuple[float, float],
+    min_steps: int = 4,
+) -> tuple[float, int]:
+    """Median over windows of the summed step rate of several loops within ``span``, and the
+    number of windows."""
+    merged = sorted(t for ts in step_times for t in ts if span[0] <= t <= span[1])
+    rates = window_rates(merged, window_s, min_steps=min_steps)
+    return median(rates), len(rates)

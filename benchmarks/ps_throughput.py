@@ -1,0 +1,550 @@
+"""PS throughput: global steps/s of the parameter server when trainers do no compute.
+
+What is measured
+----------------
+Trainers that compute nothing push a gradient of the model's size and get the new weights back
+(one round trip per global step) as fast as they can, for ``--seconds`` after ``--warmup``;
+global steps/s is the number of round trips completed by all trainers per second, MB/s the model
+payload moved (gradient up plus weights down). Grid: canonical ResNet-32 (0.46M parameters) and
+the paper's (Tensor2Tensor, 1.86M), 1 and 2 PS shards, float32 and float16 on the wire, 1 and 4
+trainers. Each configuration runs on two systems, one after the other, ``--repeats`` times
+interleaved (medians and min-max are reported):
+
+* ``dask``: ours. A local :class:`~transient_nb.TransientCluster` (real ``dask worker`` processes,
+  no provisioning delay); the :class:`~transient_nb.training.ps.ParameterServer` shards are actors
+  on the ``ps`` worker, created exactly as ``run.py`` creates them; each trainer is a task on its
+  own ``gpu`` worker that calls ``push_pull`` on every shard the way ``Trainer._call_all`` does
+  (all shards at once, then wait) with the same arguments (gradient slice, version, step, loss,
+  images, batch-norm delta, final).
+* ``rpc``: the peer a PyTorch user would write (pytorch/examples ``distributed/rpc`` parameter
+  server style): one PS process owning every shard as an ``RRef``'d object, trainer processes
+  (``torch.multiprocessing`` spawn) calling ``rpc_async(ps, ParameterServer.push_pull, ...)`` on
+  every shard and waiting; TensorPipe over TCP on 127.0.0.1 (``--rpc-transport auto`` lets
+  TensorPipe use shared memory instead). Same update (momentum SGD, L2 on weights, the same
+  learning-rate schedule) in torch on one thread, same arguments.
+
+Every process gets one torch/BLAS thread. Both PSs run their update single-threaded, in a process
+of their own. The machine's load matters: run it on an otherwise idle machine, or repeat.
+
+Run
+---
+    python benchmarks/ps_throughput.py            # full grid, ~15 minutes on 2 cores
+    python benchmarks/ps_throughput.py --tiny     # seconds-long smoke configuration (CI)
+    python benchmarks/ps_throughput.py --models resnet32-t2t --shards 1 2 --trainers 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import socket
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import _common  # noqa: E402
+from _common import fmt, log, md_table, median, spread  # noqa: E402
+
+#: The paper's single PS saturated at about this many global steps/s (1.86M model; Li et al. §3).
+PAPER_PS_STEPS_S = 45.0
+BATCH = 128  # images counted per push (only reported to the PS)
+
+
+def model_sizes(name: str) -> tuple[int, int]:
+    """Number of trainable parameters and of float batch-norm buffer entries."""
+    from transient_nb.training.models import build_model
+    from transient_nb.training.trainer import flat_layout
+
+    params, buffers = flat_layout(build_model(name))
+    return sum(p.numel() for p in params), sum(b.numel() for b in buffers)
+
+
+def timed_loop(
+    push: Any, start_at: float, stop_at: float, n_shards: int
+) -> tuple[list[float], int]:
+    """Call ``push(version, step)`` (one global step) until ``stop_at``; completion times."""
+    while time.time() < start_at:
+        time.sleep(0.0005)
+    version, step, times = 0, 0, []
+    while time.time() < stop_at:
+        step += 1
+        version = push(version, step)
+        times.append(time.time())
+    return times, step
+
+
+# -- ours: Dask actors ------------------------------------------------------------------------------
+def dask_push_loop(
+    shards: list[tuple[str, str]],
+    bounds: list[tuple[int, int]],
+    n_bn: int,
+    wire: str,
+    name: str,
+    start_at: float,
+    stop_at: float,
+    timeout: float,
+) -> list[float]:
+    """A no-compute trainer (a task on a gpu worker): the Trainer's PS round trip in a loop."""
+    import numpy as np
+    from distributed.actor import Actor
+
+    from transient_nb.training.ps import ParameterServer
+
+    actors = [Actor(ParameterServer, addr, key) for addr, key in shards]
+    rng = np.random.default_rng(abs(hash(name)) % 2**32)
+    n = bounds[-1][1]
+    grad = (rng.standard_normal(n) * 1e-4).astype(np.float32)
+    if wire == "float16":
+        grad = grad.astype(np.float16)  # the Trainer casts before slicing, too
+    pieces = [grad[a:b] for a, b in bounds]
+    bn_delta = np.zeros(n_bn, np.float32) if n_bn else None
+    for ps in actors:
+        ps.register(name, 0).result(timeout=timeout)
+
+    def push(version: int, step: int) -> int:
+        # As Trainer._call_all: every shard's call goes out before any reply is awaited.
+        futures = [
+            ps.push_pull(name, pieces[i], version, step, 0.0, BATCH, bn_delta, False)
+            for i, ps in enumerate(actors)
+        ]
+        replies = [f.result(timeout=timeout) for f in futures]
+        # As Trainer._merge.
+        np.concatenate([np.asarray(r[0], dtype=np.float32) for r in replies])
+        return int(replies[0][2])
+
+    times, _ = timed_loop(push, start_at, stop_at, len(actors))
+    for ps in actors:
+        ps.unregister(name, True).result(timeout=timeout)
+    return times
+
+
+def _warm_worker() -> bool:
+    import transient_nb.training.ps  # noqa: F401
+
+    return True
+
+
+class DaskBench:
+    """Ours: a TransientCluster with one ps worker and ``trainers`` gpu workers."""
+
+    def __init__(self, trainers: int):
+        from distributed import Client
+
+        self._cm = _common.transient_cluster(trainers)
+        self.cluster = self._cm.__enter__()
+        self.client = Client(self.cluster, set_as_default=False, direct_to_workers=True)
+        info = self.client.scheduler_info(n_workers=-1)["workers"]
+        self.ps_addr = next(a for a, w in info.items() if "ps" in w.get("resources", {}))
+        self.gpu_addrs = sorted(
+            (a for a, w in info.items() if "gpu" in w.get("resources", {})),
+            key=lambda a: str(info[a]["name"]),
+        )
+        self.ckpt = tempfile.mkdtemp(prefix="bench-ckpt-")
+        self._i = 0
+        # Imports happen once per worker process, before anything is timed.
+        self.client.gather(
+            [
+                self.client.submit(_warm_worker, workers=[a], allow_other_workers=False, pure=False)
+                for a in [self.ps_addr, *self.gpu_addrs]
+            ]
+        )
+
+    def run(self, cfg: dict[str, Any]) -> list[list[float]]:
+        import numpy as np
+
+        from transient_nb.training.hparams import HParams
+        from transient_nb.training.ps import ParameterServer, shard_bounds
+
+        self._i += 1
+        n, n_bn = cfg["n"], cfg["n_bn"]
+        bounds = shard_bounds(n, cfg["shards"])
+        rng = np.random.default_rng(0)
+        w0 = (rng.standard_normal(n) * 0.05).astype(np.float32)
+        mask = np.ones(n, np.uint8)
+        hp = HParams(steps=10**9, wire_dtype=cfg["wire"]).to_dict()
+        futures = [
+            self.client.submit(
+                ParameterServer,
+                f"bench-{self._i}",
+                i,
+                len(bounds),
+                w0[a:b],
+                mask[a:b],
+                np.zeros(n_bn, np.float32) if i == 0 else None,
+                hp,
+                self.ckpt,
+                model=cfg["model"],
+                actor=True,
+                workers=[self.ps_addr],
+                allow_other_workers=False,
+                pure=False,
+                key=f"ps-bench-{self._i}-s{i}",
+            )
+            for i, (a, b) in enumerate(bounds)
+        ]
+        actors = [f.result(timeout=120) for f in futures]
+        shards = [(a._address, a.key) for a in actors]
+        start_at = time.time() + cfg["start_delay"]
+        stop_at = start_at + cfg["warmup"] + cfg["seconds"]
+        loops = [
+            self.client.submit(
+                dask_push_loop,
+                shards,
+                bounds,
+                n_bn,
+                cfg["wire"],
+                f"t{k}",
+                start_at,
+                stop_at,
+                60.0,
+                workers=[addr],
+                allow_other_workers=False,
+                pure=False,
+            )
+            for k, addr in enumerate(self.gpu_addrs[: cfg["trainers"]])
+        ]
+        times = self.client.gather(loops)
+        del actors, futures, loops
+        return times
+
+    def close(self) -> None:
+        self.client.close()
+        self._cm.__exit__(None, None, None)
+
+
+# -- the peer: torch.distributed.rpc ----------------------------------------------------------------
+class RpcParameterServer:
+    """A parameter-server shard as a PyTorch user writes it for ``torch.distributed.rpc``."""
+
+    def __init__(self, w: Any, decay: Any, bn: Any, hparams: dict[str, Any]):
+        import torch
+
+        from transient_nb.training.hparams import HParams
+
+        self.hp = HParams(
+            **{
+                **hparams,
+                "decay_at": tuple(hparams["decay_at"]),
+                "decay_factors": tuple(hparams["decay_factors"]),
+            }
+        )
+        self.w = w.clone()
+        self.v = torch.zeros_like(self.w)
+        self.decay = decay * self.hp.weight_decay
+        self.bn = bn
+        self.version = 0
+        self.active: set[str] = set()
+        self.fp16 = self.hp.wire_dtype == "float16"
+        self.lock = threading.Lock()
+
+    @staticmethod
+    def push_pull(
+        rref: Any,
+        trainer: str,
+        grad: Any,
+        base_version: int,
+        local_step: int,
+        loss: float,
+        images: int,
+        bn_delta: Any,
+        final: bool,
+    ) -> tuple[Any, Any, int]:
+        self = rref.local_value()
+        with self.lock:  # TensorPipe serves requests on a thread pool
+            self.active.add(trainer)
+            lr = self.hp.lr_at(self.version, max(1, len(self.active)))
+            # v = mu*v + g + wd*w; w -= lr*v (the same update as ours)
+            self.v.mul_(self.hp.momentum).add_(grad.float()).addcmul_(self.decay, self.w)
+            self.w.sub_(self.v, alpha=lr)
+            if bn_delta is not None and self.bn is not None:
+                self.bn += bn_delta
+            self.version += 1
+            out = self.w.half() if self.fp16 else self.w.clone()
+            return out, None if self.bn is None else self.bn.clone(), self.version
+
+
+def rpc_push_loop(
+    rrefs: list[Any],
+    bounds: list[tuple[int, int]],
+    n_bn: int,
+    wire: str,
+    name: str,
+    start_at: float,
+    stop_at: float,
+) -> list[float]:
+    """A no-compute trainer of the rpc peer (runs in a trainer process)."""
+    import torch
+    import torch.distributed.rpc as rpc
+
+    n = bounds[-1][1]
+    g = torch.randn(n) * 1e-4
+    if wire == "float16":
+        g = g.half()
+    # Clones: rpc would send a view's whole storage.
+    pieces = [g[a:b].clone() for a, b in bounds]
+    bn_delta = torch.zeros(n_bn) if n_bn else None
+
+    def push(version: int, step: int) -> int:
+        futures = [
+            rpc.rpc_async(
+                r.owner(),
+                RpcParameterServer.push_pull,
+                args=(r, name, pieces[i], version, step, 0.0, BATCH, bn_delta, False),
+            )
+            for i, r in enumerate(rrefs)
+        ]
+        replies = [f.wait() for f in futures]
+        torch.cat([r[0].float() for r in replies])
+        return int(replies[0][2])
+
+    times, _ = timed_loop(push, start_at, stop_at, len(rrefs))
+    return times
+
+
+def _rpc_run(cfg: dict[str, Any]) -> list[list[float]]:
+    import torch
+    import torch.distributed.rpc as rpc
+
+    from transient_nb.training.hparams import HParams
+    from transient_nb.training.ps import shard_bounds
+
+    n, n_bn = cfg["n"], cfg["n_bn"]
+    bounds = shard_bounds(n, cfg["shards"])
+    gen = torch.Generator().manual_seed(0)
+    w0 = torch.randn(n, generator=gen) * 0.05
+    hp = HParams(steps=10**9, wire_dtype=cfg["wire"]).to_dict()
+    rrefs = [
+        rpc.RRef(
+            RpcParameterServer(
+                w0[a:b], torch.ones(b - a), torch.zeros(n_bn) if i == 0 else None, hp
+            )
+        )
+        for i, (a, b) in enumerate(bounds)
+    ]
+    start_at = time.time() + cfg["start_delay"]
+    stop_at = start_at + cfg["warmup"] + cfg["seconds"]
+    futures = [
+        rpc.rpc_async(
+            f"trainer{k}",
+            rpc_push_loop,
+            args=(rrefs, bounds, n_bn, cfg["wire"], f"t{k}", start_at, stop_at),
+        )
+        for k in range(1, cfg["trainers"] + 1)
+    ]
+    return [f.wait() for f in futures]
+
+
+def _rpc_process(
+    rank: int, world: int, port: int, transport: str, commands: Any, results: Any
+) -> None:
+    import torch
+    import torch.distributed.rpc as rpc
+
+    torch.set_num_threads(1)
+    options: dict[str, Any] = {}
+    if transport == "tcp":  # as between machines: libuv TCP, tensors in the same stream
+        options = {"_transports": ["uv"], "_channels": ["basic"]}
+    opts = rpc.TensorPipeRpcBackendOptions(
+        init_method=f"tcp://127.0.0.1:{port}", rpc_timeout=600, **options
+    )
+    name = "ps" if rank == 0 else f"trainer{rank}"
+    rpc.init_rpc(name, rank=rank, world_size=world, rpc_backend_options=opts)
+    if rank == 0:
+        results.put(("ready", None))
+        while (cfg := commands.get()) is not None:
+            try:
+                results.put(("ok", _rpc_run(cfg)))
+            except Exception as e:
+                results.put(("error", repr(e)))
+    rpc.shutdown()
+
+
+class RpcBench:
+    """The peer: one PS process (rank 0) and ``trainers`` trainer processes."""
+
+    def __init__(self, trainers: int, transport: str):
+        import torch.multiprocessing as tmp
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        ctx = tmp.get_context("spawn")
+        self.commands, self.results = ctx.Queue(), ctx.Queue()
+        env = {
+            "TP_SOCKET_IFNAME": "lo",
+            "GLOO_SOCKET_IFNAME": "lo",
+            "OMP_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1",
+        }
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            self.ctx = tmp.spawn(
+                _rpc_process,
+                args=(trainers + 1, port, transport, self.commands, self.results),
+                nprocs=trainers + 1,
+                join=False,
+            )
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        self._get(timeout=300)
+
+    def _get(self, timeout: float) -> Any:
+        status, value = self.results.get(timeout=timeout)
+        if status == "error":
+            raise RuntimeError(f"rpc benchmark failed: {value}")
+        return value
+
+    def run(self, cfg: dict[str, Any]) -> list[list[float]]:
+        self.commands.put(cfg)
+        return self._get(timeout=cfg["start_delay"] + cfg["warmup"] + cfg["seconds"] + 300)
+
+    def close(self) -> None:
+        self.commands.put(None)
+        self.ctx.join(120)
+
+
+# -- the grid -------------------------------------------------------------------------------------------
+def measure(times: list[list[float]], cfg: dict[str, Any]) -> tuple[float, float]:
+    """Global steps/s while every trainer was past its warm-up and still pushing, and one
+    trainer's mean round trip in ms."""
+    window = _common.steady_window(times, cfg["warmup"])
+    if window is None:
+        return math.nan, math.nan
+    done = sum(1 for ts in times for t in ts if window[0] <= t <= window[1])
+    rate = done / (window[1] - window[0])
+    return rate, 1000.0 * len(times) / rate if rate > 0 else math.nan
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--tiny", action="store_true", help="seconds-long smoke configuration")
+    p.add_argument("--models", nargs="+", default=["resnet32", "resnet32-t2t"])
+    p.add_argument("--shards", nargs="+", type=int, default=[1, 2])
+    p.add_argument("--wire", nargs="+", default=["float32", "float16"])
+    p.add_argument("--trainers", nargs="+", type=int, default=[1, 4])
+    p.add_argument("--seconds", type=float, default=4.0, help="measured time per configuration")
+    p.add_argument("--warmup", type=float, default=1.0, help="unmeasured start of each loop")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--systems", nargs="+", default=["dask", "rpc"], choices=["dask", "rpc"])
+    p.add_argument(
+        "--rpc-transport",
+        default="tcp",
+        choices=["tcp", "auto"],
+        help="tcp: libuv TCP on 127.0.0.1 (as between machines); auto: TensorPipe's choice "
+        "(shared memory on one machine)",
+    )
+    args = p.parse_args(argv)
+    if args.tiny:
+        args.models, args.seconds, args.warmup, args.repeats = ["resnet32"], 1.0, 0.3, 1
+        grid = [(1, "float32", 1), (2, "float16", 2)]
+    else:
+        grid = [(s, w, t) for s in args.shards for w in args.wire for t in args.trainers]
+    _common.quiet()
+    _common.send_by_value(sys.modules[__name__], _common)
+    sizes = {m: model_sizes(m) for m in args.models}
+    configs = [
+        {
+            "model": m,
+            "n": sizes[m][0],
+            "n_bn": sizes[m][1],
+            "shards": s,
+            "wire": w,
+            "trainers": t,
+            "seconds": args.seconds,
+            "warmup": args.warmup,
+            "start_delay": 0.5,
+        }
+        for m in args.models
+        for (s, w, t) in grid
+    ]
+    most = max(c["trainers"] for c in configs)
+    benches: dict[str, Any] = {}
+    results: dict[tuple[int, str], list[tuple[float, float]]] = {}
+    try:
+        t0 = time.time()
+        if "dask" in args.systems:
+            benches["dask"] = DaskBench(most)
+            log(f"dask cluster with {most} trainer workers up in {time.time() - t0:.1f} s")
+        t0 = time.time()
+        if "rpc" in args.systems:
+            benches["rpc"] = RpcBench(most, args.rpc_transport)
+            log(f"rpc world of {most + 1} processes up in {time.time() - t0:.1f} s")
+        for rep in range(args.repeats):
+            for i, cfg in enumerate(configs):
+                for system in args.systems:
+                    rate, ms = measure(benches[system].run(cfg), cfg)
+                    results.setdefault((i, system), []).append((rate, ms))
+                    log(
+                        f"rep {rep + 1}/{args.repeats} {system:4s} {cfg['model']} "
+                        f"shards={cfg['shards']} {cfg['wire']} trainers={cfg['trainers']}: "
+                        f"{rate:.0f} steps/s, {ms:.2f} ms/round trip"
+                    )
+    finally:
+        for b in benches.values():
+            b.close()
+
+    def stat(i: int, system: str) -> tuple[float, str, float]:
+        runs = results.get((i, system), [])
+        rates = [r for r, _ in runs]
+        return median(rates), spread(rates), median([ms for _, ms in runs])
+
+    rows = []
+    for i, cfg in enumerate(configs):
+        d_rate, d_spread, d_ms = stat(i, "dask")
+        r_rate, r_spread, r_ms = stat(i, "rpc")
+        mb = (2 * cfg["n"] * (2 if cfg["wire"] == "float16" else 4)) / 1e6
+        rows.append(
+            [
+                cfg["model"],
+                f"{cfg['n'] / 1e6:.2f}M",
+                cfg["shards"],
+                cfg["wire"],
+                cfg["trainers"],
+                d_rate,
+                d_spread,
+                d_ms,
+                d_rate * mb,
+                r_rate,
+                r_spread,
+                r_rate * mb,
+                d_rate / r_rate if r_rate > 0 else math.nan,
+                d_rate / PAPER_PS_STEPS_S,
+            ]
+        )
+    columns = [
+        "model",
+        "params",
+        "shards",
+        "wire",
+        "trainers",
+        "dask steps/s",
+        "dask range",
+        "dask ms/step",
+        "dask MB/s",
+        "rpc steps/s",
+        "rpc range",
+        "rpc MB/s",
+        "dask/rpc",
+        "dask/45",
+    ]
+    print(md_table(columns, rows))
+    print(
+        f"\n{args.repeats} repeat(s) of {fmt(args.seconds)} s after {fmt(args.warmup)} s warm-up; "
+        "medians; MB/s = model payload (gradient up + weights down); ms/step = one trainer's "
+        f"round trip; rpc transport {args.rpc_transport}; dask/45 = x the paper's saturated PS."
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

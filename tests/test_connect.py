@@ -1,0 +1,69 @@
+"""Tests for transient_nb.connect: a handle on a cluster that another process owns.
+
+The "other process" is this one: the handle talks to the cluster only through the registry and
+its scheduler (a Client, the event log over RPC, control requests on ``transient-control``),
+exactly as it would across kernels.
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import of_kind, wait_for_sync
+from distributed.core import Status
+
+from transient_nb import TransientCluster, connect, registry
+from transient_nb.connect import RemoteCluster
+from transient_nb.views.widgets import ClusterPanel
+
+
+def test_unknown_and_stale_names() -> None:
+    with pytest.raises(ValueError, match=r"No transient cluster named 'nope'.*known: none"):
+        connect("nope")
+    # A registry entry whose owning process is gone.
+    registry.register("ghost", {"scheduler_address": "tcp://127.0.0.1:1", "pid": 2**22 + 7})
+    with pytest.raises(ValueError, match="is stale"):
+        connect("ghost")
+
+
+@pytest.mark.slow
+def test_remote_handle_reads_and_controls(cleanup: None) -> None:
+    with TransientCluster(workers=1, provisioning_delay=0, notice="1s", name="owned") as cluster:
+        assert connect("owned") is cluster  # owned by this process: the cluster itself
+        remote = connect("owned", prefer_local=False)
+        try:
+            assert isinstance(remote, RemoteCluster)
+            assert remote.get_client().scheduler_info()["address"] == cluster.scheduler_address
+            remote.wait_for_workers(1, timeout=120)
+            # The mirror follows the owner's log.
+            wait_for_sync(lambda: len(remote.monitor.events) >= len(cluster.monitor.events), 10)
+            assert remote.monitor.events[0]["kind"] == "started"
+            assert remote.catalog is not None and remote.time_scale == 1.0
+            assert remote.cost().total == pytest.approx(cluster.cost().total, rel=0.2)
+            assert set(remote.vms().index) == {"ps-0", "w-0"}
+            assert "owned" in repr(remote)
+
+            # Control requests are answered by the owning cluster.
+            answer = remote.scale(2)
+            assert answer["ok"] and answer["action"] == "scale"
+            wait_for_sync(lambda: of_kind(cluster.monitor.events, "requested", worker="w-1"), 30)
+            remote.wait_for_workers(2, timeout=120)
+            remote.preempt("w-1", notice=False)
+            wait_for_sync(lambda: of_kind(cluster.monitor.events, "preempted", worker="w-1"), 30)
+            assert of_kind(cluster.monitor.events, "preempted", worker="w-1")[0]["notice"] is False
+            with pytest.raises(ValueError, match="No preemptible worker named 'w-77'"):
+                remote.preempt("w-77")
+            with pytest.raises(ValueError, match="whole number"):
+                remote.scale(-1)
+
+            # The panel works on the handle as on a local cluster.
+            panel = ClusterPanel(remote)
+            wait_for_sync(lambda: "connected" in panel.header.value, 10)
+            wait_for_sync(lambda: any(r["name"] == "w-1" for r in panel.rows), 10)
+            panel.close()
+
+            # Shut down through the owner.
+            remote.shutdown()
+            wait_for_sync(lambda: cluster.status == Status.closed, 60)
+            assert remote.status == Status.closed
+        finally:
+            remote.close()

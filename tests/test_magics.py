@@ -1,0 +1,229 @@
+"""Tests for transient_nb.magics: ``%transient_cluster`` and ``%%transient_cluster``.
+
+An in-process IPython shell runs the magics; widgets need no frontend (the ``comm`` package's
+dummy comm). Clusters are real and small.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from conftest import of_kind, wait_for_sync
+from distributed.core import Status
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+from IPython.utils.capture import capture_output
+
+from transient_nb import TransientCluster
+from transient_nb.magics import SUBCOMMANDS, TransientMagics
+from transient_nb.views.widgets import ClusterPanel, ClusterStatus
+
+
+@pytest.fixture
+def ip() -> Iterator[InteractiveShell]:
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "transient_nb")
+    yield shell
+    magics: TransientMagics = shell.magics_manager.registry["TransientMagics"]
+    for cluster in list(magics.clusters.values()):
+        cluster.close()
+    magics.clusters.clear()
+    magics.cluster = None
+    for name in ("cluster", "run", "c2"):
+        shell.user_ns.pop(name, None)
+    shell.run_line_magic("unload_ext", "transient_nb")
+
+
+def magic(ip: InteractiveShell, line: str) -> Any:
+    return ip.run_line_magic("transient_cluster", line)
+
+
+def widgets_shown(captured: Any) -> list[Any]:
+    return [o for o in captured.outputs if "application/vnd.jupyter.widget-view+json" in o.data]
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("", "Give a subcommand: %transient_cluster up"),
+        ("launch", "Unknown subcommand 'launch': type one of up, scale"),
+        ("scale 3", "No running cluster for `scale`: start one with %transient_cluster up"),
+        ("preempt", "No running cluster for `preempt`"),
+        ("status", "No running cluster for `status`"),
+        ("train --steps 10", "No running cluster for `train`"),
+        ("down", "No running cluster for `down`"),
+        ("up --workers four", "argument --workers: 'four' is not a whole number of workers"),
+        ("up --workers 0", "of at least 1; type e.g. 4"),
+        ("up --time-scale fast", "'fast' is not a positive number"),
+        ("up --as 2x", "'2x' is not a Python variable name; type e.g. --as cluster"),
+        ("up --colour red", "unrecognized arguments: --colour red"),
+        ('up --name "demo', "No closing quotation; check the quotes"),
+        ("scale -1", "%transient_cluster scale"),
+        ("connect", "the following arguments are required: NAME"),
+        ("connect nope", "No transient cluster named 'nope' is registered"),
+        # The API's ValueErrors, re-raised with their message.
+        ("up --gpu h9000", "Unknown GPU type 'h9000'"),
+        ("up --preemption sometimes", "sometimes"),
+        ("up --notice=-5s", "notice='-5s' must be a non-negative duration"),
+        ("up --name Demo_1", "Cluster name 'Demo_1' is not allowed"),
+    ],
+)
+def test_mistakes_say_what_to_type(ip: InteractiveShell, line: str, message: str) -> None:
+    with pytest.raises(UsageError) as info:
+        magic(ip, line)
+    assert message in str(info.value)
+    assert not TransientCluster._instances or all(
+        c.status != Status.running for c in TransientCluster._instances
+    )
+
+
+@pytest.mark.parametrize(
+    ("cell", "message"),
+    [
+        ("cluster: [workers", "The cell is not valid YAML at line 1"),
+        ("- workers: 3", "The cell must be a YAML mapping"),
+        ("cluster:\n  workers: 2\nexperiment: x", "Unknown section 'experiment'"),
+        ("cluster: 3", "`cluster:` must be a mapping of settings"),
+        ("cluster:\n  wrkers: 3", "Unknown cluster setting 'wrkers': use some of workers, gpu"),
+        ("cluster:\n  workers: 0", "cluster: workers=0 must be a whole number of at least 1"),
+        ("cluster: {}\ntrain:\n  model: vgg", "Unknown model 'vgg': use one of"),
+        ("cluster: {}\ntrain:\n  data: mnist", "train: "),
+        ("cluster: {}\ntrain:\n  stepz: 3", "Unknown train setting 'stepz'"),
+    ],
+)
+def test_cell_mistakes(ip: InteractiveShell, cell: str, message: str) -> None:
+    with pytest.raises(UsageError) as info:
+        ip.run_cell_magic("transient_cluster", "", cell)
+    assert message in str(info.value)
+
+
+def test_help_is_the_docstring_with_every_subcommand(ip: InteractiveShell) -> None:
+    doc = ip.find_line_magic("transient_cluster").__doc__
+    for name in SUBCOMMANDS:
+        assert f"%transient_cluster {name}" in doc
+    for option in ("--workers", "--preemption", "--time-scale", "--fallback-zones", "--no-notice"):
+        assert option in doc
+    assert "cluster:" in doc and "train:" in doc
+
+
+def test_clusters_and_runs_display_as_panels(ip: InteractiveShell) -> None:
+    formatter = ip.display_formatter.ipython_display_formatter
+    assert formatter.lookup_by_type(TransientCluster) is not None
+    assert ("transient_nb.training.run", "TrainingRun") in formatter.deferred_printers
+    ip.run_line_magic("unload_ext", "transient_nb")
+    with pytest.raises(KeyError):
+        formatter.lookup_by_type(TransientCluster)
+    ip.run_line_magic("load_ext", "transient_nb")
+
+
+@pytest.mark.slow
+def test_a_cluster_session(ip: InteractiveShell) -> None:
+    with capture_output() as captured:
+        cluster = magic(
+            ip,
+            "up --workers 1 --gpu t4 --spot --zone us-central1-a --preemption none "
+            "--provisioning-delay 0s --notice 1s --prices gce-2025 --time-scale 2 "
+            "--fallback-zones us-central1-b,us-central1-c --name magic-demo --as c2",
+        )
+    assert isinstance(cluster, TransientCluster)
+    assert ip.user_ns["c2"] is cluster
+    assert (cluster.name, cluster.time_scale, cluster.notice_s) == ("magic-demo", 2.0, 1.0)
+    assert cluster.policy is not None
+    shown = widgets_shown(captured)
+    assert len(shown) == 1 and "ClusterPanel magic-demo" in shown[0].data["text/plain"]
+    # Returned as the cell's result, the cluster is not displayed a second time...
+    with capture_output() as again:
+        ip.display_formatter.format(cluster)
+    assert not widgets_shown(again) or ip.execution_count is None
+    # ...but displaying it later shows its (one, live) panel.
+    ip.execution_count += 1
+    with capture_output() as later:
+        ip.display_formatter.format(cluster)
+    assert "ClusterPanel magic-demo" in later.outputs[0].data["text/plain"]
+
+    cluster.wait_for_workers(1, timeout=120)
+    with capture_output() as out:
+        magic(ip, "scale 2")
+    assert "scaling to 2 GPU workers" in out.stdout
+    cluster.wait_for_workers(2, timeout=120)
+
+    with capture_output() as out:
+        magic(ip, "preempt w-1 --no-notice")
+    assert "preempting w-1 (without notice)" in out.stdout
+    gone = wait_for_sync(lambda: of_kind(cluster.monitor.events, "preempted", worker="w-1"), 60)
+    assert gone[0]["notice"] is False and gone[0]["source"] == "manual"
+    with pytest.raises(UsageError, match="No preemptible worker named 'w-99'"):
+        magic(ip, "preempt w-99")
+    with pytest.raises(UsageError, match="Cannot preempt 0 workers"):
+        magic(ip, "preempt 0")
+    with capture_output() as out:
+        magic(ip, "preempt 1")
+    assert "(with the notice)" in out.stdout
+    wait_for_sync(lambda: len(of_kind(cluster.monitor.events, "notice")) == 1, 60)
+
+    status = magic(ip, "status")
+    assert isinstance(status, ClusterStatus)
+    assert "magic-demo: $" in repr(status) and "saved" in repr(status)
+    assert {"ps", "worker"} <= set(status.table["role"])
+
+    listing = magic(ip, "list")
+    assert list(listing.index) == ["magic-demo"]
+    assert listing.loc["magic-demo", "owner"] == "this kernel"
+
+    with capture_output() as out:
+        magic(ip, "down")
+    assert "Cluster magic-demo is down: $" in out.stdout and "saved" in out.stdout
+    assert cluster.status == Status.closed
+    with pytest.raises(UsageError, match="No running cluster for `status`"):
+        magic(ip, "status")
+    assert magic(ip, "list") is None
+
+
+@pytest.mark.slow
+def test_connect_subcommand(ip: InteractiveShell) -> None:
+    with TransientCluster(workers=1, provisioning_delay=0, notice="1s", name="elsewhere") as other:
+        with capture_output() as captured:
+            handle = magic(ip, "connect elsewhere --as cluster")
+        assert handle is other  # this process owns it: the cluster itself
+        assert ip.user_ns["cluster"] is other
+        assert "ClusterPanel elsewhere" in widgets_shown(captured)[0].data["text/plain"]
+        magic(ip, "status")
+
+
+@pytest.mark.slow
+def test_one_cell_experiment(ip: InteractiveShell) -> None:
+    cell = """
+cluster:
+  workers: 1
+  provisioning-delay: 0s
+  notice: 1s
+  name: cell-demo
+train:
+  model: resnet8
+  data: digits
+  steps: 30
+  batch_size: 16
+  eval_every: 15
+  wait: true
+"""
+    with capture_output() as captured:
+        run = ip.run_cell_magic("transient_cluster", "--run-as run", cell)
+    assert ip.user_ns["run"] is run and ip.user_ns["cluster"] is run.cluster
+    assert run.done and run.summary()["steps"] >= 30
+    texts = [o.data["text/plain"] for o in widgets_shown(captured)]
+    # The run's panel (which shows the cluster too) and the live dashboard.
+    assert len(texts) == 2 and texts[0].startswith("<ClusterPanel cell-demo")
+    assert texts[1].startswith("BokehModel(")
+    panel = next(iter(v for v in TransientMagics_views(ip) if isinstance(v, ClusterPanel)))
+    panel.update(force=True)
+    assert panel.progress.value == panel.progress.max == 30
+    assert "finished" in panel.run_info.value
+    with capture_output():
+        magic(ip, "down")
+
+
+def TransientMagics_views(ip: InteractiveShell) -> list[Any]:
+    magics: TransientMagics = ip.magics_manager.registry["TransientMagics"]
+    return [v for views in magics.views.values() for v in views]
