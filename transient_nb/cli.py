@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import time
@@ -112,6 +113,9 @@ def run(args: argparse.Namespace) -> int:
     if args.steps <= 0:
         raise ValueError(f"--steps {args.steps} must be above 0.")
     os.makedirs(args.out, exist_ok=True)
+    # The terminal shows the progress bar and the summary; the scheduler's chatter (a line per
+    # worker that comes or goes) stays in the run's logs.
+    logging.getLogger("distributed").setLevel(logging.WARNING)
     t0 = time.time()
     with TransientCluster(
         workers=args.workers,
