@@ -1,7 +1,7 @@
 """Helpers shared by the benchmark scripts: tables, clusters, step-rate windows, plain loops.
 
-Not a benchmark itself. Functions that run inside Dask workers are sent by value (see
-:func:`send_by_value`), so the workers need not find this folder on their path.
+Not a benchmark itself. The worker processes of :func:`transient_cluster` get this folder on
+their ``PYTHONPATH``, so that functions of these modules can run there as tasks.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import logging
 import math
 import multiprocessing as mp
 import os
+import shutil
 import statistics
 import tempfile
 import threading
@@ -89,6 +90,11 @@ def transient_cluster(workers: int, **options: Any) -> Iterator[Any]:
     from transient_nb import TransientCluster
 
     folder = tempfile.mkdtemp(prefix="transient-bench-")
+    # The local backend starts its workers with this process's environment.
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = os.environ.get("PYTHONPATH", "")
+    if here not in path.split(os.pathsep):
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (here, path) if p)
     with dask.config.set({"transient.run-dir": folder, "transient.registry-dir": folder}):
         options = {"provisioning_delay": 0, "preemption": "none", **options}
         cluster = TransientCluster(workers=workers, **options)
@@ -97,15 +103,7 @@ def transient_cluster(workers: int, **options: Any) -> Iterator[Any]:
             yield cluster
         finally:
             cluster.close()
-
-
-def send_by_value(*modules: Any) -> None:
-    """Pickle these modules' functions by value, so Dask workers need not import them."""
-    import cloudpickle
-
-    for m in modules:
-        with contextlib.suppress(ValueError):  # already registered
-            cloudpickle.register_pickle_by_value(m)
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 # -- step rates ---------------------------------------------------------------------------------------
@@ -141,7 +139,9 @@ class PSPoller:
         self.interval = interval
         self.steps: list[float] = []  # one time per global step
         self.per_trainer: dict[str, list[float]] = {}
-        self.samples: list[tuple[float, int]] = []
+        self.first_seen: dict[str, float] = {}  # when a trainer's first accepted update was seen
+        self.samples: list[tuple[float, int, int]] = []  # (time, generation, step)
+        self.generation: int | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._main, daemon=True)
         self._last_step: int | None = None
@@ -170,7 +170,7 @@ class PSPoller:
                 try:
                     info = json.loads(Variable(self.variable, client=client).get(timeout=1))
                     if info["generation"] != gen:
-                        gen = info["generation"]
+                        gen = self.generation = int(info["generation"])
                         with client.as_current():
                             actor = Actor(ParameterServer, *info["shards"][0])
                         self._last_step = None
@@ -186,11 +186,13 @@ class PSPoller:
 
     def _record(self, t: float, st: dict[str, Any]) -> None:
         step = int(st["step"])
-        self.samples.append((t, step))
+        self.samples.append((t, int(st["generation"]), step))
         if self._last_step is not None and step > self._last_step:
             self.steps += [t] * (step - self._last_step)
         self._last_step = step
         for name, n in st["accepted"].items():
+            if n > 0:
+                self.first_seen.setdefault(name, t)
             before = self._last_acc.get(name)
             if before is None:  # first sight: counts from here on
                 self.per_trainer.setdefault(name, [])
@@ -206,18 +208,18 @@ def plain_loop(
     batch_size: int,
     device: str,
     threads: int,
-    stop_at: float,
+    duration: float,
+    barrier: Any = None,
     seed: int = 0,
-    amp: bool = False,
-    channels_last: bool = False,
 ) -> list[float]:
-    """Train ``model_name`` in this process, the way one would without a PS, until ``stop_at``
-    (UNIX time); return the completion time of every step.
+    """Train ``model_name`` in this process the way one would without a PS, for ``duration``
+    seconds after ``barrier`` (all loops start together); the completion time of every step.
 
     The step is the Trainer's minus the PS: the same data pipeline (``BatchStream``, host-side
-    augmentation), model, batch, thread count and device, with momentum SGD and weight decay in
+    augmentation), model, batch, thread count and device, float32 and NCHW as the Trainer (it
+    has no autocast or channels_last option), with momentum SGD and weight decay in
     ``torch.optim.SGD``. On CUDA every step ends with a synchronisation, as the Trainer's does (its
-    gradient goes to the host every step); ``amp``/``channels_last`` are off unless asked for.
+    gradient goes to the host every step).
     """
     import torch
     import torch.nn.functional as F
@@ -229,20 +231,18 @@ def plain_loop(
     torch.manual_seed(seed)
     dataset = load_dataset(data, train=True)
     model = build_model(model_name, num_classes=dataset.num_classes).to(device)
-    if channels_last:
-        model = model.to(memory_format=torch.channels_last)
     model.train()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
     stream = BatchStream(dataset, batch_size, seed=seed)
     cuda = device.startswith("cuda")
+    if barrier is not None:
+        barrier.wait()
+    stop_at = time.time() + duration
     times: list[float] = []
     while time.time() < stop_at:
         x, y = next(stream)
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        if channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp and cuda):
-            loss = F.cross_entropy(model(x), y)
+        loss = F.cross_entropy(model(x), y)
         opt.zero_grad(set_to_none=False)
         loss.backward()
         opt.step()
@@ -260,15 +260,21 @@ def _plain_child(queue: Any, kwargs: dict[str, Any]) -> None:
 
 
 def run_plain_processes(n: int, **kwargs: Any) -> list[list[float]]:
-    """Run :func:`plain_loop` in ``n`` fresh processes at once; their step times."""
+    """Run :func:`plain_loop` in ``n`` fresh processes that start stepping together; the step
+    times of each."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
+    barrier = ctx.Barrier(n)
     saved = {k: os.environ.get(k) for k in [*PLAIN_ENV, "MALLOC_TRIM_THRESHOLD_"]}
     os.environ.update(PLAIN_ENV)
     os.environ.pop("MALLOC_TRIM_THRESHOLD_", None)
     try:
         procs = [
-            ctx.Process(target=_plain_child, args=(queue, {**kwargs, "seed": i}), daemon=True)
+            ctx.Process(
+                target=_plain_child,
+                args=(queue, {**kwargs, "barrier": barrier, "seed": i}),
+                daemon=True,
+            )
             for i in range(n)
         ]
         for p in procs:
@@ -279,16 +285,70 @@ def run_plain_processes(n: int, **kwargs: Any) -> list[list[float]]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-    timeout = max(60.0, kwargs["stop_at"] - time.time() + 300)
     results = []
-    for _ in procs:
-        status, value = queue.get(timeout=timeout)
-        if status != "ok":
-            raise RuntimeError(f"plain training process failed: {value}")
-        results.append(value)
-    for p in procs:
-        p.join(30)
+    try:
+        for _ in procs:
+            status, value = queue.get(timeout=kwargs["duration"] + 600)
+            if status != "ok":
+                raise RuntimeError(f"plain training process failed: {value}")
+            results.append(value)
+    finally:
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
     return results
+
+
+def run_through_ps(
+    cluster: Any,
+    *,
+    model: str,
+    data: str,
+    batch_size: int,
+    device: str | None,
+    trainers: int,
+    warmup: float,
+    seconds: float,
+    timeout: float = 600,
+) -> tuple[list[list[float]], list[float]]:
+    """Train through the PS with :func:`transient_nb.train` on every gpu worker of ``cluster``
+    until each of ``trainers`` trainers has pushed for ``warmup + seconds``; the step times of
+    each trainer and of the PS (global steps), seen by polling the PS.
+    """
+    from transient_nb import train
+
+    run = train(
+        cluster,
+        model=model,
+        data=data,
+        steps=10**9,
+        batch_size=batch_size,
+        lr=0.01,
+        eval_every=10**9,
+        checkpoint_every=10**9,
+        device=device,
+    )
+    deadline = time.monotonic() + timeout
+    try:
+        while not run.status and not run.done:  # the PS exists and is published
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no parameter server within {timeout} s")
+            time.sleep(0.05)
+        with PSPoller(cluster, run.variable) as poller:
+            while True:
+                if run.done:
+                    run.wait(0)  # re-raises the driver's error
+                    raise RuntimeError(f"run ended early: {run.reason}")
+                firsts = [ts[0] for ts in poller.per_trainer.values() if ts]
+                if len(firsts) >= trainers and time.time() >= max(firsts) + warmup + seconds:
+                    break
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{trainers} trainers did not all train within {timeout} s")
+                time.sleep(0.1)
+    finally:
+        run.stop(wait=True, timeout=60)
+    return list(poller.per_trainer.values()), poller.steps
 
 
 def steady_window(

@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import shutil
 import socket
 import sys
 import tempfile
@@ -47,8 +48,8 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import _common  # noqa: E402
-from _common import fmt, log, md_table, median, spread  # noqa: E402
+import _common
+from _common import fmt, log, md_table, median, spread
 
 #: The paper's single PS saturated at about this many global steps/s (1.86M model; Li et al. §3).
 PAPER_PS_STEPS_S = 45.0
@@ -88,33 +89,34 @@ def dask_push_loop(
     start_at: float,
     stop_at: float,
     timeout: float,
+    variant: str = "current",
 ) -> list[float]:
-    """A no-compute trainer (a task on a gpu worker): the Trainer's PS round trip in a loop."""
+    """A no-compute trainer (a task on a gpu worker): the Trainer's PS round trip in a loop,
+    with its host-side work on the gradient and the weights (cast, split, merge)."""
     import numpy as np
+    from _variants import cast_gradient, merge_replies
     from distributed.actor import Actor
 
     from transient_nb.training.ps import ParameterServer
 
+    proposed = variant == "proposed"
     actors = [Actor(ParameterServer, addr, key) for addr, key in shards]
     rng = np.random.default_rng(abs(hash(name)) % 2**32)
     n = bounds[-1][1]
-    grad = (rng.standard_normal(n) * 1e-4).astype(np.float32)
-    if wire == "float16":
-        grad = grad.astype(np.float16)  # the Trainer casts before slicing, too
-    pieces = [grad[a:b] for a, b in bounds]
+    grad32 = (rng.standard_normal(n) * 1e-4).astype(np.float32)
     bn_delta = np.zeros(n_bn, np.float32) if n_bn else None
     for ps in actors:
         ps.register(name, 0).result(timeout=timeout)
 
     def push(version: int, step: int) -> int:
+        grad = cast_gradient(grad32, wire, proposed)  # as Trainer.run, every step
         # As Trainer._call_all: every shard's call goes out before any reply is awaited.
         futures = [
-            ps.push_pull(name, pieces[i], version, step, 0.0, BATCH, bn_delta, False)
-            for i, ps in enumerate(actors)
+            ps.push_pull(name, grad[a:b], version, step, 0.0, BATCH, bn_delta, False)
+            for ps, (a, b) in zip(actors, bounds, strict=True)
         ]
         replies = [f.result(timeout=timeout) for f in futures]
-        # As Trainer._merge.
-        np.concatenate([np.asarray(r[0], dtype=np.float32) for r in replies])
+        merge_replies(replies, proposed)  # as Trainer._merge
         return int(replies[0][2])
 
     times, _ = timed_loop(push, start_at, stop_at, len(actors))
@@ -124,18 +126,26 @@ def dask_push_loop(
 
 
 def _warm_worker() -> bool:
+    import _variants  # noqa: F401
+
     import transient_nb.training.ps  # noqa: F401
 
     return True
 
 
 class DaskBench:
-    """Ours: a TransientCluster with one ps worker and ``trainers`` gpu workers."""
+    """Ours: a TransientCluster with one ps worker and ``trainers`` gpu workers.
 
-    def __init__(self, trainers: int):
+    ``variant="proposed"`` uses the prototypes of ``_variants.py``; ``shard_hosts > 0`` puts
+    shard i on an extra worker process of its own instead of all shards on the ps worker.
+    """
+
+    def __init__(self, trainers: int, variant: str = "current", shard_hosts: int = 0):
         from distributed import Client
 
-        self._cm = _common.transient_cluster(trainers)
+        self.variant = variant
+        self.trainers = trainers
+        self._cm = _common.transient_cluster(trainers + shard_hosts)
         self.cluster = self._cm.__enter__()
         self.client = Client(self.cluster, set_as_default=False, direct_to_workers=True)
         info = self.client.scheduler_info(n_workers=-1)["workers"]
@@ -156,6 +166,7 @@ class DaskBench:
 
     def run(self, cfg: dict[str, Any]) -> list[list[float]]:
         import numpy as np
+        from _variants import ProposedParameterServer
 
         from transient_nb.training.hparams import HParams
         from transient_nb.training.ps import ParameterServer, shard_bounds
@@ -167,9 +178,11 @@ class DaskBench:
         w0 = (rng.standard_normal(n) * 0.05).astype(np.float32)
         mask = np.ones(n, np.uint8)
         hp = HParams(steps=10**9, wire_dtype=cfg["wire"]).to_dict()
+        cls = ProposedParameterServer if self.variant == "proposed" else ParameterServer
+        hosts = self.gpu_addrs[self.trainers :] or [self.ps_addr]
         futures = [
             self.client.submit(
-                ParameterServer,
+                cls,
                 f"bench-{self._i}",
                 i,
                 len(bounds),
@@ -180,7 +193,7 @@ class DaskBench:
                 self.ckpt,
                 model=cfg["model"],
                 actor=True,
-                workers=[self.ps_addr],
+                workers=[hosts[i % len(hosts)]],
                 allow_other_workers=False,
                 pure=False,
                 key=f"ps-bench-{self._i}-s{i}",
@@ -202,19 +215,34 @@ class DaskBench:
                 start_at,
                 stop_at,
                 60.0,
+                self.variant,
                 workers=[addr],
                 allow_other_workers=False,
                 pure=False,
             )
-            for k, addr in enumerate(self.gpu_addrs[: cfg["trainers"]])
+            for k, addr in enumerate(self.gpu_addrs[: min(cfg["trainers"], self.trainers)])
         ]
         times = self.client.gather(loops)
         del actors, futures, loops
         return times
 
+    def ps_pids(self) -> list[int]:
+        """The processes of the PS shards' hosts (for CPU accounting)."""
+        import psutil
+
+        hosts = {self.ps_addr} if len(self.gpu_addrs) == self.trainers else set()
+        info = self.client.scheduler_info(n_workers=-1)["workers"]
+        names = {str(info[a]["name"]) for a in (hosts or self.gpu_addrs[self.trainers :])}
+        pids = []
+        for name in names:
+            top = psutil.Process(self.cluster.workers[name].pid)
+            pids += [top.pid, *(c.pid for c in top.children(recursive=True))]
+        return pids
+
     def close(self) -> None:
         self.client.close()
         self._cm.__exit__(None, None, None)
+        shutil.rmtree(self.ckpt, ignore_errors=True)
 
 
 # -- the peer: torch.distributed.rpc ----------------------------------------------------------------
@@ -282,14 +310,13 @@ def rpc_push_loop(
     import torch.distributed.rpc as rpc
 
     n = bounds[-1][1]
-    g = torch.randn(n) * 1e-4
-    if wire == "float16":
-        g = g.half()
-    # Clones: rpc would send a view's whole storage.
-    pieces = [g[a:b].clone() for a, b in bounds]
+    g32 = torch.randn(n) * 1e-4
     bn_delta = torch.zeros(n_bn) if n_bn else None
 
     def push(version: int, step: int) -> int:
+        g = g32.half() if wire == "float16" else g32
+        # Clones: rpc would send a view's whole storage.
+        pieces = [g[a:b].clone() if len(bounds) > 1 else g for a, b in bounds]
         futures = [
             rpc.rpc_async(
                 r.owner(),
@@ -342,9 +369,13 @@ def _rpc_run(cfg: dict[str, Any]) -> list[list[float]]:
 def _rpc_process(
     rank: int, world: int, port: int, transport: str, commands: Any, results: Any
 ) -> None:
+    import warnings
+
     import torch
     import torch.distributed.rpc as rpc
 
+    # torch's own deprecation notice about its rpc internals, once per process: not ours.
+    warnings.filterwarnings("ignore", category=UserWarning, module="torch.distributed")
     torch.set_num_threads(1)
     options: dict[str, Any] = {}
     if transport == "tcp":  # as between machines: libuv TCP, tensors in the same stream
@@ -408,9 +439,26 @@ class RpcBench:
         self.commands.put(cfg)
         return self._get(timeout=cfg["start_delay"] + cfg["warmup"] + cfg["seconds"] + 300)
 
+    def ps_pids(self) -> list[int]:
+        return [self.ctx.processes[0].pid]
+
     def close(self) -> None:
         self.commands.put(None)
         self.ctx.join(120)
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds used so far by these processes (gone ones count 0)."""
+    import psutil
+
+    total = 0.0
+    for pid in pids:
+        try:
+            t = psutil.Process(pid).cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
 
 
 # -- the grid -------------------------------------------------------------------------------------------
@@ -437,6 +485,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--systems", nargs="+", default=["dask", "rpc"], choices=["dask", "rpc"])
     p.add_argument(
+        "--variant",
+        default="current",
+        choices=["current", "proposed"],
+        help="proposed: the PS and trainer prototypes of _variants.py (see NOTES.md)",
+    )
+    p.add_argument(
+        "--shard-processes",
+        action="store_true",
+        help="ours: every PS shard in a worker process of its own (default: all on the ps "
+        "worker, as run.py places them)",
+    )
+    p.add_argument(
         "--rpc-transport",
         default="tcp",
         choices=["tcp", "auto"],
@@ -445,12 +505,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     if args.tiny:
-        args.models, args.seconds, args.warmup, args.repeats = ["resnet32"], 1.0, 0.3, 1
-        grid = [(1, "float32", 1), (2, "float16", 2)]
+        args.models, args.seconds, args.warmup, args.repeats = ["resnet32"], 0.8, 0.2, 1
+        grid = [(1, "float32", 1), (2, "float16", 1)]
     else:
         grid = [(s, w, t) for s in args.shards for w in args.wire for t in args.trainers]
     _common.quiet()
-    _common.send_by_value(sys.modules[__name__], _common)
     sizes = {m: model_sizes(m) for m in args.models}
     configs = [
         {
@@ -473,7 +532,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         t0 = time.time()
         if "dask" in args.systems:
-            benches["dask"] = DaskBench(most)
+            benches["dask"] = DaskBench(
+                most,
+                args.variant,
+                max(c["shards"] for c in configs) if args.shard_processes else 0,
+            )
             log(f"dask cluster with {most} trainer workers up in {time.time() - t0:.1f} s")
         t0 = time.time()
         if "rpc" in args.systems:
@@ -482,26 +545,36 @@ def main(argv: list[str] | None = None) -> int:
         for rep in range(args.repeats):
             for i, cfg in enumerate(configs):
                 for system in args.systems:
-                    rate, ms = measure(benches[system].run(cfg), cfg)
-                    results.setdefault((i, system), []).append((rate, ms))
+                    pids = benches[system].ps_pids()
+                    cpu0 = cpu_seconds(pids)
+                    times = benches[system].run(cfg)
+                    steps = sum(len(ts) for ts in times)
+                    cpu_ms = 1000 * (cpu_seconds(pids) - cpu0) / steps if steps else math.nan
+                    rate, ms = measure(times, cfg)
+                    results.setdefault((i, system), []).append((rate, ms, cpu_ms))
                     log(
                         f"rep {rep + 1}/{args.repeats} {system:4s} {cfg['model']} "
                         f"shards={cfg['shards']} {cfg['wire']} trainers={cfg['trainers']}: "
-                        f"{rate:.0f} steps/s, {ms:.2f} ms/round trip"
+                        f"{rate:.0f} steps/s, {ms:.2f} ms/round trip, PS CPU {cpu_ms:.2f} ms/step"
                     )
     finally:
         for b in benches.values():
             b.close()
 
-    def stat(i: int, system: str) -> tuple[float, str, float]:
+    def stat(i: int, system: str) -> tuple[float, str, float, float]:
         runs = results.get((i, system), [])
-        rates = [r for r, _ in runs]
-        return median(rates), spread(rates), median([ms for _, ms in runs])
+        rates = [r[0] for r in runs]
+        return (
+            median(rates),
+            spread(rates),
+            median([r[1] for r in runs]),
+            median([r[2] for r in runs]),
+        )
 
     rows = []
     for i, cfg in enumerate(configs):
-        d_rate, d_spread, d_ms = stat(i, "dask")
-        r_rate, r_spread, r_ms = stat(i, "rpc")
+        d_rate, d_spread, d_ms, d_cpu = stat(i, "dask")
+        r_rate, r_spread, _, r_cpu = stat(i, "rpc")
         mb = (2 * cfg["n"] * (2 if cfg["wire"] == "float16" else 4)) / 1e6
         rows.append(
             [
@@ -514,9 +587,11 @@ def main(argv: list[str] | None = None) -> int:
                 d_spread,
                 d_ms,
                 d_rate * mb,
+                d_cpu,
                 r_rate,
                 r_spread,
                 r_rate * mb,
+                r_cpu,
                 d_rate / r_rate if r_rate > 0 else math.nan,
                 d_rate / PAPER_PS_STEPS_S,
             ]
@@ -531,9 +606,11 @@ def main(argv: list[str] | None = None) -> int:
         "dask range",
         "dask ms/step",
         "dask MB/s",
+        "dask PS cpu ms/step",
         "rpc steps/s",
         "rpc range",
         "rpc MB/s",
+        "rpc PS cpu ms/step",
         "dask/rpc",
         "dask/45",
     ]
@@ -541,7 +618,11 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"\n{args.repeats} repeat(s) of {fmt(args.seconds)} s after {fmt(args.warmup)} s warm-up; "
         "medians; MB/s = model payload (gradient up + weights down); ms/step = one trainer's "
-        f"round trip; rpc transport {args.rpc_transport}; dask/45 = x the paper's saturated PS."
+        "round trip; PS cpu ms/step = CPU time (user + system) of the PS process(es) per global "
+        "step, warm-up included (1000 / it = the steps/s one free core could serve);"
+        f" rpc transport {args.rpc_transport}; dask/45 = x the paper's saturated PS; "
+        f"dask variant {args.variant}"
+        + (", one process per shard." if args.shard_processes else ", shards on one ps worker.")
     )
     return 0
 

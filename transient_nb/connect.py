@@ -102,9 +102,7 @@ class RemoteCluster:
             return
         events = self.monitor.events
         try:
-            new = await asyncio.wait_for(
-                self.client.scheduler.transient_events(since=len(events)), 5
-            )
+            new = await asyncio.wait_for(self._scheduler.transient_events(since=len(events)), 5)
         except Exception as e:
             self._failures += 1
             logger.debug("Reading the event log of %s failed: %r", self.name, e)
@@ -119,6 +117,12 @@ class RemoteCluster:
         if events and events[-1].get("kind") == "closed":
             self.status = Status.closed
             self._ticker.stop()
+
+    @property
+    def _scheduler(self) -> Any:
+        # The client's RPC to the scheduler: handlers by name (``transient_events``, ...).
+        assert self.client.scheduler is not None
+        return self.client.scheduler
 
     def _started(self) -> Mapping[str, Any]:
         return next((e for e in self.monitor.events if e.get("kind") == "started"), {})
@@ -195,11 +199,11 @@ class RemoteCluster:
         request = uuid.uuid4().hex[:12]
         msg = {**msg, "id": request}
         since = len(self.monitor.events)
-        await self.client.scheduler.log_event(topic=CONTROL_TOPIC, msg=msg)
+        await self._scheduler.log_event(topic=CONTROL_TOPIC, msg=msg)
         deadline = time.monotonic() + self.answer_timeout
         while time.monotonic() < deadline:
             # Read the scheduler's log directly: the answer must not wait for the next mirror tick.
-            new = await self.client.scheduler.transient_events(since=since)
+            new = await self._scheduler.transient_events(since=since)
             for e in new:
                 if e.get("kind") == "control" and e.get("request") == request:
                     if not e.get("ok"):
@@ -215,7 +219,7 @@ class RemoteCluster:
     def _request(self, msg: dict[str, Any]) -> dict[str, Any]:
         if self.status != Status.running:
             raise ValueError(f"Cluster {self.name!r} is closed; nothing can act on it.")
-        return self.client.sync(self._control, msg)  # type: ignore[no-any-return]
+        return self.client.sync(self._control, msg)
 
     def scale(self, n: int) -> dict[str, Any]:
         """Ask the owning cluster to keep ``n`` GPU workers; returns its answer."""

@@ -474,7 +474,7 @@ class TransientMagics(Magics):
     def _start_run(
         self, kwargs: dict[str, Any], var: str | None, dashboard: bool, wait: bool
     ) -> Any:
-        from transient_nb import train
+        from transient_nb.training.run import train
         from transient_nb.views.dashboard import Dashboard
         from transient_nb.views.widgets import panel_for
 

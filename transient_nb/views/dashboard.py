@@ -155,5 +155,6 @@ def sources(dashboard: Dashboard) -> dict[str, int]:
     out: dict[str, int] = {}
     for model in dashboard.root.select({"type": ColumnDataSource}):
         if model.name:
-            out[model.name] = len(next(iter(model.data.values()), []))
+            data = model.data  # type: ignore[attr-defined]
+            out[model.name] = len(next(iter(data.values()), []))
     return out

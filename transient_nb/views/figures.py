@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bokeh.layouts import column, row
-from bokeh.models import ColumnDataSource, HoverTool
+from bokeh.models import ColumnDataSource, HoverTool, Range1d
 from bokeh.plotting import figure
 
 from transient_nb.cost import compute_costs
@@ -75,7 +75,7 @@ class AccuracyLoss(Component):
             height=height,
             width=width,
             x_axis_label="seconds",
-            y_range=(0, 1),
+            y_range=Range1d(start=0, end=1),
             tools="pan,wheel_zoom,reset,save",
         )
         acc_fig.line("time", "accuracy", source=self.acc, line_width=2, color="#2ca02c")
@@ -170,7 +170,7 @@ class Cost(Component):
         if len(times) > MAX_COST_POINTS:
             stride = len(times) / MAX_COST_POINTS
             times = [times[int(i * stride)] for i in range(MAX_COST_POINTS)] + [times[-1]]
-        rows: dict[str, list[float]] = {"time": [], "cost": [], "on_demand": []}
+        rows: dict[str, Any] = {"time": [], "cost": [], "on_demand": []}
         for t in times:
             upto = [e for e in billing if float(e["time"]) <= t]
             report = compute_costs(upto, now=t, minimum_s=self.minimum_s)
@@ -283,9 +283,9 @@ class Workers(Component):
         return str(kind)
 
     def _update(self, events: Sequence[Event], new: Sequence[Event]) -> None:
-        rows: dict[str, list[Any]] = {"time": [], "active": []}
-        per_gpu: dict[str, dict[str, list[Any]]] = {}
-        marks: dict[str, list[Any]] = {k: [] for k in self.markers.data}
+        rows: dict[str, Any] = {"time": [], "active": []}
+        per_gpu: dict[str, dict[str, Any]] = {}
+        marks: dict[str, Any] = {k: [] for k in self.markers.data}
         for e in new:
             kind, name = e.get("kind"), e.get("worker")
             if e.get("role") != "worker" or not name:

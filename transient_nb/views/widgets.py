@@ -145,7 +145,7 @@ def event_log(cluster: Any) -> Sequence[Event]:
     :class:`~transient_nb.connect.RemoteCluster` mirrors the owning scheduler's log under the
     same name.
     """
-    return cluster.monitor.events  # type: ignore[no-any-return]
+    return cluster.monitor.events
 
 
 def is_closed(cluster: Any, events: Sequence[Event]) -> bool:
@@ -296,8 +296,28 @@ def vm_rows(
 ) -> tuple[list[dict[str, Any]], CostReport]:
     """The rows of the VM table and the bill, from lifecycle events.
 
-    Every VM that is not gone gets a row; of the gone ones (preempted, deleted), the last
-    :data:`MAX_GONE_ROWS`. Returns ``(rows, cost)``.
+    Parameters
+    ----------
+    events
+        The run's events (lifecycle ones are enough).
+    minimum_s
+        Minimum billed seconds per VM (the price catalog's).
+    now
+        Wall-clock time of the times in state (default: now).
+
+    Returns
+    -------
+    rows, cost
+        One dict per VM (``name``, ``role``, ``gpu``, ``zone``, ``spot``, ``state``, ``since``,
+        ``seconds_in_state``, ``cost``, ``gone``): every VM that is not gone, then the last
+        :data:`MAX_GONE_ROWS` gone ones (preempted, deleted); and the
+        :class:`~transient_nb.cost.CostReport`.
+
+    Examples
+    --------
+    >>> rows, cost = vm_rows([])
+    >>> rows, cost.total
+    ([], 0.0)
     """
     now = time.time() if now is None else now
     cost = compute_costs(events, now=None, minimum_s=minimum_s)
@@ -668,6 +688,12 @@ _panels: weakref.WeakKeyDictionary[Any, ClusterPanel] = weakref.WeakKeyDictionar
 def panel_for(obj: Any) -> ClusterPanel:
     """The control panel of a cluster or of a training run (created once, then reused).
 
+    Parameters
+    ----------
+    obj
+        A cluster (or connected handle), or a :class:`~transient_nb.TrainingRun`, whose panel
+        follows that run.
+
     Examples
     --------
     >>> panel_for(cluster)  # doctest: +SKIP
@@ -722,6 +748,13 @@ class ClusterStatus:
 
 def cluster_status(cluster: Any, now: float | None = None) -> ClusterStatus:
     """The :class:`ClusterStatus` of ``cluster`` from its event log.
+
+    Parameters
+    ----------
+    cluster
+        A :class:`~transient_nb.TransientCluster` or a connected handle.
+    now
+        Wall-clock time of the status (default: now).
 
     Examples
     --------
