@@ -240,7 +240,11 @@ class TrainingRun:
             self._done.set()
 
     def _workers(self) -> dict[str, dict[str, Any]]:
-        return dict(self._client.scheduler_info(n_workers=-1)["workers"])
+        try:
+            info = self._client.scheduler_info(n_workers=-1)
+        except Exception:  # the client is reconnecting: nothing is known for now
+            return {}
+        return dict(info.get("workers", {}))
 
     def _run(self) -> None:
         torch.manual_seed(self.seed)
@@ -378,6 +382,10 @@ class TrainingRun:
             states.append(st)
         resumed = min(int(st["step"]) for st in states)
         self._generation += 1
+        if self._ps_alive():
+            # The host lives but our handle to the PS broke (e.g. its actor future was lost with
+            # another worker): re-create the PS on the same host rather than wait for a new one.
+            self._ps_address = None
         self._create_ps(states, mask)
         # Trainers still registered with the old PS are re-counted when they push again.
         self._post(

@@ -38,6 +38,8 @@ logger = logging.getLogger(__name__)
 
 #: How long a trainer waits on a PS call before it looks whether the PS was replaced (seconds).
 WAIT_SLICE_S = 0.5
+#: How often a trainer checks that it still talks to the current PS (seconds).
+GENERATION_CHECK_S = 2.0
 
 
 class PSLost(RuntimeError):
@@ -263,6 +265,7 @@ class Trainer:
         stream = BatchStream(dataset, self.hp.batch_size, seed=self.seed)
         shards: list[Actor] = []
         t_report, imgs = time.time(), 0
+        t_generation = time.time()
         try:
             gen, shards, version = self._join_ps(0, params, buffers)
             self.state = "training"
@@ -302,6 +305,13 @@ class Trainer:
                     continue
                 self.accepted += 1
                 w, bn, version = self._merge(replies)
+                now = time.time()
+                if now - t_generation >= GENERATION_CHECK_S:
+                    # The driver may have re-created the PS while the old one still answers.
+                    t_generation = now
+                    if self._current_generation() > gen:
+                        gen, shards, version = self._join_ps(gen + 1, params, buffers)
+                        continue
                 set_flat(params, w)
                 if bn is not None and buffers:
                     set_flat(buffers, bn)
