@@ -98,12 +98,14 @@ class CostReport:
         )
 
     def _repr_html_(self) -> str:
+        # Dollar signs would be typeset as LaTeX by JupyterLab's MathJax: opt out.
         head = (
+            '<div class="tex2jax_ignore mathjax_ignore">'
             f"<p><b>${self.total:.4f}</b> spent &middot; ${self.total_on_demand:.4f} on demand "
             f"&middot; saved <b>{self.saved_fraction:.0%}</b> &middot; now ${self.rate:.3f}/h "
             f"(on demand ${self.rate_on_demand:.3f}/h)</p>"
         )
-        return head + self.per_vm.to_html(float_format=lambda x: f"{x:.4f}")
+        return head + self.per_vm.to_html(float_format=lambda x: f"{x:.4f}") + "</div>"
 
 
 def compute_costs(

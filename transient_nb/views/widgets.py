@@ -741,8 +741,12 @@ class ClusterStatus:
         return self._headline() + "\n" + self.table.to_string(index=False)
 
     def _repr_html_(self) -> str:
-        return f"<p><b>{html.escape(self._headline())}</b></p>" + self.table.to_html(
-            index=False, float_format=lambda x: f"{x:.4f}"
+        # Dollar signs would be typeset as LaTeX by JupyterLab's MathJax: opt out.
+        return (
+            '<div class="tex2jax_ignore mathjax_ignore">'
+            f"<p><b>{html.escape(self._headline())}</b></p>"
+            + self.table.to_html(index=False, float_format=lambda x: f"{x:.4f}")
+            + "</div>"
         )
 
 
