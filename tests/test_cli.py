@@ -13,14 +13,44 @@ from transient_nb.cli import main
 def test_run_writes_summary_record_and_inline_report(tmp_path):
     out = tmp_path / "out"
     proc = subprocess.run(
-        [sys.executable, "-m", "transient_nb.cli", "run", "--workers", "2", "--steps", "60",
-         "--data", "digits", "--preemption", "none", "--provisioning-delay", "0s",
-         "--batch-size", "32", "--out", str(out), "--json", str(tmp_path / "s.json"), "--quiet"],
-        capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "transient_nb.cli",
+            "run",
+            "--workers",
+            "2",
+            "--steps",
+            "60",
+            "--data",
+            "digits",
+            "--preemption",
+            "none",
+            "--provisioning-delay",
+            "0s",
+            "--batch-size",
+            "32",
+            "--out",
+            str(out),
+            "--json",
+            str(tmp_path / "s.json"),
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((tmp_path / "s.json").read_text())
-    for key in ("steps", "wall_s", "accuracy", "preemptions", "replacements", "cost", "cost_on_demand"):
+    for key in (
+        "steps",
+        "wall_s",
+        "accuracy",
+        "preemptions",
+        "replacements",
+        "cost",
+        "cost_on_demand",
+    ):
         assert key in summary
     assert summary["steps"] >= 60 and summary["cost"] > 0
     assert summary["cost_on_demand"] > summary["cost"]

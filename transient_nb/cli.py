@@ -24,43 +24,77 @@ from transient_nb import registry
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="transient-nb", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
-    r = sub.add_parser("run", help="train on a transient cluster and report speed, accuracy and cost")
+    r = sub.add_parser(
+        "run", help="train on a transient cluster and report speed, accuracy and cost"
+    )
     r.add_argument("--workers", type=int, default=4, help="preemptible GPU workers (default 4)")
     r.add_argument("--gpu", default=None, help="GPU type (price catalog key), e.g. t4, k80")
     r.add_argument("--zone", default=None, help="zone of the workers, e.g. us-central1-a")
     r.add_argument("--on-demand", action="store_true", help="on-demand workers instead of Spot")
     r.add_argument("--backend", default=None, help="local (default) or gce")
-    r.add_argument("--preemption", default="exp:mean=60s",
-                   help="none | paper:k80 | exp:mean=60s | trace:PATH (default exp:mean=60s)")
-    r.add_argument("--time-scale", type=float, default=None,
-                   help="simulated seconds per wall second (default: config, 1)")
-    r.add_argument("--provisioning-delay", default="5s",
-                   help="time from request to running VM: 'paper' or a duration (default 5s)")
-    r.add_argument("--prices", default=None, help="price catalog: gce-2025, paper-2019 or a YAML path")
-    r.add_argument("--model", default="resnet8",
-                   help="resnet32 | resnet32-t2t | resnet20 | resnet8 (default resnet8: minutes on 2 CPU cores)")
+    r.add_argument(
+        "--preemption",
+        default="exp:mean=60s",
+        help="none | paper:k80 | exp:mean=60s | trace:PATH (default exp:mean=60s)",
+    )
+    r.add_argument(
+        "--time-scale",
+        type=float,
+        default=None,
+        help="simulated seconds per wall second (default: config, 1)",
+    )
+    r.add_argument(
+        "--provisioning-delay",
+        default="5s",
+        help="time from request to running VM: 'paper' or a duration (default 5s)",
+    )
+    r.add_argument(
+        "--prices", default=None, help="price catalog: gce-2025, paper-2019 or a YAML path"
+    )
+    r.add_argument(
+        "--model",
+        default="resnet8",
+        help="resnet32 | resnet32-t2t | resnet20 | resnet8 (default resnet8: minutes on 2 CPU cores)",
+    )
     r.add_argument("--data", default="synthetic", help="synthetic | digits | cifar10:PATH-OR-URL")
     r.add_argument("--steps", type=int, default=2000, help="global steps (default 2000)")
     r.add_argument("--batch-size", type=int, default=32, help="images per worker step (default 32)")
     r.add_argument("--lr", type=float, default=0.1, help="base learning rate (default 0.1)")
     r.add_argument("--shards", type=int, default=1, help="parameter-server shards (default 1)")
     r.add_argument("--target-accuracy", type=float, default=None, help="stop at this test accuracy")
-    r.add_argument("--budget", type=float, default=None, help="stop when this many dollars are spent")
+    r.add_argument(
+        "--budget", type=float, default=None, help="stop when this many dollars are spent"
+    )
     r.add_argument("--deadline", default=None, help="stop after this long, e.g. 10m")
-    r.add_argument("--eval-images", type=int, default=1000, help="test images per evaluation (default 1000)")
+    r.add_argument(
+        "--eval-images", type=int, default=1000, help="test images per evaluation (default 1000)"
+    )
     r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--out", default="runs/latest", help="folder for the run record, summary and report")
-    r.add_argument("--json", default=None, metavar="PATH", help="also write the summary as JSON here")
+    r.add_argument(
+        "--out", default="runs/latest", help="folder for the run record, summary and report"
+    )
+    r.add_argument(
+        "--json", default=None, metavar="PATH", help="also write the summary as JSON here"
+    )
     r.add_argument("--quiet", action="store_true", help="no progress bar")
     sub.add_parser("list", help="clusters registered on this machine")
     # -- sweep (GCE backend) --
-    w = sub.add_parser("sweep", help="delete GCE VMs left behind by transient clusters that are gone")
+    w = sub.add_parser(
+        "sweep", help="delete GCE VMs left behind by transient clusters that are gone"
+    )
     w.add_argument("--project", default=None, help="GCE project (default: config or gcloud's)")
-    w.add_argument("--zone", action="append", default=None,
-                   help="zone to look in; repeat for more (default: every zone of the price catalog)")
+    w.add_argument(
+        "--zone",
+        action="append",
+        default=None,
+        help="zone to look in; repeat for more (default: every zone of the price catalog)",
+    )
     w.add_argument("--dry-run", action="store_true", help="only list what would be deleted")
-    w.add_argument("--force", action="store_true",
-                   help="also delete VMs created from other machines (their owner cannot be checked)")
+    w.add_argument(
+        "--force",
+        action="store_true",
+        help="also delete VMs created from other machines (their owner cannot be checked)",
+    )
     w.add_argument("--yes", action="store_true", help="delete without asking")
     return p
 
@@ -152,8 +186,12 @@ def run(args: argparse.Namespace) -> int:
         summary["startup_s"] = job.started - t0
         events = job.events()
         run_record = cluster.run_record
-    report = save_report(os.path.join(args.out, "report.html"), events, summary,
-                         title=f"transient_nb: {args.model} on {args.data}")
+    report = save_report(
+        os.path.join(args.out, "report.html"),
+        events,
+        summary,
+        title=f"transient_nb: {args.model} on {args.data}",
+    )
     summary["run_record"] = run_record
     summary["report"] = report
     with open(os.path.join(args.out, "summary.json"), "w") as f:
@@ -191,7 +229,9 @@ def list_clusters() -> int:
         return 0
     for e in entries:
         state = "stale (owner gone)" if e["stale"] else "running"
-        print(f"{e['name']:<24} {e.get('backend', '?'):<6} {state:<20} {e.get('scheduler_address', '')}")
+        print(
+            f"{e['name']:<24} {e.get('backend', '?'):<6} {state:<20} {e.get('scheduler_address', '')}"
+        )
     return 0
 
 

@@ -372,15 +372,17 @@ class TransientCluster(SpecCluster):
             # In-process scheduler: a direct call keeps events in exactly the order they happen.
             self.scheduler.log_event(TOPIC, msg)
         else:  # pragma: no cover - remote schedulers (cloud backends)
+            assert self.scheduler_comm is not None
             await self.scheduler_comm.log_event(topic=TOPIC, msg=msg)
 
     async def _events(self) -> list[dict[str, Any]]:
+        assert self.scheduler_comm is not None, "the cluster has not started"
         return list(await self.scheduler_comm.transient_events())
 
     def events(self) -> pd.DataFrame:
         """Every event of this run so far, in order, as a DataFrame."""
         if self.asynchronous:
-            return self._events_async()  # type: ignore[return-value]
+            return self._events_async()
         return events_frame(self.sync(self._events))
 
     async def _events_async(self) -> pd.DataFrame:
@@ -414,6 +416,7 @@ class TransientCluster(SpecCluster):
         return parse_delay(self.provisioning_delay, spot=spot, rng=self._rng) / self.time_scale
 
     def _make_vm(self, spec: VMSpec) -> TransientVM:
+        assert self.scheduler is not None
         return self.backend.make_vm(
             spec,
             scheduler_address=self.scheduler.address,
@@ -514,7 +517,7 @@ class TransientCluster(SpecCluster):
             current = sum(
                 1
                 for w in self.workers.values()
-                if w.spec.role == "worker" and w is not vm and not w.stopped  # type: ignore[attr-defined]
+                if w.spec.role == "worker" and w is not vm and not w.stopped
             )
             if current >= self._target:
                 return
@@ -527,7 +530,7 @@ class TransientCluster(SpecCluster):
     def _worker_vms(self) -> list[TransientVM]:
         return [
             w
-            for w in self.workers.values()  # type: ignore[misc]
+            for w in self.workers.values()
             if w.spec.role == "worker" and not w.stopped and w.lifecycle not in ("notice",)
         ]
 
@@ -551,7 +554,7 @@ class TransientCluster(SpecCluster):
         names = [target] if isinstance(target, str) else list(target)
         for n in names:
             vm = self.workers.get(n)
-            if vm is None or vm.spec.role != "worker":  # type: ignore[attr-defined]
+            if vm is None or vm.spec.role != "worker":
                 known = ", ".join(sorted(w.name for w in self._worker_vms())) or "none"
                 raise ValueError(f"No preemptible worker named {n!r}: use one of {known}.")
         return names
@@ -566,20 +569,20 @@ class TransientCluster(SpecCluster):
 
     async def _preempt_one(self, name: str, notice: bool, source: str) -> None:
         vm = self.workers.get(name)
-        if vm is None or vm.stopped or self._closing:  # type: ignore[attr-defined]
+        if vm is None or vm.stopped or self._closing:
             return
         self.simulator.vm_gone(name)
         deadline = None
         if notice:
             deadline = time.time() + self.notice_s / self.time_scale
-            await vm.post("notice", deadline=deadline, source=source)  # type: ignore[attr-defined]
+            await vm.post("notice", deadline=deadline, source=source)
             if self.replace_at == "notice":
-                self._spawn(self._maybe_replace(vm))  # type: ignore[arg-type]
-        await vm.preempt(notice=notice, deadline=deadline)  # type: ignore[attr-defined]
-        await vm.post("preempted", notice=notice, source=source)  # type: ignore[attr-defined]
-        self._forget(vm)  # type: ignore[arg-type]
+                self._spawn(self._maybe_replace(vm))
+        await vm.preempt(notice=notice, deadline=deadline)
+        await vm.post("preempted", notice=notice, source=source)
+        self._forget(vm)
         if self.replace_at == "preempted" or not notice:
-            await self._maybe_replace(vm)  # type: ignore[arg-type]
+            await self._maybe_replace(vm)
 
     def preempt(self, target: int | str | Sequence[str] = 1, notice: bool = True) -> Any:
         """Preempt workers now, as the provider would.
@@ -610,6 +613,7 @@ class TransientCluster(SpecCluster):
             raise ValueError(f"scale({n!r}): give a whole number of workers, 0 or more.")
         if not self._closing:
             self._target = n
+            assert self.loop is not None
             self.loop.add_callback(self._scale_to_target)
         if self.asynchronous:
             return NoOpAwaitable()
@@ -618,7 +622,7 @@ class TransientCluster(SpecCluster):
     async def _scale_to_target(self) -> None:
         if self._closing or self.status != Status.running:
             return
-        vms = [w for w in self.workers.values() if w.spec.role == "worker" and not w.stopped]  # type: ignore[attr-defined]
+        vms = [w for w in self.workers.values() if w.spec.role == "worker" and not w.stopped]
         pending = sum(1 for s in self._slots.values() if s == "")
         if len(vms) + pending < self._target:
             await self._post("scale", workers=self._target)
@@ -628,12 +632,12 @@ class TransientCluster(SpecCluster):
         elif len(vms) > self._target:
             await self._post("scale", workers=self._target)
             # Give back the VMs that are not yet working first, then the newest ones.
-            order = sorted(vms, key=lambda w: (w.lifecycle == "joined", -int(w.name.split("-")[1])))  # type: ignore[attr-defined]
+            order = sorted(vms, key=lambda w: (w.lifecycle == "joined", -int(w.name.split("-")[1])))
             for vm in order[: len(vms) - self._target]:
-                self.simulator.vm_gone(vm.name)  # type: ignore[attr-defined]
-                self.worker_spec.pop(vm.name, None)  # type: ignore[attr-defined]
-                if vm.spec.slot is not None:  # type: ignore[attr-defined]
-                    self._slots.pop(vm.spec.slot, None)  # type: ignore[attr-defined]
+                self.simulator.vm_gone(vm.name)
+                self.worker_spec.pop(vm.name, None)
+                if vm.spec.slot is not None:
+                    self._slots.pop(vm.spec.slot, None)
             await self._correct_state()
 
     # -- waiting -------------------------------------------------------------------------------------------

@@ -20,7 +20,9 @@ def test_lr_follows_active_workers():
     hp = HParams(steps=1000, warmup_steps=0)
     assert hp.lr_at(10, 4) == pytest.approx(0.1 / 2)
     assert hp.lr_at(10, 9) == pytest.approx(0.1 / 3)
-    assert HParams(scale_lr_by_active_workers=False, warmup_steps=0).lr_at(10, 4) == pytest.approx(0.1)
+    assert HParams(scale_lr_by_active_workers=False, warmup_steps=0).lr_at(10, 4) == pytest.approx(
+        0.1
+    )
     # Decay points scale with the run's length.
     assert hp.lr_at(500, 1) == pytest.approx(0.01)
     assert hp.lr_at(750, 4) == pytest.approx(0.001 / math.sqrt(4))

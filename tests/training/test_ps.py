@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 
 import numpy as np
 import pytest
@@ -121,5 +122,5 @@ def test_float16_wire(tmp_path):
 def test_shard_bounds_cover_the_vector(n, shards):
     bounds = shard_bounds(n, shards)
     assert bounds[0][0] == 0 and bounds[-1][1] == n
-    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:], strict=False))
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(bounds))
     assert max(b - a for a, b in bounds) - min(b - a for a, b in bounds) <= 1

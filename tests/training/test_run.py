@@ -41,9 +41,18 @@ def test_learns_digits_and_survives_frequent_preemptions():
             provisioning_delay="0.5s",
             seed=3,
         ) as cluster:
-            cluster.wait_for_workers(1, timeout=120)  # with preemptions, all 3 may never be up at once
-            run = train(cluster, model="resnet8", data="digits", steps=500, batch_size=64,
-                        eval_every=250, seed=1)
+            cluster.wait_for_workers(
+                1, timeout=120
+            )  # with preemptions, all 3 may never be up at once
+            run = train(
+                cluster,
+                model="resnet8",
+                data="digits",
+                steps=500,
+                batch_size=64,
+                eval_every=250,
+                seed=1,
+            )
             run.wait(timeout=400)
             results[label] = run.summary()
             if label == "stormy":
@@ -58,8 +67,9 @@ def test_preempting_two_of_four_workers_loses_at_most_the_killed_gradient():
     with TransientCluster(workers=4, notice="2s", provisioning_delay=0) as cluster:
         cluster.wait_for_workers(timeout=120)
         # Long enough for the replacements (boot, import torch, load data) to join in.
-        run = train(cluster, model="resnet8", data="digits", steps=1500, batch_size=32,
-                    eval_every=1500)
+        run = train(
+            cluster, model="resnet8", data="digits", steps=1500, batch_size=32, eval_every=1500
+        )
         until(lambda: len(run.status.get("active", [])) == 4, what="4 trainers pushing")
         drained, killed = "w-0", "w-1"
         cluster.preempt(drained, notice=True)
@@ -90,8 +100,16 @@ def test_losing_the_ps_recovers_from_its_checkpoint():
     """Two PS shards on the ps host; the host dies; both shards come back from checkpoints."""
     with TransientCluster(workers=2, notice="1s", provisioning_delay=0) as cluster:
         cluster.wait_for_workers(timeout=120)
-        run = train(cluster, model="resnet8", data="digits", steps=600, batch_size=32,
-                    checkpoint_every=100, eval_every=600, shards=2)
+        run = train(
+            cluster,
+            model="resnet8",
+            data="digits",
+            steps=600,
+            batch_size=32,
+            checkpoint_every=100,
+            eval_every=600,
+            shards=2,
+        )
         until(lambda: run.step >= 250, what="step 250")
         ps_vm = next(vm for name, vm in cluster.workers.items() if name.startswith("ps-"))
         os.killpg(ps_vm.pid, signal.SIGKILL)  # the host dies, for real
@@ -138,7 +156,9 @@ def test_cifar10_files_train_through_the_same_loader(tmp_path):
     rng = np.random.default_rng(0)
     imgs = rng.integers(0, 256, size=(60, 32, 32, 3), dtype=np.uint8)
     labels = rng.integers(0, 10, size=60)
-    path = write_cifar10_files(tmp_path, imgs[:50], labels[:50], imgs[50:], labels[50:], tar_gz=True)
+    path = write_cifar10_files(
+        tmp_path, imgs[:50], labels[:50], imgs[50:], labels[50:], tar_gz=True
+    )
     with TransientCluster(workers=1, provisioning_delay=0) as cluster:
         cluster.wait_for_workers(timeout=120)
         run = train(cluster, model="resnet8", data=f"cifar10:{path}", steps=20, batch_size=8)
@@ -153,13 +173,32 @@ def test_stop_conditions_and_the_run_record_alone_rebuild_the_summary():
 
     with TransientCluster(workers=2, provisioning_delay=0) as cluster:
         cluster.wait_for_workers(timeout=120)
-        by_accuracy = train(cluster, model="resnet8", data="digits", steps=100_000,
-                            batch_size=64, eval_every=50, target_accuracy=0.6).wait(timeout=300)
-        by_deadline = train(cluster, model="resnet8", data="digits", steps=100_000,
-                            eval_every=100_000, deadline="6s").wait(timeout=300)
+        by_accuracy = train(
+            cluster,
+            model="resnet8",
+            data="digits",
+            steps=100_000,
+            batch_size=64,
+            eval_every=50,
+            target_accuracy=0.6,
+        ).wait(timeout=300)
+        by_deadline = train(
+            cluster,
+            model="resnet8",
+            data="digits",
+            steps=100_000,
+            eval_every=100_000,
+            deadline="6s",
+        ).wait(timeout=300)
         spent = cluster.cost().total
-        by_budget = train(cluster, model="resnet8", data="digits", steps=100_000,
-                          eval_every=100_000, budget=spent + 0.002).wait(timeout=300)
+        by_budget = train(
+            cluster,
+            model="resnet8",
+            data="digits",
+            steps=100_000,
+            eval_every=100_000,
+            budget=spent + 0.002,
+        ).wait(timeout=300)
         record = cluster.run_record
     assert by_accuracy.reason == "accuracy" and by_accuracy.accuracy >= 0.6
     assert by_deadline.reason == "deadline"
@@ -167,8 +206,18 @@ def test_stop_conditions_and_the_run_record_alone_rebuild_the_summary():
     assert by_budget.reason == "budget"
     assert by_budget.cluster.cost().total >= spent + 0.002
     history = by_accuracy.history
-    assert list(history.columns) == ["step", "time", "loss", "accuracy", "active_workers",
-                                     "staleness", "img_per_s", "lr", "cost", "cost_on_demand"]
+    assert list(history.columns) == [
+        "step",
+        "time",
+        "loss",
+        "accuracy",
+        "active_workers",
+        "staleness",
+        "img_per_s",
+        "lr",
+        "cost",
+        "cost_on_demand",
+    ]
     assert len(history) >= 1 and history["step"].is_monotonic_increasing
     assert (history["cost"] <= history["cost_on_demand"]).all()
     # The run record on disk holds everything the summary is computed from.

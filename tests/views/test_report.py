@@ -16,14 +16,25 @@ def _events():
         out.append(e)
 
     add("started", 0, time_scale=1.0)
-    vm = dict(role="worker", gpu="t4", zone="us-central1-a", spot=True, price=0.22, price_on_demand=0.73)
+    vm = dict(
+        role="worker", gpu="t4", zone="us-central1-a", spot=True, price=0.22, price_on_demand=0.73
+    )
     add("requested", 0, worker="w-0", **vm)
     add("running", 1, worker="w-0", **vm)
     add("train-started", 2, run="r", model="resnet8", data="digits", batch_size=32)
     add("joined", 3, worker="w-0", **vm)
     for i in range(5):
-        add("metrics", 4 + i, run="r", step=10 * i, loss=2.0 - 0.3 * i, lr=0.1,
-            active_workers=1, staleness=0.0, img_per_s=100.0)
+        add(
+            "metrics",
+            4 + i,
+            run="r",
+            step=10 * i,
+            loss=2.0 - 0.3 * i,
+            lr=0.1,
+            active_workers=1,
+            staleness=0.0,
+            img_per_s=100.0,
+        )
     add("eval", 9, run="r", step=40, accuracy=0.8, test_loss=0.5)
     add("notice", 10, worker="w-0", **vm)
     add("preempted", 12, worker="w-0", **vm)
@@ -35,8 +46,13 @@ def test_report_is_standalone_and_shows_the_run(tmp_path):
     page = report_html(_events(), {"steps": 40, "accuracy": 0.8}, title="demo <run>")
     assert "demo &lt;run&gt;" in page  # the title is escaped
     assert "cdn.bokeh.org" not in page and "Bokeh" in page  # BokehJS inline: works offline
-    for title in ("Test accuracy", "Training loss", "Cost (USD)", "Active workers",
-                  "Throughput per worker"):
+    for title in (
+        "Test accuracy",
+        "Training loss",
+        "Cost (USD)",
+        "Active workers",
+        "Throughput per worker",
+    ):
         assert title in page
     assert re.search(r"accuracy.{1,60}0\.8", page)  # the summary table (inside the document JSON)
     path = save_report(str(tmp_path / "r.html"), _events())
