@@ -57,9 +57,12 @@ def parse_md_table(text: str) -> tuple[list[str], list[list[str]]]:
 
 
 def quiet() -> None:
-    """Keep Dask's INFO chatter out of the tables."""
-    for name in ("distributed", "transient_nb", "torch.distributed"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+    """Keep Dask's INFO chatter (scheduler, comms) off the terminal; warnings still show."""
+    import distributed  # noqa: F401  (configures its loggers, which we then turn down)
+
+    for name in list(logging.root.manager.loggerDict):
+        if name.split(".")[0] in ("distributed", "transient_nb", "tornado"):
+            logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def log(msg: str) -> None:
@@ -168,20 +171,21 @@ class PSPoller:
             gen = None
             while not self._stop.is_set():
                 try:
-                    info = json.loads(Variable(self.variable, client=client).get(timeout=1))
-                    if info["generation"] != gen:
-                        gen = self.generation = int(info["generation"])
+                    if actor is None:  # (again) look up the current PS
+                        info = json.loads(Variable(self.variable, client=client).get(timeout=1))
+                        if info["generation"] != gen:
+                            gen = self.generation = int(info["generation"])
+                            self._last_step = None
+                            self._last_acc = {}
                         with client.as_current():
                             actor = Actor(ParameterServer, *info["shards"][0])
-                        self._last_step = None
-                        self._last_acc = {}
-                    assert actor is not None
                     t0 = time.time()
                     with client.as_current():
-                        st = actor.status().result(timeout=5)
+                        # A short timeout: a lost PS must not blind the poller to its successor.
+                        st = actor.status().result(timeout=0.25)
                     self._record((t0 + time.time()) / 2, st)
                 except Exception:
-                    pass  # not published yet, or the PS is being replaced
+                    actor = None  # not published yet, or the PS is lost or being replaced
                 self._stop.wait(self.interval)
 
     def _record(self, t: float, st: dict[str, Any]) -> None:

@@ -107,3 +107,16 @@ def test_recovery():
         rows, "repeats", "stop s", "replacement up s", "first update s", "framework share s"
     )
     assert_positive(rows[:1], "drain s")
+
+
+def test_ps_micro():
+    header, rows = run_tiny("ps_micro.py")
+    assert header == ["model", "operation", "wire / data", "cpu ms"]
+    ops = {r["operation"] for r in rows}
+    assert {
+        "push_pull (current)",
+        "push_pull (proposed)",
+        "numpy f32->f16",
+        "torch f32->f16",
+    } <= ops
+    assert_positive(rows, "cpu ms")
