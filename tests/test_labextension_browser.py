@@ -119,6 +119,9 @@ def _isolated_env(root: Path) -> dict[str, str]:
 def lab(tmp_path: Path) -> Iterator[Lab]:
     """JupyterLab on 127.0.0.1 with a known token, ended (with its kernels) at teardown."""
     if not os.path.exists(CHROMIUM):
+        # CI installs it (.ci/run): there, a missing browser is a failure, never a silent skip.
+        if os.environ.get("CI"):
+            pytest.fail(f"no Chromium at {CHROMIUM}: .ci/run must apt-get install chromium")
         pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install -y chromium)")
     pytest.importorskip("playwright.sync_api")
     env = _isolated_env(tmp_path)
