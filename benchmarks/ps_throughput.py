@@ -28,7 +28,7 @@ of their own. The machine's load matters: run it on an otherwise idle machine, o
 
 Run
 ---
-    python benchmarks/ps_throughput.py            # full grid, ~15 minutes on 2 cores
+    python benchmarks/ps_throughput.py            # full grid, ~10 minutes on 2 cores
     python benchmarks/ps_throughput.py --tiny     # seconds-long smoke configuration (CI)
     python benchmarks/ps_throughput.py --models resnet32-t2t --shards 1 2 --trainers 4
 """

@@ -27,7 +27,7 @@ Targets: worker < 5 s, PS < 30 s (framework share).
 
 Run
 ---
-    python benchmarks/recovery.py              # 3 repeats of each scenario, ~3 minutes
+    python benchmarks/recovery.py              # 3 repeats of each scenario, ~2 minutes
     python benchmarks/recovery.py --tiny       # one of each (CI)
 """
 

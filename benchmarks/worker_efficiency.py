@@ -16,7 +16,7 @@ range over repeats and the ratio of the medians.
 
 Run
 ---
-    python benchmarks/worker_efficiency.py                  # CPU: resnet32, batch 32, ~4 min
+    python benchmarks/worker_efficiency.py                  # CPU: resnet32, batch 32, ~3 min
     python benchmarks/worker_efficiency.py --device cuda    # on a GPU: batch 128
     python benchmarks/worker_efficiency.py --tiny           # seconds-long smoke configuration
 """
