@@ -1,0 +1,155 @@
+"""Mutation score per module, with mutmut: how many deliberate bugs the unit tests catch.
+
+Run by hand, like the other benchmarks, never in CI (minutes per module on two cores)::
+
+    pip install -e ".[test,mutation]"
+    python benchmarks/mutation.py                      # the default modules (money, preemption)
+    python benchmarks/mutation.py cost prices          # some of them
+    python benchmarks/mutation.py training/ps --tests tests/training/test_ps.py
+
+For every module, a scratch copy of the package, the tests and ``pyproject.toml`` goes to
+``build/mutation/MODULE/`` (ignored by git), and ``mutmut run`` runs there with the repository's
+``[tool.mutmut]`` settings, narrowed to that one module and to the fast unit tests in ``MODULES``
+below (mutmut then runs, for each mutant, only those of them that call the mutated function).
+Prints a markdown table (killed / survived / other, score) and writes the diff of every surviving
+mutant to ``build/mutation/MODULE/survivors.txt``; survivors that are equivalent to the original
+are listed with their reason in ``benchmarks/NOTES.md``.
+
+``--max-children`` defaults to 1: the machine is shared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: Module (path under transient_nb/, no .py) -> the unit tests that exercise it. Fast tests only:
+#: mutmut runs them once per mutant.
+MODULES: dict[str, list[str]] = {
+    "cost": ["tests/test_cost.py"],
+    "prices": ["tests/test_prices.py"],
+    "replacement": ["tests/test_replacement.py"],
+    "preemption": ["tests/test_preemption.py"],
+    "training/ps": ["tests/training/test_ps.py"],
+    "training/trainer": ["tests/training/test_trainer.py"],
+    "training/checkpoint": ["tests/training/test_checkpoint.py"],
+    "training/run": ["tests/training/test_run.py"],
+}
+DEFAULT = ["cost", "prices", "replacement", "preemption"]
+
+#: mutmut's verdicts (``mutmut results --all true``), grouped for the score.
+KILLED = {"killed", "timeout", "caught by type check"}
+SURVIVED = {"survived"}
+
+# The child: runs in the scratch folder, with mutmut's configuration narrowed to one module.
+_CHILD = """
+import sys
+import mutmut.configuration as configuration
+
+cfg = configuration.config()
+cfg.only_mutate = [{only!r}]
+cfg.pytest_add_cli_args_test_selection = {tests!r}
+from mutmut.__main__ import cli
+
+cli(sys.argv[1:])
+"""
+
+
+def scratch(module: str) -> Path:
+    """A fresh copy of what mutmut needs, under build/mutation/MODULE."""
+    work = ROOT / "build" / "mutation" / module.replace("/", "-")
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    ignore = shutil.ignore_patterns("__pycache__", "node_modules", "labextension", "*.pyc")
+    shutil.copytree(ROOT / "transient_nb", work / "transient_nb", ignore=ignore)
+    shutil.copytree(ROOT / "tests", work / "tests", ignore=ignore)
+    shutil.copy(ROOT / "pyproject.toml", work / "pyproject.toml")
+    return work
+
+
+def mutmut(work: Path, module: str, tests: list[str], *args: str) -> subprocess.CompletedProcess:
+    code = _CHILD.format(only=f"transient_nb/{module}.py", tests=tests)
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], cwd=work, env=env, capture_output=True, text=True
+    )
+
+
+def results(work: Path, module: str, tests: list[str]) -> dict[str, str]:
+    """Mutant name -> verdict, for the mutants of ``module``."""
+    proc = mutmut(work, module, tests, "results", "--all", "true")
+    prefix = "transient_nb." + module.replace("/", ".") + "."
+    verdicts = {}
+    for line in proc.stdout.splitlines():
+        name, sep, verdict = line.strip().rpartition(": ")
+        if sep and name.startswith(prefix):
+            verdicts[name] = verdict
+    return verdicts
+
+
+def run_module(module: str, tests: list[str], max_children: int) -> dict[str, object]:
+    work = scratch(module)
+    start = time.monotonic()
+    proc = mutmut(work, module, tests, "run", "--max-children", str(max_children))
+    (work / "run.log").write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        sys.exit(f"mutmut failed for {module} (see {work / 'run.log'}):\n{proc.stdout[-3000:]}")
+    verdicts = results(work, module, tests)
+    survivors = sorted(n for n, v in verdicts.items() if v in SURVIVED)
+    with open(work / "survivors.txt", "w") as f:
+        for name in survivors:
+            f.write(mutmut(work, module, tests, "show", name).stdout + "\n")
+    killed = sum(v in KILLED for v in verdicts.values())
+    other = len(verdicts) - killed - len(survivors)
+    return {
+        "module": module,
+        "mutants": len(verdicts),
+        "killed": killed,
+        "survived": len(survivors),
+        "other": other,  # no tests, skipped, suspicious, segfault
+        "score": killed / len(verdicts) if verdicts else float("nan"),
+        "minutes": (time.monotonic() - start) / 60,
+        "survivors": survivors,
+        "verdicts": sorted({v for v in verdicts.values()}),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("modules", nargs="*", help=f"default: {' '.join(DEFAULT)}")
+    parser.add_argument("--tests", nargs="+", help="test files (default: MODULES' entry)")
+    parser.add_argument("--max-children", type=int, default=1)
+    parser.add_argument("--json", type=Path, help="also write the rows here")
+    args = parser.parse_args(argv)
+    rows = []
+    for module in args.modules or DEFAULT:
+        tests = args.tests or MODULES.get(module)
+        if not tests:
+            parser.error(f"no tests known for {module!r}: give them with --tests")
+        print(f"mutating transient_nb/{module}.py against {' '.join(tests)}", file=sys.stderr)
+        rows.append(run_module(module, tests, args.max_children))
+    print("| module | mutants | killed | survived | other | score | minutes |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['module']} | {r['mutants']} | {r['killed']} | {r['survived']} | {r['other']} "
+            f"| {r['score']:.0%} | {r['minutes']:.1f} |"
+        )
+    for r in rows:
+        if r["survivors"]:
+            print(f"\nsurvivors of {r['module']}: {', '.join(r['survivors'])}", file=sys.stderr)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
