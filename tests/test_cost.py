@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pandas as pd
 import pytest
 
 from transient_nb.cost import bill, compute_costs
@@ -148,3 +149,113 @@ def test_nothing_spent() -> None:
     assert report.total == 0 and report.total_on_demand == 0
     assert report.saved_fraction == 0.0
     assert report.per_vm.empty
+
+
+# -- edges found by mutation testing (benchmarks/mutation.py) ------------------------------------
+def test_vm_still_running_at_close_is_billed_until_the_closed_event() -> None:
+    events = [
+        vm("w-0", 3.6, 7.2),
+        ev("running", 0, "w-0"),  # never preempted nor deleted: billed until the close
+        ev("closed", 600),
+    ]
+    report = compute_costs(events)
+    assert report.per_vm.loc["w-0", "seconds"] == pytest.approx(600)
+    assert report.total == pytest.approx(0.6)
+    assert report.total_on_demand == pytest.approx(1.2)
+    # The last close counts (a cluster reopened on the same record), and ``now`` wins over both.
+    assert compute_costs([*events, ev("closed", 900)]).total == pytest.approx(0.9)
+    assert compute_costs(events, now=T0 + 120).total == pytest.approx(0.12)
+
+
+def test_preempted_and_deleted_both_end_billing() -> None:
+    for end in ("preempted", "deleted"):
+        events = [vm("w-0", 3.6, 7.2), ev("running", 0, "w-0"), ev(end, 120, "w-0")]
+        report = compute_costs(events, now=T0 + 10_000)
+        assert report.per_vm.loc["w-0", "seconds"] == pytest.approx(120), end
+        assert report.total == pytest.approx(0.12), end
+        assert report.rate == 0.0 and report.rate_on_demand == 0.0, end
+    # ``notice`` and ``left`` do not: the VM is billed until the provider takes it back.
+    events = [
+        vm("w-0", 3.6, 7.2),
+        ev("running", 0, "w-0"),
+        ev("notice", 100, "w-0"),
+        ev("left", 110, "w-0"),
+    ]
+    assert compute_costs(events, now=T0 + 300).per_vm.loc["w-0", "seconds"] == pytest.approx(300)
+
+
+def test_on_demand_counterfactual_uses_the_same_seconds_and_minimum() -> None:
+    events = [vm("w-0", 0.36, 3.6), ev("running", 0, "w-0"), ev("preempted", 10, "w-0")]
+    report = compute_costs(events, minimum_s=30)
+    assert report.per_vm.loc["w-0", "cost"] == pytest.approx(0.003)
+    assert report.per_vm.loc["w-0", "cost_on_demand"] == pytest.approx(0.03)
+    report = compute_costs(events, minimum_s=0)
+    assert report.per_vm.loc["w-0", "cost_on_demand"] == pytest.approx(0.01)
+    assert report.saved == pytest.approx(0.009)
+    assert report.saved_fraction == pytest.approx(0.9)
+
+
+def test_an_end_before_the_start_bills_nothing() -> None:
+    # The running and the deletion event come from different hosts whose clocks may disagree.
+    events = [vm("w-0", 3.6, 7.2), ev("running", 10, "w-0"), ev("deleted", 9.5, "w-0")]
+    report = compute_costs(events, time_scale=1.0)
+    assert report.per_vm.loc["w-0", "seconds"] == 0
+    assert report.total == 0 and report.total_on_demand == 0
+
+
+def test_per_vm_rows_carry_the_placement_and_prices() -> None:
+    events = [
+        vm("w-0", 0.22, 0.73, zone="us-east1-c"),
+        ev("running", 0, "w-0"),
+        vm("ps-0", 0.19, 0.19, role="ps"),
+        ev("running", 0, "ps-0"),
+        # A bare request (an old run record): worker, no GPU nor zone, not spot, priced at 0.
+        {"kind": "requested", "time": T0, "worker": "w-1"},
+        ev("running", 0, "w-1"),
+    ]
+    rows = compute_costs(events, now=T0 + 3600).per_vm
+    assert list(rows.columns) == [
+        "role",
+        "gpu",
+        "zone",
+        "spot",
+        "price",
+        "price_on_demand",
+        "start",
+        "end",
+        "seconds",
+        "cost",
+        "cost_on_demand",
+    ]
+    w0 = rows.loc["w-0"]
+    assert (w0["role"], w0["gpu"], w0["zone"], w0["spot"]) == ("worker", "t4", "us-east1-c", True)
+    assert (w0["price"], w0["price_on_demand"]) == (0.22, 0.73)
+    assert w0["start"] == T0 and pd.isna(w0["end"])  # still running
+    assert rows.loc["ps-0", "role"] == "ps" and rows.loc["ps-0", "spot"] == False  # noqa: E712
+    w1 = rows.loc["w-1"]
+    assert w1["role"] == "worker" and pd.isna(w1["gpu"]) and pd.isna(w1["zone"])
+    assert w1["spot"] == False  # noqa: E712
+    assert (w1["price"], w1["price_on_demand"], w1["cost"], w1["cost_on_demand"]) == (0, 0, 0, 0)
+    assert w1["seconds"] == pytest.approx(3600)
+
+
+def test_to_dict_and_html() -> None:
+    events = [vm("w-0", 1.8, 3.6), ev("running", 0, "w-0"), ev("deleted", 3600, "w-0")]
+    events += [vm("w-1", 0.9, 1.8), ev("running", 0, "w-1")]
+    report = compute_costs(events, now=T0 + 3600)
+    assert report.to_dict() == pytest.approx(
+        {
+            "cost": 2.7,
+            "cost_on_demand": 5.4,
+            "saved": 2.7,
+            "saved_fraction": 0.5,
+            "rate_per_hour": 0.9,
+            "rate_on_demand_per_hour": 1.8,
+        }
+    )
+    html = report._repr_html_()
+    # Dollar signs must not be typeset by MathJax: the whole block opts out, and is closed.
+    assert html.startswith('<div class="tex2jax_ignore mathjax_ignore">')
+    assert html.endswith("</table></div>")
+    assert "<b>$2.7000</b> spent" in html and "saved <b>50%</b>" in html
+    assert "<td>1.8000</td>" in html and "<td>0.9000</td>" in html  # four decimals in the table

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 import statistics
 from pathlib import Path
 
@@ -142,6 +143,130 @@ def test_delays() -> None:
     assert parse_delay(0, spot=True, rng=rng) == 0.0
     assert validate_delay("paper") == "paper"
     assert validate_delay("1 minute") == 60.0
-    for bad in ("-1s", "later", None):
+    for bad in ("-1s", "later", None, "", "1e400"):
         with pytest.raises(ValueError, match="Bad provisioning delay"):
             validate_delay(bad)
+
+
+# -- edges found by mutation testing (benchmarks/mutation.py) ------------------------------------
+class FixedDraw(random.Random):
+    """A random source whose ``random()`` returns the given values in turn."""
+
+    def __init__(self, *values: float) -> None:
+        super().__init__(0)
+        self.values = list(values)
+
+    def random(self) -> float:
+        return self.values.pop(0)
+
+
+def test_empirical_sampler_interpolates_inside_a_segment() -> None:
+    model = parse_preemption("paper:k80")
+    assert isinstance(model, EmpiricalLifetimes)
+    # k80: 7.8% revoked by 1 h, 14.1% by 2 h: the middle of that stretch is 1.5 h.
+    mid = (0.078 + 0.141) / 2
+    assert model.lifetime(FixedDraw(mid)) == pytest.approx(1.5 * HOUR)
+    # A quarter of the way through the first hour.
+    assert model.lifetime(FixedDraw(0.078 / 4)) == pytest.approx(0.25 * HOUR)
+    # The last stretch: every VM still there at 23 h is gone at 24 h.
+    assert model.lifetime(FixedDraw(0.344 + (1 - 0.344) / 2)) == pytest.approx(23.5 * HOUR)
+
+
+def test_empirical_sampler_edges() -> None:
+    # random() may return exactly 0: the first point of the CDF, not a division by zero.
+    model = EmpiricalLifetimes("custom", hours=(0.5, 1.0, 2.0), fractions=(0.0, 0.5, 0.8))
+    assert model.lifetime(FixedDraw(0.0)) == pytest.approx(0.5 * HOUR)
+    assert model.lifetime(FixedDraw(0.25)) == pytest.approx(0.75 * HOUR)
+    # A CDF that stops short of 1: the rest are never preempted.
+    assert model.lifetime(FixedDraw(0.9)) is None
+    assert model.lifetime(FixedDraw(0.8)) == pytest.approx(2.0 * HOUR)
+
+
+def test_exponential_spec_forms() -> None:
+    for spec, mean in (
+        ("exp:mean=90", 90.0),
+        ("exp:mean=0.5s", 0.5),
+        ("exp:mean=1.5 minutes", 90.0),
+    ):
+        model = parse_preemption(spec)
+        assert isinstance(model, Exponential) and model.mean_s == mean, spec
+        assert model.spec == spec
+    for bad in ("exp:mean=", "exp:mean", "exp:mean=5 lightyears"):
+        with pytest.raises(
+            ValueError,
+            match=re.escape(
+                "write 'exp:mean=DURATION' with a positive duration, e.g. 'exp:mean=60s'"
+            ),
+        ):
+            parse_preemption(bad)
+
+
+def test_error_messages_name_every_valid_form() -> None:
+    forms = "'none', 'paper:k80|p100|v100|cpu', 'exp:mean=60s' or 'trace:PATH'"
+    with pytest.raises(ValueError) as info:
+        parse_preemption("poisson:3")
+    assert str(info.value) == f"Unknown preemption spec 'poisson:3': use {forms}."
+    with pytest.raises(ValueError) as info:
+        parse_preemption(42)  # type: ignore[arg-type]
+    assert str(info.value) == f"Preemption spec 42 must be a string: {forms}."
+    with pytest.raises(ValueError) as info:
+        parse_preemption("paper:t4")
+    assert str(info.value) == (
+        "Unknown paper lifetime model 'paper:t4': use one of "
+        "paper:k80, paper:p100, paper:v100, paper:cpu."
+    )
+
+
+def test_trace_path_may_hold_colons_and_comments_may_hold_hashes(tmp_path: Path) -> None:
+    folder = tmp_path / "run:1"
+    folder.mkdir()
+    path = folder / "trace.txt"
+    path.write_text("0,w-1   # at the start # of the run\n1e3,slot:1,kill\n")
+    model = parse_preemption(f"trace:{path}")
+    assert isinstance(model, Trace)
+    assert model.entries == (TraceEntry(0.0, "w-1", True), TraceEntry(1000.0, "slot:1", False))
+
+
+def test_trace_rejects_infinite_times_by_name(tmp_path: Path) -> None:
+    path = tmp_path / "trace.txt"
+    path.write_text("1e400,w-1\n")
+    with pytest.raises(ValueError) as info:
+        parse_trace(str(path))
+    assert "(time '1e400' is not a non-negative duration)" in str(info.value)
+    assert str(info.value).endswith(
+        "Each line must read TIME,TARGET[,notice|kill], e.g. '90s,w-1' or '120,slot:0,kill'."
+    )
+
+
+@pytest.mark.parametrize(
+    "bad, why",
+    [("1s", "(expected 2 or 3 comma-separated fields)"), ("1s,", "(empty target)")],
+)
+def test_trace_errors_say_why(tmp_path: Path, bad: str, why: str) -> None:
+    path = tmp_path / "trace.txt"
+    path.write_text(bad + "\n")
+    with pytest.raises(ValueError) as info:
+        parse_trace(str(path))
+    assert f"Malformed line 1 in preemption trace {str(path)!r}: {bad!r} {why}." in str(info.value)
+
+
+def test_missing_trace_file_says_what_to_give(tmp_path: Path) -> None:
+    missing = str(tmp_path / "nope.txt")
+    with pytest.raises(ValueError) as info:
+        parse_trace(missing)
+    assert str(info.value) == (
+        f"Preemption trace file {missing!r} does not exist: give the path of a file "
+        "of 'TIME,TARGET[,notice|kill]' lines."
+    )
+
+
+def test_delay_forms() -> None:
+    assert validate_delay(90) == 90.0
+    assert validate_delay("90") == 90.0
+    assert validate_delay("0") == 0.0
+    with pytest.raises(ValueError) as info:
+        validate_delay("later")
+    assert str(info.value) == (
+        "Bad provisioning delay 'later': use 'paper' (the paper's measured start-up times) or a "
+        "non-negative duration such as '0s' or '90s'."
+    )

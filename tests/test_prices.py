@@ -89,3 +89,53 @@ def test_malformed_catalog(tmp_path: Path) -> None:
     )
     with pytest.raises(ValueError, match="is malformed"):
         PriceCatalog.load(str(path))
+
+
+# -- edges found by mutation testing (benchmarks/mutation.py) ------------------------------------
+def test_a_minimal_catalog_gets_the_documented_defaults() -> None:
+    cat = PriceCatalog.from_dict({"regions": {"r1": {"zones": ["r1-a"]}}}, origin="mine.yaml")
+    assert (cat.name, cat.date, cat.source) == ("mine.yaml", "undated", "mine.yaml")
+    assert (cat.minimum_s, cat.increment_s) == (60.0, 1.0)  # GCE's billing
+    assert cat.regions["r1"].name == "r1" and cat.regions["r1"].zones == ("r1-a",)
+    assert cat.regions["r1"].gpus == {} and cat.regions["r1"].machines == {}
+    assert cat.region("r1-a").name == "r1"
+    assert PriceCatalog.from_dict({"regions": {}}).name == "<dict>"
+    # A region that prices nothing says so.
+    with pytest.raises(
+        ValueError,
+        match=r"Unknown GPU type 't4' in r1-a \(catalog 'mine.yaml'\): use one of none, or load a price catalog that lists it\.",
+    ):
+        cat.gpu_price("t4", "r1-a")
+    with pytest.raises(
+        ValueError,
+        match=r"Unknown machine type 'm4' in r1-a \(catalog 'mine.yaml'\): use one of none, or load",
+    ):
+        cat.machine_price("m4", "r1-a")
+
+
+def test_billing_section_is_read() -> None:
+    data = {**CUSTOM, "billing": {"minimum": 30, "increment": 5}}
+    cat = PriceCatalog.from_dict(data)
+    assert (cat.minimum_s, cat.increment_s) == (30.0, 5.0)
+    assert cat.source == "a test"
+
+
+def test_machine_types_are_listed_in_the_error() -> None:
+    machines = {"m8": {"on_demand": 0.4, "spot": 0.2}, "m4": {"on_demand": 0.2, "spot": 0.1}}
+    region = {"zones": ["moon-1-a"], "gpus": {"x1": {"on_demand": 2.0, "spot": 0.5}}}
+    data = {"regions": {"moon-1": {**region, "machines": machines}}}
+    cat = PriceCatalog.from_dict(data)
+    with pytest.raises(ValueError, match=r"use one of m4, m8, or load a price catalog"):
+        cat.machine_price("m2", "moon-1-a")
+    with pytest.raises(ValueError, match=r"use one of x1, or load a price catalog that lists it\."):
+        cat.gpu_price("t4", "moon-1-a")
+
+
+def test_malformed_catalog_error_says_what_is_wrong_and_what_is_needed() -> None:
+    with pytest.raises(ValueError) as info:
+        PriceCatalog.from_dict({"regions": {"r": {"gpus": {}}}}, origin="broken.yaml")
+    assert str(info.value) == (
+        "Price catalog 'broken.yaml' is malformed (KeyError: 'zones'); it needs "
+        "'regions: {REGION: {zones: [...], gpus: {GPU: {on_demand: X, spot: Y}}, "
+        "machines: {...}}}' as in transient_nb/catalogs/gce-2025.yaml."
+    )

@@ -81,3 +81,15 @@ def test_policies_do_not_share_memory() -> None:
     a.remember_stockout(Placement("t4", "z-a", True))
     assert list(a.candidates()) == []
     assert list(b.candidates()) == [Placement("t4", "z-a", True)]
+
+
+def test_a_stockout_is_skipped_for_exactly_its_memory() -> None:
+    clock = Clock()
+    policy = ReplacementPolicy("t4", "z-a", True, stockout_memory_s=600, clock=clock)
+    policy.remember_stockout(Placement("t4", "z-a", True))
+    clock.now += 599.5
+    assert list(policy.candidates()) == []
+    assert policy.stocked_out() == [Placement("t4", "z-a", True)]
+    clock.now += 0.5  # 600 s on the dot: tried again
+    assert policy.stocked_out() == []
+    assert list(policy.candidates()) == [Placement("t4", "z-a", True)]

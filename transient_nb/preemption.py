@@ -25,6 +25,10 @@ from dask.utils import parse_timedelta
 
 HOUR = 3600.0
 
+#: What ``dask.utils.parse_timedelta`` raises for text that is no duration: besides ValueError and
+#: KeyError (unknown unit), IndexError for "" and OverflowError for "1e400".
+_BAD_DURATION = (ValueError, TypeError, KeyError, IndexError, OverflowError)
+
 #: Fraction of servers revoked by hour t, Li et al. Fig. 3 (data/lifetime/plot.py), with the first
 #: measured point placed at 1 h (the figure bins by hour) and every preemptible VM gone at 24 h.
 PAPER_LIFETIME_CDF: dict[str, list[tuple[float, float]]] = {
@@ -128,7 +132,10 @@ def parse_trace(path: str) -> Trace:
             try:
                 if len(parts) not in (2, 3):
                     raise ValueError("expected 2 or 3 comma-separated fields")
-                t = parse_timedelta(parts[0], default="seconds")
+                try:
+                    t = parse_timedelta(parts[0], default="seconds")
+                except _BAD_DURATION:
+                    t = None
                 if t is None or not math.isfinite(t) or t < 0:
                     raise ValueError(f"time {parts[0]!r} is not a non-negative duration")
                 target = parts[1]
@@ -179,7 +186,7 @@ def parse_preemption(spec: str | None) -> PreemptionModel:
             if key != "mean":
                 raise ValueError
             mean = parse_timedelta(value, default="seconds")
-        except (ValueError, TypeError, KeyError):
+        except _BAD_DURATION:
             mean = None
         if mean is None or not mean > 0:
             raise ValueError(
@@ -208,7 +215,7 @@ def validate_delay(spec: str | float | None) -> float | str:
         return "paper"
     try:
         value = parse_timedelta(spec, default="seconds")
-    except (ValueError, TypeError, KeyError):
+    except _BAD_DURATION:
         value = None
     if value is None or value < 0:
         raise ValueError(
