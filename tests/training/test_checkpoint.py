@@ -1,6 +1,15 @@
+"""Checkpoints: consistent sets, atomic files, a manifest written last, and no code in them."""
+
 from __future__ import annotations
 
+import io
+import json
 import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -8,43 +17,144 @@ import pytest
 from transient_nb.training import checkpoint
 
 
-def _state(shard=0, step=7):
-    return {
-        "format": checkpoint.FORMAT,
-        "shard": shard,
-        "step": step,
-        "weights": np.arange(10, dtype=np.float32),
-        "momentum": np.ones(10, dtype=np.float32),
-        "bn": None,
-        "hparams": {"lr": 0.1},
-        "model": "resnet8",
-    }
+def _publish(url, step, shards=2, fill=None):
+    files = [
+        checkpoint.write_shard(
+            url,
+            step,
+            i,
+            {
+                "weights": np.full(5, step if fill is None else fill, np.float32),
+                "momentum": np.full(5, -step, np.float32),
+                "decay_mask": np.ones(5, np.uint8),
+                "bn": np.arange(3, dtype=np.float32) if i == 0 else None,
+            },
+        )
+        for i in range(shards)
+    ]
+    return checkpoint.write_manifest(
+        url, step, {"model": "resnet8", "counters": {"accepted": {"a": step}}}, files
+    )
 
 
 @pytest.mark.parametrize("scheme", ["local", "memory"])
-def test_round_trip_and_atomic_names(tmp_path, scheme):
-    url = str(tmp_path / "ckpt") if scheme == "local" else "memory://ckpt-test"
-    path = checkpoint.save(url, _state(shard=1, step=42))
-    assert path.endswith("ps-shard1.pt")
-    loaded = checkpoint.load(url, 1)
-    assert loaded is not None and loaded["step"] == 42
-    np.testing.assert_array_equal(loaded["weights"], np.arange(10, dtype=np.float32))
-    assert checkpoint.load(url, 0) is None
+def test_round_trip_of_a_complete_set(tmp_path, scheme):
+    url = str(tmp_path / "ckpt") if scheme == "local" else "memory://ckpt-round-trip"
+    path = _publish(url, 42)
+    assert path.endswith("step-000000042/manifest.json")
+    ck = checkpoint.load_latest(url)
+    assert ck is not None and ck.step == 42 and len(ck.shards) == 2
+    assert ck.meta["model"] == "resnet8" and ck.meta["counters"] == {"accepted": {"a": 42}}
+    np.testing.assert_array_equal(ck.shards[0]["weights"], np.full(5, 42, np.float32))
+    np.testing.assert_array_equal(ck.shards[1]["momentum"], np.full(5, -42, np.float32))
+    assert "bn" in ck.shards[0] and "bn" not in ck.shards[1]
     if scheme == "local":
-        # Written under a temporary name and renamed: no leftovers.
-        assert sorted(os.listdir(tmp_path / "ckpt")) == ["ps-shard1.pt"]
+        # Written under temporary names and renamed: no leftovers.
+        assert sorted(os.listdir(tmp_path / "ckpt" / "step-000000042")) == [
+            "manifest.json",
+            "shard-0.npz",
+            "shard-1.npz",
+        ]
 
 
-def test_newer_checkpoint_replaces_older(tmp_path):
+def test_a_set_without_its_manifest_or_with_a_changed_file_is_not_a_checkpoint(tmp_path):
     url = str(tmp_path)
-    checkpoint.save(url, _state(step=1))
-    checkpoint.save(url, _state(step=2))
-    assert checkpoint.load(url, 0)["step"] == 2
+    _publish(url, 10)
+    # Step 20: every shard written, but the writer died before the manifest.
+    for i in range(2):
+        checkpoint.write_shard(url, 20, i, {"weights": np.zeros(5, np.float32)})
+    assert checkpoint.load_latest(url).step == 10
+    # Step 30: published, then one shard file replaced behind the manifest's back.
+    _publish(url, 30)
+    checkpoint.write_shard(url, 30, 1, {"weights": np.zeros(5, np.float32)})
+    assert checkpoint.load_latest(url).step == 10
+    # A torn manifest is no manifest.
+    _publish(url, 40)
+    with open(os.path.join(checkpoint.step_dir(url, 40), "manifest.json"), "w") as f:
+        f.write('{"format": 2, "st')
+    assert checkpoint.load_latest(url).step == 10
 
 
-def test_unknown_format_is_refused(tmp_path):
-    state = _state()
-    state["format"] = 999
-    checkpoint.save(str(tmp_path), state)
-    with pytest.raises(ValueError, match="format 999"):
-        checkpoint.load(str(tmp_path), 0)
+def test_an_older_checkpoint_never_replaces_a_newer_one(tmp_path):
+    url = str(tmp_path)
+    _publish(url, 9)
+    _publish(url, 5)  # e.g. a late explicit checkpoint of an older state
+    assert checkpoint.load_latest(url).step == 9
+    assert checkpoint.steps(url) == [9, 5]
+
+
+def test_prune_keeps_the_newest_complete_ones(tmp_path):
+    url = str(tmp_path)
+    for step in (1, 2, 3, 4):
+        _publish(url, step)
+    checkpoint.write_shard(url, 5, 0, {"weights": np.zeros(5, np.float32)})  # being written
+    assert sorted(checkpoint.prune(url, keep=2)) == [1, 2]
+    assert checkpoint.steps(url) == [5, 4, 3]
+    assert checkpoint.load_latest(url).step == 4
+
+
+def test_loading_refuses_anything_that_could_run_code(tmp_path):
+    url = str(tmp_path)
+    _publish(url, 3)
+    folder = checkpoint.step_dir(url, 3)
+    # An object array in a shard file: numpy would unpickle it; we refuse.
+    buf = io.BytesIO()
+    np.savez(buf, weights=np.array([{"x": 1}], dtype=object))
+    data = buf.getvalue()
+    with open(os.path.join(folder, "shard-0.npz"), "wb") as f:
+        f.write(data)
+    manifest = json.load(open(os.path.join(folder, "manifest.json")))
+    import hashlib
+
+    manifest["files"][0].update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+    with open(os.path.join(folder, "manifest.json"), "w") as f:
+        json.dump(manifest, f)
+    with pytest.raises(ValueError, match="allow_pickle"):
+        checkpoint.load_latest(url)
+
+
+def test_unknown_format_is_refused_with_what_to_do(tmp_path):
+    url = str(tmp_path)
+    _publish(url, 3)
+    path = os.path.join(checkpoint.step_dir(url, 3), "manifest.json")
+    manifest = json.load(open(path))
+    manifest["format"] = 999
+    json.dump(manifest, open(path, "w"))
+    with pytest.raises(ValueError, match="format 999.*checkpoint_url"):
+        checkpoint.load_latest(url)
+
+
+def test_unknown_arrays_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="Unknown checkpoint arrays"):
+        checkpoint.write_shard(str(tmp_path), 1, 0, {"optimizer": np.zeros(1)})
+
+
+@pytest.mark.slow
+def test_a_writer_killed_midway_leaves_the_previous_complete_checkpoint(tmp_path):
+    """Kill a process that writes big checkpoints one after the other, at an arbitrary moment:
+    a reader then finds a complete one, whose every array holds its own step, never a torn one."""
+    url = str(tmp_path / "ckpt")
+    writer = textwrap.dedent(
+        f"""
+        import sys, numpy as np
+        from transient_nb.training import checkpoint
+        url = {url!r}
+        for step in range(1, 10_000):
+            files = [checkpoint.write_shard(url, step, i, {{"weights": np.full(2_000_000, step, np.float32),
+                                                         "momentum": np.full(2_000_000, step, np.float32)}})
+                     for i in range(2)]
+            checkpoint.write_manifest(url, step, {{"model": "m"}}, files)
+            print(step, flush=True)
+        """
+    )
+    for delay in (0.0, 0.05, 0.13):
+        proc = subprocess.Popen([sys.executable, "-c", writer], stdout=subprocess.PIPE, text=True)
+        assert proc.stdout is not None
+        first = int(proc.stdout.readline())  # one checkpoint is complete
+        time.sleep(delay)  # then kill it somewhere in the middle of the next ones
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        ck = checkpoint.load_latest(url)
+        assert ck is not None and ck.step >= first
+        for shard in ck.shards:
+            assert (shard["weights"] == ck.step).all() and (shard["momentum"] == ck.step).all()

@@ -1,10 +1,27 @@
+"""The trainer: flat layouts, and its loop against a PS double that is slow, fails or changes."""
+
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import threading
+import time
+
 import numpy as np
+import pytest
 import torch
 
+from transient_nb.training.hparams import HParams
 from transient_nb.training.models import build_model
-from transient_nb.training.trainer import decay_mask, flat_layout, get_flat, set_flat
+from transient_nb.training.ps import ParameterServer
+from transient_nb.training.trainer import (
+    PSLost,
+    Trainer,
+    decay_mask,
+    flat_layout,
+    get_flat,
+    set_flat,
+)
 
 
 def test_flat_round_trip_and_decay_mask():
@@ -21,3 +38,218 @@ def test_flat_round_trip_and_decay_mask():
     # Batch-norm running statistics travel, the integer counters do not.
     assert all(b.dtype.is_floating_point for b in buffers)
     assert len(buffers) == 2 * sum(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules())
+
+
+# -- the loop, against an in-process PS double that can be slow, fail or be replaced -------------
+
+
+class _Future:
+    """What an actor call returns: ``result(timeout)`` and ``done()``."""
+
+    def __init__(self, fut: concurrent.futures.Future):
+        self._fut = fut
+
+    def result(self, timeout=None):
+        return self._fut.result(timeout)
+
+    def done(self):
+        return self._fut.done()
+
+
+class PSDouble:
+    """A real :class:`ParameterServer` on a private event loop, behind calls that can be made
+    slow (``frozen``) or failing (``error``), the way a remote actor's are."""
+
+    def __init__(self, ps: ParameterServer, loop: asyncio.AbstractEventLoop):
+        self.ps, self.loop = ps, loop
+        self.frozen = threading.Event()
+        self.error: Exception | None = None
+        self.calls = 0
+
+    def __getattr__(self, name):
+        method = getattr(self.ps, name)
+
+        async def call(*args, **kwargs):
+            self.calls += 1
+            if self.error is not None:
+                raise self.error
+            while self.frozen.is_set():
+                await asyncio.sleep(0.01)
+            return await method(*args, **kwargs)
+
+        return lambda *a, **k: _Future(asyncio.run_coroutine_threadsafe(call(*a, **k), self.loop))
+
+
+@pytest.fixture
+def loop():
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    yield loop
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(5)
+
+
+HP = HParams(
+    steps=60,
+    batch_size=16,
+    warmup_steps=0,
+    call_timeout_s=0.5,
+    ps_lost_after_s=3.0,
+    metrics_interval_s=0.2,
+)
+
+
+def _double(loop, tmp_path, generation=0, hp=HP):
+    model = build_model("resnet8", num_classes=10)
+    params, buffers = flat_layout(model)
+    ps = ParameterServer(
+        "r",
+        0,
+        1,
+        get_flat(params),
+        decay_mask(model),
+        get_flat(buffers),
+        hp.to_dict(),
+        str(tmp_path),
+        generation=generation,
+    )
+    return PSDouble(ps, loop)
+
+
+class Published:
+    """The run's Variable: which PS generation is current."""
+
+    def __init__(self, double):
+        self.generation, self.shards = 0, [double]
+
+    def __call__(self, timeout):
+        return self.generation, list(self.shards)
+
+
+def _trainer(locate, hp=HP, name="w-0"):
+    n = len(get_flat(flat_layout(build_model("resnet8", num_classes=10))[0]))
+    return Trainer("r", "resnet8", "digits", hp.to_dict(), "v", [(0, n)], name=name, locate=locate)
+
+
+def _start(trainer):
+    box = {}
+
+    def target():
+        try:
+            box["result"] = trainer.train()
+        except BaseException as e:
+            box["error"] = e
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread, box
+
+
+def _until(predicate, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_trains_until_the_run_has_its_steps(loop, tmp_path):
+    double = _double(loop, tmp_path)
+    trainer = _trainer(Published(double))
+    thread, box = _start(trainer)
+    thread.join(120)
+    assert box["result"]["state"] == "stopped" and box["result"]["accepted"] == HP.steps
+    assert double.ps.version == HP.steps and double.ps.accepted == {"w-0": HP.steps}
+    assert double.ps.gaps == 0 and trainer.rejoins == 0
+
+
+def test_a_slow_ps_is_rejoined_not_abandoned(loop, tmp_path):
+    """A call slower than call_timeout_s makes the trainer rejoin the SAME generation and go on;
+    while it is away the PS does not count it as active."""
+    hp = HP.with_(steps=10_000)
+    double = _double(loop, tmp_path, hp=hp)
+    trainer = _trainer(Published(double), hp=hp)
+    thread, box = _start(trainer)
+    _until(lambda: double.ps.version >= 10)
+    double.frozen.set()
+    _until(lambda: trainer.ps_failures >= 1)  # the call timed out
+    time.sleep(hp.call_timeout_s + 0.1)  # the PS stays frozen past the trainer's lease
+    frozen_at = time.monotonic()
+    assert double.ps.active() == []
+    double.frozen.clear()
+    _until(lambda: trainer.rejoins >= 1)
+    resumed = double.ps.accepted["w-0"]
+    _until(lambda: double.ps.accepted["w-0"] >= resumed + 10)  # it contributes again
+    assert trainer.generation == 0 and double.ps.active() == ["w-0"]
+    assert time.monotonic() - frozen_at < hp.ps_lost_after_s
+    kinds = [e["kind"] for e in trainer.posted]
+    assert kinds.index("trainer-ps-lost") < kinds.index("ps-rejoined")
+    asyncio.run(trainer.stop())
+    thread.join(30)
+    assert box["result"]["state"] == "stopped"
+    # Every local step either arrived (the timed-out push too, once the PS thawed) or is
+    # counted as a gap: nothing vanishes silently.
+    assert double.ps.accepted["w-0"] + double.ps.gaps == trainer.local_step
+
+
+def test_a_new_generation_is_followed(loop, tmp_path):
+    hp = HP.with_(steps=10_000)
+    old = _double(loop, tmp_path, hp=hp)
+    published = Published(old)
+    trainer = _trainer(published, hp=hp)
+    thread, box = _start(trainer)
+    _until(lambda: old.ps.version >= 5)
+    new = _double(loop, tmp_path, generation=1, hp=hp)
+    published.generation, published.shards = 1, [new]
+    _until(lambda: new.ps.accepted.get("w-0", 0) >= 5)
+    assert trainer.generation == 1
+    count = old.ps.version
+    time.sleep(0.3)
+    assert old.ps.version == count  # nothing goes to the old one any more
+    asyncio.run(trainer.stop())
+    thread.join(30)
+
+
+def test_a_ps_that_never_answers_is_given_up_within_the_bound(loop, tmp_path):
+    hp = HP.with_(steps=10_000)
+    double = _double(loop, tmp_path, hp=hp)
+    trainer = _trainer(Published(double), hp=hp)
+    thread, box = _start(trainer)
+    _until(lambda: double.ps.version >= 3)
+    t0 = time.monotonic()
+    double.error = OSError("Unable to contact Actor's worker")
+    thread.join(hp.ps_lost_after_s + 20)
+    assert not thread.is_alive()
+    assert isinstance(box.get("error"), PSLost), box
+    assert "no parameter server answered" in str(box["error"])
+    assert time.monotonic() - t0 < hp.ps_lost_after_s + 10
+    assert trainer.state == "failed"
+
+
+def test_stop_is_prompt_even_while_the_ps_is_away(loop, tmp_path):
+    hp = HP.with_(steps=10_000, ps_lost_after_s=600.0)
+    double = _double(loop, tmp_path, hp=hp)
+    trainer = _trainer(Published(double), hp=hp)
+    thread, box = _start(trainer)
+    _until(lambda: double.ps.version >= 3)
+    double.error = OSError("gone")
+    _until(lambda: trainer.state == "rejoining")
+    t0 = time.monotonic()
+    asyncio.run(trainer.stop())
+    thread.join(30)
+    assert not thread.is_alive() and time.monotonic() - t0 < 10
+    assert box["result"]["state"] == "stopped"
+
+
+def test_a_notice_pushes_the_last_gradient_and_leaves(loop, tmp_path):
+    hp = HP.with_(steps=10_000)
+    double = _double(loop, tmp_path, hp=hp)
+    trainer = _trainer(Published(double), hp=hp)
+    thread, box = _start(trainer)
+    _until(lambda: double.ps.version >= 5)
+    asyncio.run(trainer._drain(time.time() + 30))
+    thread.join(30)
+    assert box["result"]["state"] == "drained"
+    assert double.ps.finals == {"w-0"} and double.ps.active() == []
+    assert double.ps.last_local["w-0"] == trainer.local_step  # the last gradient arrived
+    assert double.ps.computing["w-0"] is False

@@ -1,57 +1,213 @@
-"""Checkpoints of the parameter server: complete, atomic, on any fsspec URL.
+"""Checkpoints of the parameter server: consistent, atomic, code-free, on any fsspec URL.
 
-A checkpoint is a complete dict (weights, momentum, batch-norm statistics, step, hyperparameters,
-model name, format version) per PS shard, written to a temporary name and then renamed, so a
-reader never sees half a file (local disk, NFS, or ``gs://`` through gcsfs).
+One checkpoint is one folder per agreed version ``step-<step>/`` under the run's URL:
+
+- ``shard-<i>.npz``, one per PS shard: plain arrays (weights, momentum, decay mask, batch-norm
+  statistics), written by the shard itself to a temporary name, fsync'ed, then renamed;
+- ``manifest.json``, written last by the driver, once every shard's file is in place: the step,
+  the model, the hyperparameters, the counters, and each shard file's size and SHA-256.
+
+A reader takes the newest folder whose manifest exists and whose files match it, so a writer that
+dies midway leaves the previous complete checkpoint in force, and an older checkpoint can never
+replace a newer one (each version has its own folder). Loading uses ``numpy.load`` with
+``allow_pickle=False`` and ``json``: a checkpoint in a shared bucket can carry numbers, never
+code.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
+import json
 import os
+import re
 import uuid
+from dataclasses import dataclass, field
 from typing import Any
 
 import fsspec
-import torch
+import numpy as np
 from fsspec.implementations.local import LocalFileSystem
 
-#: Bumped when the layout of a checkpoint dict changes.
-FORMAT = 1
+#: Bumped when the layout changes; 1 was a pickle per shard (refused now).
+FORMAT = 2
+#: Arrays a shard file may hold.
+ARRAYS = ("weights", "momentum", "decay_mask", "bn")
+_STEP_DIR = re.compile(r"step-(\d+)$")
 
 
-def shard_path(url: str, shard: int) -> str:
-    """Where shard ``shard`` of a run's checkpoint lives."""
-    return f"{url.rstrip('/')}/ps-shard{shard}.pt"
+@dataclass
+class Checkpoint:
+    """A complete checkpoint: the manifest's metadata and every shard's arrays.
+
+    Examples
+    --------
+    >>> ck = Checkpoint(step=3, meta={"model": "resnet8"}, shards=[{"weights": np.zeros(2)}])
+    >>> ck.step, len(ck.shards)
+    (3, 1)
+    """
+
+    step: int
+    meta: dict[str, Any]
+    shards: list[dict[str, np.ndarray]] = field(default_factory=list)
+    url: str = ""
 
 
-def save(url: str, state: dict[str, Any]) -> str:
-    """Write one shard's state atomically under ``url``; returns the final path."""
-    fs, root = fsspec.core.url_to_fs(url)
-    fs.makedirs(root, exist_ok=True)
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    target = shard_path(root, int(state["shard"]))
-    tmp = f"{target}.tmp-{uuid.uuid4().hex[:8]}"
-    with fs.open(tmp, "wb") as f:
-        f.write(buf.getvalue())
+def step_dir(url: str, step: int) -> str:
+    """The folder of version ``step`` under the run's checkpoint ``url``."""
+    return f"{url.rstrip('/')}/step-{int(step):09d}"
+
+
+def _write_atomic(fs: Any, path: str, data: bytes) -> None:
+    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
     if isinstance(fs, LocalFileSystem):
-        os.replace(tmp, target)  # atomic on POSIX
+        # fsync before the rename: after a power loss the name points at complete bytes.
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        dir_fd = os.open(os.path.dirname(path), os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)  # and the rename itself is durable
+        finally:
+            os.close(dir_fd)
     else:
-        fs.mv(tmp, target)  # object stores make whole objects visible at once
-    return target if "://" not in url else f"{url.rstrip('/')}/{os.path.basename(target)}"
+        # Object stores (gs://, memory://) make an object visible whole, on close.
+        with fs.open(path, "wb") as f:
+            f.write(data)
 
 
-def load(url: str, shard: int) -> dict[str, Any] | None:
-    """The last checkpoint of shard ``shard`` under ``url``, or None if there is none."""
+def write_shard(
+    url: str, step: int, shard: int, arrays: dict[str, np.ndarray | None]
+) -> dict[str, Any]:
+    """Write one shard's arrays of version ``step``; returns its manifest entry.
+
+    Examples
+    --------
+    >>> entry = write_shard("memory://doc-ckpt", 5, 0, {"weights": np.ones(2, np.float32)})
+    >>> entry["name"], entry["bytes"] > 0
+    ('shard-0.npz', True)
+    """
+    unknown = set(arrays) - set(ARRAYS)
+    if unknown:
+        raise ValueError(f"Unknown checkpoint arrays {sorted(unknown)}: use {ARRAYS}.")
     fs, root = fsspec.core.url_to_fs(url)
-    path = shard_path(root, shard)
-    if not fs.exists(path):
-        return None
-    with fs.open(path, "rb") as f:
-        data = f.read()
-    # Our own files, holding numpy arrays, which weights_only loading refuses.
-    state: dict[str, Any] = torch.load(io.BytesIO(data), weights_only=False)
-    if state.get("format") != FORMAT:
-        raise ValueError(f"Checkpoint {path} has format {state.get('format')}, expected {FORMAT}.")
-    return state
+    folder = step_dir(root, step)
+    fs.makedirs(folder, exist_ok=True)
+    buf = io.BytesIO()
+    present: dict[str, Any] = {k: np.asarray(v) for k, v in arrays.items() if v is not None}
+    np.savez(buf, **present)
+    data = buf.getvalue()
+    name = f"shard-{int(shard)}.npz"
+    _write_atomic(fs, f"{folder}/{name}", data)
+    return {
+        "name": name,
+        "shard": int(shard),
+        "bytes": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+    }
+
+
+def write_manifest(url: str, step: int, meta: dict[str, Any], files: list[dict[str, Any]]) -> str:
+    """Publish version ``step``: written last, after every shard file; returns its path.
+
+    ``meta`` must be JSON (numbers, strings, lists, dicts).
+    """
+    fs, root = fsspec.core.url_to_fs(url)
+    folder = step_dir(root, step)
+    manifest = {
+        **meta,
+        "format": FORMAT,
+        "step": int(step),
+        "files": sorted(files, key=lambda f: f["shard"]),
+    }
+    path = f"{folder}/manifest.json"
+    _write_atomic(fs, path, json.dumps(manifest, indent=1, sort_keys=True).encode())
+    return path if "://" not in url else f"{step_dir(url, step)}/manifest.json"
+
+
+def steps(url: str) -> list[int]:
+    """The versions that have a folder under ``url`` (complete or not), newest first."""
+    fs, root = fsspec.core.url_to_fs(url)
+    if not fs.exists(root):
+        return []
+    found = []
+    for entry in fs.ls(root, detail=False):
+        m = _STEP_DIR.search(str(entry).rstrip("/"))
+        if m:
+            found.append(int(m.group(1)))
+    return sorted(found, reverse=True)
+
+
+def _read_complete(fs: Any, root: str, step: int) -> Checkpoint | None:
+    folder = step_dir(root, step)
+    try:
+        with fs.open(f"{folder}/manifest.json", "rb") as f:
+            manifest = json.loads(f.read())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None  # not published (yet), or torn by a writer that died
+    if manifest.get("format") != FORMAT:
+        raise ValueError(
+            f"Checkpoint {folder} has format {manifest.get('format')!r}, expected {FORMAT}: "
+            "it was written by another version of transient_nb; start a new run or pass another checkpoint_url."
+        )
+    shards = []
+    for entry in manifest["files"]:
+        try:
+            with fs.open(f"{folder}/{entry['name']}", "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return None
+        if len(data) != entry["bytes"] or hashlib.sha256(data).hexdigest() != entry["sha256"]:
+            return None
+        # allow_pickle=False: object arrays (which could run code when loaded) are refused.
+        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+            shards.append({k: npz[k] for k in npz.files})
+    meta = {k: v for k, v in manifest.items() if k != "files"}
+    return Checkpoint(step=int(manifest["step"]), meta=meta, shards=shards, url=folder)
+
+
+def load_latest(url: str) -> Checkpoint | None:
+    """The newest complete checkpoint under ``url``, or None if there is none.
+
+    Examples
+    --------
+    >>> url = "memory://doc-latest"
+    >>> files = [write_shard(url, 7, 0, {"weights": np.arange(3, dtype=np.float32)})]
+    >>> _ = write_manifest(url, 7, {"model": "resnet8"}, files)
+    >>> _ = write_shard(url, 9, 0, {"weights": np.zeros(3, np.float32)})  # no manifest: torn
+    >>> ck = load_latest(url)
+    >>> ck.step, ck.shards[0]["weights"].tolist()
+    (7, [0.0, 1.0, 2.0])
+    """
+    fs, root = fsspec.core.url_to_fs(url)
+    for step in steps(url):
+        ck = _read_complete(fs, root, step)
+        if ck is not None:
+            return ck
+    return None
+
+
+def latest_step(url: str) -> int | None:
+    """The step of the newest complete checkpoint, or None."""
+    ck = load_latest(url)
+    return None if ck is None else ck.step
+
+
+def prune(url: str, keep: int = 2) -> list[int]:
+    """Delete all but the ``keep`` newest complete checkpoints (and torn ones older than them).
+
+    Returns the steps deleted. Folders newer than the newest complete one are left alone: a
+    writer may be filling them right now.
+    """
+    fs, root = fsspec.core.url_to_fs(url)
+    complete = 0
+    deleted = []
+    for step in steps(url):
+        if complete >= keep:
+            fs.rm(step_dir(root, step), recursive=True)
+            deleted.append(step)
+        elif fs.exists(f"{step_dir(root, step)}/manifest.json"):
+            complete += 1
+    return deleted

@@ -2,12 +2,15 @@
 
 Asynchronous data-parallel training as in Li et al.: every trainer pushes its gradient and gets
 the new weights back in the same call (one round trip per step); each accepted push is one global
-step. The server applies momentum SGD with L2 weight decay and the paper's learning-rate schedule,
-divided by sqrt of the number of ACTIVE trainers, and records each update's staleness. Several
-shards split the flat parameter vector when one server is the bottleneck.
+step. The server applies momentum SGD with L2 weight decay (:func:`~.optim.momentum_sgd_`) and the
+paper's learning-rate schedule, divided by sqrt of the number of ACTIVE trainers, and records each
+update's staleness. Several shards split the flat parameter vector when one server is the
+bottleneck.
 
 Methods are coroutines, so Dask runs them on the worker's event loop: no thread hop per call, and
-each update is atomic with respect to the others.
+each update is atomic with respect to the others. Every reply is a fresh buffer: Dask's TCP comm
+sends numpy memory without copying it, so replying with the live weights would let the next
+update change the bytes of a reply that is still being sent.
 """
 
 from __future__ import annotations
@@ -18,19 +21,45 @@ import time
 from typing import Any
 
 import numpy as np
+import torch
 from distributed import get_worker
 
 from transient_nb.events import TOPIC, make_event
 from transient_nb.training import checkpoint
 from transient_nb.training.hparams import HParams
+from transient_nb.training.optim import momentum_sgd_
 
 logger = logging.getLogger(__name__)
 
+#: (weights on the wire, batch-norm statistics or None, version): what pull and push_pull return.
+Reply = tuple[np.ndarray, "np.ndarray | None", int]
+
 
 def shard_bounds(n: int, shards: int) -> list[tuple[int, int]]:
-    """Contiguous, nearly equal slices of a vector of length ``n``."""
+    """Contiguous, nearly equal slices of a vector of length ``n``.
+
+    Examples
+    --------
+    >>> shard_bounds(10, 3)
+    [(0, 3), (3, 7), (7, 10)]
+    """
     edges = np.linspace(0, n, shards + 1).round().astype(int)
     return [(int(edges[i]), int(edges[i + 1])) for i in range(shards)]
+
+
+def to_wire(x: np.ndarray, wire_dtype: str) -> np.ndarray:
+    """A fresh copy of ``x`` in the wire dtype (torch casts: numpy's float16 cast is ~400x slower).
+
+    Examples
+    --------
+    >>> w = np.ones(3, np.float32)
+    >>> out = to_wire(w, "float16")
+    >>> out.dtype, np.shares_memory(out, w), np.shares_memory(to_wire(w, "float32"), w)
+    (dtype('float16'), False, False)
+    """
+    if wire_dtype == "float16":
+        return torch.from_numpy(x).to(torch.float16).numpy()
+    return x.copy()
 
 
 class ParameterServer:
@@ -56,6 +85,11 @@ class ParameterServer:
         Where to resume from (a checkpoint), if anywhere.
     model
         Model name (recorded in checkpoints).
+    generation
+        How many times the run's PS was re-created before this one.
+    counters
+        Bookkeeping to resume (``accepted``, ``last_local``, ``gaps``, ``lost_in_flight``), as in
+        :meth:`counters`.
     """
 
     def __init__(
@@ -72,21 +106,17 @@ class ParameterServer:
         momentum: np.ndarray | None = None,
         model: str = "",
         generation: int = 0,
+        counters: dict[str, Any] | None = None,
     ):
         self.run = run
         self.shard = shard
         self.shards = shards
-        self.hp = HParams(
-            **{
-                **hparams,
-                "decay_at": tuple(hparams["decay_at"]),
-                "decay_factors": tuple(hparams["decay_factors"]),
-            }
-        )
+        self.hp = HParams.from_dict(hparams)
         self.w = np.array(weights, dtype=np.float32, copy=True)
         self.decay = np.asarray(decay_mask, dtype=np.float32) * self.hp.weight_decay
         self.v = np.zeros_like(self.w) if momentum is None else np.array(momentum, dtype=np.float32)
         self.bn = None if bn is None else np.array(bn, dtype=np.float32, copy=True)
+        self._scratch = np.empty_like(self.w)
         self.version = int(version)
         self.checkpoint_url = checkpoint_url
         self.model = model
@@ -96,24 +126,38 @@ class ParameterServer:
             self._worker: Any = get_worker()
         except ValueError:  # built outside a worker (unit tests)
             self._worker = None
-        self.active: set[str] = set()
-        self.accepted: dict[str, int] = {}
-        self.last_local: dict[str, int] = {}
-        self.gaps = 0  # local steps that never arrived (lost gradients), over all trainers
+        c = counters or {}
+        self.accepted: dict[str, int] = {k: int(v) for k, v in c.get("accepted", {}).items()}
+        self.last_local: dict[str, int] = {k: int(v) for k, v in c.get("last_local", {}).items()}
+        self.gaps = int(c.get("gaps", 0))  # local steps that never arrived (lost gradients)
+        self.lost_in_flight = int(c.get("lost_in_flight", 0))
+        self.registered: set[str] = set()
+        self.last_seen: dict[str, float] = {}  # monotonic time of each trainer's last call
         self.computing: dict[str, bool] = {}
-        self.lost_in_flight = 0
         self.finals: set[str] = set()  # trainers whose last gradient arrived with a notice
         self.last_checkpoint = self.version
         self._window = {"t": time.time(), "updates": 0, "images": 0, "loss": 0.0, "stale": 0}
-        self._ckpt_task: asyncio.Future[Any] | None = None
+        self._snapshot: dict[str, Any] | None = None
 
     # -- membership ------------------------------------------------------------------------------
+    def active(self) -> list[str]:
+        """Trainers that registered and called within the last ``call_timeout_s``.
+
+        A trainer that stopped calling (its worker frozen, or it is rejoining after a slow call)
+        stops counting at once, so the learning rate is not divided by a worker that no longer
+        pushes; its next call counts it again.
+        """
+        now = time.monotonic()
+        lease = self.hp.call_timeout_s
+        return sorted(t for t in self.registered if now - self.last_seen.get(t, 0.0) <= lease)
+
     async def register(self, trainer: str, local_step: int = 0) -> int:
-        """A trainer starts pushing after its gradient number ``local_step``; returns the number
-        of active trainers."""
-        self.active.add(trainer)
-        self.last_local[trainer] = max(self.last_local.get(trainer, 0), local_step)
-        return len(self.active)
+        """A trainer (re)joins having pushed ``local_step`` gradients; returns the active count."""
+        self.registered.add(trainer)
+        self.last_seen[trainer] = time.monotonic()
+        self.last_local[trainer] = int(local_step)
+        self.finals.discard(trainer)
+        return len(self.active())
 
     async def unregister(self, trainer: str, drained: bool = True) -> bool:
         """A trainer stopped; ``drained=False`` means it was lost (its worker died).
@@ -121,8 +165,8 @@ class ParameterServer:
         Returns True when that cost a gradient: the trainer had its weights and was computing.
         """
         lost = False
-        if trainer in self.active:
-            self.active.discard(trainer)
+        if trainer in self.registered:
+            self.registered.discard(trainer)
             if not drained and self.computing.get(trainer):
                 # It had the weights and was computing a gradient that will never arrive.
                 self.lost_in_flight += 1
@@ -131,17 +175,20 @@ class ParameterServer:
         return lost
 
     # -- the one round trip ------------------------------------------------------------------------
-    def _wire(self, x: np.ndarray) -> np.ndarray:
-        return x.astype(np.float16) if self.hp.wire_dtype == "float16" else x
+    def _reply(self) -> Reply:
+        bn = None if self.bn is None else self.bn.copy()
+        return to_wire(self.w, self.hp.wire_dtype), bn, self.version
 
-    async def pull(self, trainer: str | None = None) -> tuple[np.ndarray, np.ndarray | None, int]:
-        """Current weights, batch-norm statistics and version."""
+    async def pull(self, trainer: str | None = None) -> Reply:
+        """Current weights (a fresh buffer in the wire dtype), batch-norm statistics and version."""
         if trainer is not None:
             self.computing[trainer] = True
-        return self._wire(self.w), self.bn, self.version
+            self.last_seen[trainer] = time.monotonic()
+        return self._reply()
 
     async def push_pull(
         self,
+        *,
         trainer: str,
         grad: np.ndarray,
         base_version: int,
@@ -150,32 +197,31 @@ class ParameterServer:
         images: int = 0,
         bn_delta: np.ndarray | None = None,
         final: bool = False,
-    ) -> tuple[np.ndarray, np.ndarray | None, int]:
+    ) -> Reply:
         """Apply one gradient (one global step) and return the new weights.
 
-        ``local_step`` counts the trainer's gradients from 1; a jump means lost gradients.
+        ``base_version`` is the version the gradient was computed from (its staleness is the
+        difference); ``local_step`` counts the trainer's gradients from 1, so a jump means lost
+        gradients; ``final`` marks the last push of a trainer that is draining.
         """
-        g = grad.astype(np.float32, copy=False)
-        lr = self.hp.lr_at(self.version, max(1, len(self.active)))
-        # TF-style momentum SGD with L2 on weights: v = mu*v + (g + wd*w); w -= lr*v
-        self.v *= self.hp.momentum
-        self.v += g
-        self.v += self.decay * self.w
-        self.w -= lr * self.v
+        lr = self.hp.lr_at(self.version, max(1, len(self.active())))
+        momentum_sgd_(self.w, self.v, grad, self.decay, lr, self.hp.momentum, self._scratch)
         if bn_delta is not None and self.bn is not None:
             self.bn += bn_delta
-        stale = max(0, self.version - base_version)
+        stale = max(0, self.version - int(base_version))
         self.version += 1
         self.accepted[trainer] = self.accepted.get(trainer, 0) + 1
         last = self.last_local.get(trainer, 0)
         if local_step > last + 1:
             self.gaps += local_step - last - 1
-        self.last_local[trainer] = max(last, local_step)
+        self.last_local[trainer] = max(last, int(local_step))
         self.computing[trainer] = not final
-        self.active.add(trainer)
+        self.last_seen[trainer] = time.monotonic()
         if final:
-            self.active.discard(trainer)
+            self.registered.discard(trainer)
             self.finals.add(trainer)
+        else:
+            self.registered.add(trainer)
         win = self._window
         win["updates"] += 1
         win["images"] += images
@@ -184,9 +230,7 @@ class ParameterServer:
         now = time.time()
         if self.shard == 0 and now - win["t"] >= self.hp.metrics_interval_s:
             self._post_metrics(now, lr)
-        if self.version % self.hp.checkpoint_every == 0:
-            self._start_checkpoint()
-        return self._wire(self.w), self.bn, self.version
+        return self._reply()
 
     def _post_metrics(self, now: float, lr: float) -> None:
         win = self._window
@@ -197,7 +241,7 @@ class ParameterServer:
             step=self.version,
             loss=win["loss"] / n,
             lr=lr,
-            active_workers=len(self.active),
+            active_workers=len(self.active()),
             staleness=win["stale"] / n,
             img_per_s=win["images"] / dt if dt > 0 else 0.0,
             steps_per_s=win["updates"] / dt if dt > 0 else 0.0,
@@ -211,52 +255,64 @@ class ParameterServer:
                 TOPIC, make_event(kind, run=self.run, shard=self.shard, **fields)
             )
 
-    # -- checkpoints -------------------------------------------------------------------------------
-    def state(self) -> dict[str, Any]:
-        """A complete, self-contained copy of this shard (a checkpoint's content)."""
+    # -- checkpoints: the driver takes every shard's snapshot, then has each write it -------------
+    def counters(self) -> dict[str, Any]:
+        """The bookkeeping that a checkpoint carries (JSON-friendly)."""
         return {
-            "format": checkpoint.FORMAT,
-            "run": self.run,
-            "model": self.model,
-            "shard": self.shard,
-            "shards": self.shards,
-            "step": self.version,
-            "weights": self.w.copy(),
-            "momentum": self.v.copy(),
-            "decay_mask": (self.decay > 0).astype(np.uint8),
-            "bn": None if self.bn is None else self.bn.copy(),
-            "hparams": self.hp.to_dict(),
-            "time": time.time(),
+            "accepted": dict(self.accepted),
+            "last_local": dict(self.last_local),
+            "gaps": self.gaps,
+            "lost_in_flight": self.lost_in_flight,
         }
 
-    def _start_checkpoint(self) -> None:
-        if self._ckpt_task is not None and not self._ckpt_task.done():
-            return  # the previous one is still being written; the next boundary catches up
-        state = self.state()
-        self._ckpt_task = asyncio.ensure_future(self._write(state))
+    async def snapshot(self, align_version: int | None = None) -> dict[str, Any]:
+        """Copy this shard's state for a checkpoint; returns its version and counters.
 
-    async def _write(self, state: dict[str, Any]) -> str:
-        path = await asyncio.to_thread(checkpoint.save, self.checkpoint_url, state)
-        self.last_checkpoint = int(state["step"])
-        self._post("checkpoint", step=state["step"], path=path)
-        return path
+        ``align_version`` (shards 1+, given shard 0's version) sets this shard's version to the
+        agreed one: a push that reached only some shards (its trainer died between them) would
+        otherwise leave the shards' versions apart for good.
+        """
+        if align_version is not None:
+            self.version = int(align_version)
+        self._snapshot = {
+            "step": self.version,
+            "arrays": {
+                "weights": self.w.copy(),
+                "momentum": self.v.copy(),
+                "decay_mask": (self.decay > 0).astype(np.uint8),
+                "bn": None if self.bn is None else self.bn.copy(),
+            },
+        }
+        return {"step": self.version, "counters": self.counters()}
 
-    async def checkpoint(self) -> str:
-        """Write a checkpoint now and return its path."""
-        if self._ckpt_task is not None and not self._ckpt_task.done():
-            await self._ckpt_task
-        return await self._write(self.state())
+    async def write_snapshot(self, step: int) -> dict[str, Any]:
+        """Write the snapshot of version ``step`` (off the event loop); returns its manifest entry."""
+        snap = self._snapshot
+        if snap is None or snap["step"] != step:
+            raise RuntimeError(f"Shard {self.shard} holds no snapshot of step {step}.")
+        entry = await asyncio.to_thread(
+            checkpoint.write_shard, self.checkpoint_url, step, self.shard, snap["arrays"]
+        )
+        self._snapshot = None
+        self.last_checkpoint = max(self.last_checkpoint, step)
+        return entry
 
     async def get_state(self) -> dict[str, Any]:
-        """Weights, statistics and version (for evaluation)."""
-        return {"weights": self.w, "bn": self.bn, "step": self.version}
+        """Copies of the weights, momentum, statistics and counters (evaluation, recovery)."""
+        return {
+            "weights": self.w.copy(),
+            "momentum": self.v.copy(),
+            "bn": None if self.bn is None else self.bn.copy(),
+            "step": self.version,
+            "counters": self.counters(),
+        }
 
     async def status(self) -> dict[str, Any]:
         """Counters for the driver: version, active trainers, accepted and lost updates."""
         return {
             "step": self.version,
             "generation": self.generation,
-            "active": sorted(self.active),
+            "active": self.active(),
             "accepted": dict(self.accepted),
             "gaps": self.gaps,
             "lost_in_flight": self.lost_in_flight,

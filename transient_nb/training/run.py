@@ -11,6 +11,7 @@ curves and the summary.
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import math
@@ -19,8 +20,10 @@ import queue
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
+import fsspec
 import numpy as np
 import pandas as pd
 import torch
@@ -37,8 +40,25 @@ from transient_nb.training.trainer import Trainer, decay_mask, flat_layout, get_
 
 logger = logging.getLogger(__name__)
 
-#: How often the driver looks at the PS (seconds).
+#: How often the driver looks at the PS, the trainers and the events (seconds).
 POLL_S = 0.25
+#: First and longest pause before a failed trainer is restarted (seconds; doubled each time).
+TRAINER_BACKOFF_S = 1.0
+TRAINER_BACKOFF_MAX_S = 30.0
+#: Complete checkpoints kept under the run's URL (older ones are deleted).
+CHECKPOINTS_KEPT = 2
+HISTORY_COLUMNS = [
+    "step",
+    "time",
+    "loss",
+    "accuracy",
+    "active_workers",
+    "staleness",
+    "img_per_s",
+    "lr",
+    "cost",
+    "cost_on_demand",
+]
 
 
 def _parse_deadline(deadline: Any) -> float | None:
@@ -58,11 +78,31 @@ def _parse_deadline(deadline: Any) -> float | None:
     return time.time() + seconds
 
 
+@dataclass
+class _TrainerSlot:
+    """One worker's trainer: its actor, the future of its ``run()``, and its restarts."""
+
+    address: str
+    attempt: int = 0
+    actor: Any = None
+    future: Any = None  # of the actor's creation while pending, of ``run()`` once started
+    started: bool = False
+    not_before: float = 0.0  # monotonic time before which a restart must not be submitted
+
+
 class TrainingRun:
     """An asynchronous PS training run on a :class:`~transient_nb.TransientCluster`.
 
     Created by :func:`train`; runs in the background. ``history`` and ``summary()`` are computed
     from the cluster's event log.
+
+    The driver watches everything it started: a trainer that raises is reported
+    (``trainer-failed``) and restarted with backoff; a worker whose trainer keeps failing is
+    given up; when every worker's trainer has been given up, the run stops with that error. The
+    PS is declared lost only when its host has left the cluster or it answered nothing for
+    ``ps_lost_after_s``; it is then re-created from the newest complete checkpoint. Whatever way
+    the driver ends (finished, stopped, an error, the kernel exiting), it stops its trainers and
+    releases its PS actors and its Dask Variable, so a later run on the cluster always starts.
     """
 
     def __init__(
@@ -101,25 +141,43 @@ class TrainingRun:
         self.accuracy: float | None = None
         self.started = time.time()
         self.finished: float | None = None
-        self._stop = threading.Event()
-        self._done = threading.Event()
-        self._events: queue.Queue[dict[str, Any]] = queue.Queue()
-        self._trainers: dict[str, Any] = {}  # worker name -> (actor, run future)
-        self._pending: dict[str, Any] = {}  # worker name -> future of its trainer actor
-        self._ps: list[Any] = []
-        self._ps_address: str | None = None
-        self._generation = 0
-        self._bounds: list[tuple[int, int]] = []
-        self._next_eval = hparams.eval_every
-        self._eval_model: torch.nn.Module | None = None
-        self._test: tuple[torch.Tensor, np.ndarray] | None = None
         self.status: dict[str, Any] = {}
         #: Gradients lost with workers killed mid-step (at most one per killed worker).
         self.lost_in_flight = 0
+        #: Step of the newest complete checkpoint (-1: none yet).
+        self.checkpoint_step = -1
+        self._stop = threading.Event()
+        self._done = threading.Event()
+        self._events: queue.Queue[dict[str, Any]] = queue.Queue()
+        self._slots: dict[str, _TrainerSlot] = {}
+        self._given_up: dict[str, str] = {}  # worker -> the error it kept failing with
+        self._released: list[Any] = []  # futures of ended trainers, released at cleanup
+        self._ps: list[Any] = []
+        self._ps_futures: list[Any] = []
+        self._ps_address: str | None = None
+        self._ps_left = False
+        self._generation = 0
+        self._bounds: list[tuple[int, int]] = []
+        self._mask = np.zeros(0, dtype=np.uint8)
+        self._next_eval = hparams.eval_interval
+        self._next_checkpoint = hparams.checkpoint_interval
+        self._checkpoint_wanted = threading.Event()
+        self._inflight: dict[str, Any] | None = None  # the checkpoint being written
+        self._status_future: Any = None
+        self._status_sent = 0.0
+        self._ps_answered = time.monotonic()
+        self._known_step = 0  # the last step the PS is known to have accepted
+        self._unregistering: list[tuple[str, list[Any], float]] = []
+        self._eval_model: torch.nn.Module | None = None
+        self._test: tuple[torch.Tensor, np.ndarray] | None = None
+        self._client: Any = None
         self._thread = threading.Thread(target=self._main, name=f"transient-{self.id}", daemon=True)
 
     # -- public ------------------------------------------------------------------------------------
     def start(self) -> TrainingRun:
+        """Start the driver thread (``train()`` does)."""
+        # A kernel that exits stops the run first, so no trainer outlives it on a worker.
+        atexit.register(self._at_exit)
         self._thread.start()
         return self
 
@@ -129,11 +187,11 @@ class TrainingRun:
         return self._done.is_set()
 
     def wait(self, timeout: float | None = None) -> TrainingRun:
-        """Block until the run finishes; re-raises an error of the driver."""
+        """Block until the run finishes; re-raises the error that ended it, if any."""
         if not self._done.wait(timeout):
             raise TimeoutError(f"Run {self.id} still going after {timeout} s (step {self.step}).")
         if self.error is not None:
-            raise RuntimeError(f"Training run {self.id} failed: {self.error!r}") from self.error
+            raise RuntimeError(f"Training run {self.id} failed: {self.error}") from self.error
         return self
 
     def stop(self, wait: bool = True, timeout: float | None = 120) -> TrainingRun:
@@ -142,6 +200,18 @@ class TrainingRun:
         if wait:
             self._done.wait(timeout)
         return self
+
+    def checkpoint(self, timeout: float = 120) -> int:
+        """Write a checkpoint now (through the driver, so it never races the automatic ones);
+        returns its step."""
+        before = self.checkpoint_step
+        self._checkpoint_wanted.set()
+        deadline = time.monotonic() + timeout
+        while self.checkpoint_step <= before and not self._done.is_set():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"No checkpoint of run {self.id} within {timeout} s.")
+            time.sleep(0.05)
+        return self.checkpoint_step
 
     def events(self) -> list[dict[str, Any]]:
         """This run's events and the cluster's lifecycle events, in order."""
@@ -179,21 +249,7 @@ class TrainingRun:
                     "cost_on_demand": cost.total_on_demand,
                 }
             )
-        return pd.DataFrame(
-            rows,
-            columns=[
-                "step",
-                "time",
-                "loss",
-                "accuracy",
-                "active_workers",
-                "staleness",
-                "img_per_s",
-                "lr",
-                "cost",
-                "cost_on_demand",
-            ],
-        )
+        return pd.DataFrame(rows, columns=HISTORY_COLUMNS)
 
     def summary(self) -> dict[str, Any]:
         """What the run achieved and what it cost (JSON-friendly)."""
@@ -202,11 +258,16 @@ class TrainingRun:
     def __repr__(self) -> str:
         state = self.reason or ("running" if self._thread.is_alive() else "created")
         acc = f", accuracy {self.accuracy:.3f}" if self.accuracy is not None else ""
-        return f"<TrainingRun {self.id}: {self.model} on {self.data}, step {self.step}/{self.hp.steps}{acc}, {state}>"
+        err = f": {self.error}" if self.error is not None else ""
+        return f"<TrainingRun {self.id}: {self.model} on {self.data}, step {self.step}/{self.hp.steps}{acc}, {state}{err}>"
 
     # -- the driver thread --------------------------------------------------------------------------
     def _post(self, kind: str, **fields: Any) -> None:
         self._client.log_event(TOPIC, make_event(kind, run=self.id, **fields))
+
+    def _at_exit(self) -> None:
+        if not self._done.is_set():
+            self.stop(wait=True, timeout=self.hp.call_timeout_s + 10)
 
     def _main(self) -> None:
         try:
@@ -214,22 +275,24 @@ class TrainingRun:
             self._client = Client(self.cluster, set_as_default=False, direct_to_workers=True)
             self._client.subscribe_topic(TOPIC, lambda ev: self._events.put(ev[1]))
             with self._client.as_current():  # actor handles in this thread find this client
-                self._run()
+                try:
+                    self._run()
+                finally:
+                    self._cleanup()
         except BaseException as e:  # the run ends; the notebook learns why from .error
             logger.exception("Training run %s failed", self.id)
-            self.error = e
-            self.reason = "error"
-            try:
-                self._post(
-                    "train-finished",
-                    reason="error",
-                    step=self.step,
-                    error=repr(e)[:500],
-                    accuracy=self.accuracy,
-                    wall_s=time.time() - self.started,
-                )
-            except Exception:
-                pass
+            if self.error is None:
+                self.error = e
+            self.reason = self.reason if self.reason == "trainer-failed" else "error"
+            self._post_safely(
+                "train-finished",
+                reason=self.reason,
+                step=self.step,
+                error=str(self.error)[:500],
+                accuracy=self.accuracy,
+                wall_s=time.time() - self.started,
+                lost_in_flight=self.lost_in_flight,
+            )
         finally:
             self.finished = time.time()
             try:
@@ -237,20 +300,29 @@ class TrainingRun:
                 self._client.close()
             except Exception:
                 pass
+            atexit.unregister(self._at_exit)
             self._done.set()
 
-    def _workers(self) -> dict[str, dict[str, Any]]:
+    def _post_safely(self, kind: str, **fields: Any) -> None:
+        try:
+            self._post(kind, **fields)
+        except Exception:
+            logger.info("Could not post %s for run %s", kind, self.id)
+
+    def _workers(self) -> dict[str, dict[str, Any]] | None:
+        """The scheduler's workers, or None when they cannot be read right now (never ``{}``
+        for "unknown": an empty listing must not look like a lost PS host)."""
         try:
             info = self._client.scheduler_info(n_workers=-1)
-        except Exception:  # the client is reconnecting: nothing is known for now
-            return {}
+        except Exception:
+            return None
         return dict(info.get("workers", {}))
 
     def _run(self) -> None:
         torch.manual_seed(self.seed)
         init = build_model(self.model, num_classes=load_dataset(self.data, train=False).num_classes)
         params, buffers = flat_layout(init)
-        w0, bn0, mask = get_flat(params), get_flat(buffers), decay_mask(init)
+        w0, bn0, self._mask = get_flat(params), get_flat(buffers), decay_mask(init)
         self._bounds = shard_bounds(len(w0), self.shards)
         self._post(
             "train-started",
@@ -267,34 +339,34 @@ class TrainingRun:
         )
         self._create_ps(
             [
-                {"weights": w0[a:b], "momentum": None, "bn": bn0 if i == 0 else None, "step": 0}
+                {"weights": w0[a:b], "momentum": None, "bn": bn0 if i == 0 else None}
                 for i, (a, b) in enumerate(self._bounds)
             ],
-            mask,
+            step=0,
+            counters=None,
         )
-        for ps in self._ps:  # a step-0 checkpoint: the PS can always be re-created
-            ps.checkpoint().result(timeout=self.hp.call_timeout_s)
-        for addr, info in self._workers().items():
+        self._checkpoint_now()  # step 0: the PS can always be re-created
+        for addr, info in (self._workers() or {}).items():
             if "gpu" in info.get("resources", {}):
-                self._start_trainer(str(info["name"]), addr)
-        failures = 0
+                self._want_trainer(str(info["name"]), addr)
         while True:
             self._handle_events()
-            self._launch_ready_trainers()
-            try:
-                self.status = self._ps[0].status().result(timeout=self.hp.call_timeout_s)
-                failures = 0
-            except Exception as e:
-                failures += 1
-                logger.warning("PS status failed (%d): %r", failures, e)
-                if failures >= 2 or not self._ps_alive():
-                    self._recover(mask)
-                    failures = 0
+            self._watch_trainers()
+            self._submit_trainers()
+            self._poll_unregistering()
+            self._poll_checkpoint()
+            self._poll_status()
+            if self._ps_lost():
+                self._recover()
                 continue
-            self.step = int(self.status["step"])
             if self.step >= self._next_eval:
                 self._evaluate()
-                self._next_eval = (self.step // self.hp.eval_every + 1) * self.hp.eval_every
+                self._next_eval = (self.step // self.hp.eval_interval + 1) * self.hp.eval_interval
+            if self._inflight is None and (
+                self.step >= self._next_checkpoint or self._checkpoint_wanted.is_set()
+            ):
+                self._checkpoint_wanted.clear()
+                self._start_checkpoint()
             reason = self._stop_reason()
             if reason:
                 self._finish(reason)
@@ -316,26 +388,71 @@ class TrainingRun:
             return "budget"
         if self.deadline is not None and time.time() >= self.deadline:
             return "deadline"
+        if self._given_up and not self._slots:
+            # Every worker's trainer kept failing: nothing trains, the GPUs only bill.
+            errors = sorted(set(self._given_up.values()))
+            self.error = RuntimeError(
+                f"Every trainer kept failing ({len(self._given_up)} worker(s), "
+                f"{self.hp.trainer_restarts} restarts each): {'; '.join(errors)}"
+            )
+            return "trainer-failed"
         return None
 
-    def _ps_alive(self) -> bool:
-        return self._ps_address is not None and self._ps_address in self._workers()
-
     # -- PS ---------------------------------------------------------------------------------------------
+    def _poll_status(self) -> None:
+        """Ask the PS for its counters without blocking the loop on a slow PS."""
+        now = time.monotonic()
+        fut = self._status_future
+        if fut is not None and fut.done():
+            self._status_future = None
+            try:
+                self.status = fut.result(timeout=1)
+            except Exception as e:
+                logger.info("PS status failed: %r", e)
+                return
+            self._ps_answered = now
+            self.step = int(self.status["step"])
+            self._known_step = max(self._known_step, self.step)
+        elif fut is not None and now - self._status_sent > self.hp.call_timeout_s:
+            logger.warning("PS status: no answer within %.0f s", self.hp.call_timeout_s)
+            self._status_future = None  # ask again; _ps_lost decides when it is lost
+        if self._status_future is None and self._ps:
+            try:
+                self._status_future = self._ps[0].status()
+                self._status_sent = now
+            except Exception as e:  # the actor's worker is gone: the handle refuses calls
+                logger.info("PS status not sent: %r", e)
+
+    def _ps_lost(self) -> bool:
+        """Lost means gone: its host left the cluster, or it answered nothing for a while."""
+        if self._ps_left:
+            return True
+        silent = time.monotonic() - self._ps_answered
+        if silent <= self.hp.call_timeout_s:
+            return False
+        workers = self._workers()
+        if workers is not None and self._ps_address is not None and self._ps_address not in workers:
+            return True  # a confirmed listing without the PS host
+        return silent > self.hp.ps_lost_after_s
+
     def _wait_for_ps_host(self, exclude: str | None, timeout: float) -> str:
         deadline = time.time() + timeout
         while time.time() < deadline:
-            for addr, info in self._workers().items():
+            for addr, info in (self._workers() or {}).items():
                 if "ps" in info.get("resources", {}) and addr != exclude:
                     return str(addr)
             if self._stop.is_set():
                 raise RuntimeError("stopped while waiting for a PS host")
-            time.sleep(0.1)
+            self._stop.wait(0.1)
         raise TimeoutError(f"No PS host joined within {timeout:.0f} s.")
 
-    def _create_ps(self, states: list[dict[str, Any]], mask: np.ndarray) -> None:
-        delay = self.cluster._delay(False) if hasattr(self.cluster, "_delay") else 0
-        addr = self._wait_for_ps_host(self._ps_address, timeout=120 + 2 * delay)
+    def _create_ps(
+        self, states: list[dict[str, Any]], step: int, counters: dict[str, Any] | None
+    ) -> None:
+        delay = float(getattr(self.cluster, "provisioning_delay", 0) or 0)
+        addr = self._wait_for_ps_host(
+            None if not self._ps_left else self._ps_address, timeout=120 + 2 * delay
+        )
         futures = [
             self._client.submit(
                 ParameterServer,
@@ -343,14 +460,15 @@ class TrainingRun:
                 i,
                 self.shards,
                 st["weights"],
-                mask[a:b],
+                self._mask[a:b],
                 st["bn"],
                 self.hp.to_dict(),
                 self.checkpoint_url,
-                version=st["step"],
+                version=step,
                 momentum=st["momentum"],
                 model=self.model,
                 generation=self._generation,
+                counters=counters if i == 0 else None,
                 actor=True,
                 workers=[addr],
                 allow_other_workers=False,
@@ -359,8 +477,15 @@ class TrainingRun:
             )
             for i, (st, (a, b)) in enumerate(zip(states, self._bounds, strict=True))
         ]
+        old = self._ps_futures
         self._ps = [f.result(timeout=self.hp.call_timeout_s) for f in futures]
+        self._ps_futures = futures
+        for f in old:  # the previous generation's actors are released from their worker
+            f.release()
         self._ps_address = addr
+        self._ps_left = False
+        self._ps_answered = time.monotonic()
+        self._status_future = None
         Variable(self.variable, client=self._client).set(
             json.dumps(
                 {
@@ -370,70 +495,224 @@ class TrainingRun:
             )
         )
 
-    def _recover(self, mask: np.ndarray) -> None:
-        lost_at = self.step
+    def _old_ps_state(self) -> list[dict[str, Any]] | None:
+        """The old PS's own state, if it still answers (it is fresher than any checkpoint)."""
+        if self._ps_left or not self._ps:
+            return None
+        try:
+            return [
+                ps.get_state().result(timeout=min(5.0, self.hp.call_timeout_s)) for ps in self._ps
+            ]
+        except Exception:
+            return None
+
+    def _recover(self) -> None:
+        lost_at = self._known_step
         self._post("ps-lost", step=lost_at, address=self._ps_address)
         t0 = time.time()
-        states = []
-        for i in range(self.shards):
-            st = checkpoint.load(self.checkpoint_url, i)
-            if st is None:
-                raise RuntimeError(f"PS lost and no checkpoint under {self.checkpoint_url}")
-            states.append(st)
-        resumed = min(int(st["step"]) for st in states)
+        self._abandon_checkpoint()
+        states = self._old_ps_state()
+        if states is not None:
+            # Its handle broke but it answers: move its own state, lose nothing.
+            resumed = int(states[0]["step"])
+            counters = states[0]["counters"]
+            source = "ps"
+        else:
+            ck = checkpoint.load_latest(self.checkpoint_url)
+            if ck is None:
+                raise RuntimeError(
+                    f"The PS was lost and there is no complete checkpoint under "
+                    f"{self.checkpoint_url}: the run cannot go on."
+                )
+            resumed = ck.step
+            counters = ck.meta.get("counters")
+            states = [
+                {
+                    "weights": sh["weights"],
+                    "momentum": sh["momentum"],
+                    "bn": sh.get("bn") if i == 0 else None,
+                }
+                for i, sh in enumerate(ck.shards)
+            ]
+            source = "checkpoint"
         self._generation += 1
-        if self._ps_alive():
-            # The host lives but our handle to the PS broke (e.g. its actor future was lost with
-            # another worker): re-create the PS on the same host rather than wait for a new one.
-            self._ps_address = None
-        self._create_ps(states, mask)
-        # Trainers still registered with the old PS are re-counted when they push again.
+        self._create_ps(states, step=resumed, counters=counters)
         self._post(
             "ps-recovered",
             step=resumed,
             steps_lost=max(0, lost_at - resumed),
             seconds=time.time() - t0,
             generation=self._generation,
+            source=source,
         )
         self.step = resumed
+        self._known_step = resumed
+        self._next_checkpoint = (
+            resumed // self.hp.checkpoint_interval + 1
+        ) * self.hp.checkpoint_interval
+
+    # -- checkpoints: every shard at one agreed version, the manifest last --------------------------
+    def _start_checkpoint(self) -> None:
+        try:
+            first = self._ps[0].snapshot().result(timeout=self.hp.call_timeout_s)
+            step = int(first["step"])
+            for ps in self._ps[1:]:
+                ps.snapshot(step).result(timeout=self.hp.call_timeout_s)
+        except Exception as e:
+            logger.info("Checkpoint snapshot failed: %r", e)
+            return
+        if step <= self.checkpoint_step:
+            # Nothing new since the last one (or older): never publish it over a newer one.
+            self._next_checkpoint = (
+                step // self.hp.checkpoint_interval + 1
+            ) * self.hp.checkpoint_interval
+            self._inflight = None
+            self.checkpoint_step = max(self.checkpoint_step, step)
+            return
+        self._inflight = {
+            "step": step,
+            "counters": first["counters"],
+            "futures": [ps.write_snapshot(step) for ps in self._ps],
+            "t0": time.monotonic(),
+        }
+
+    def _poll_checkpoint(self, block: bool = False) -> None:
+        job = self._inflight
+        if job is None:
+            return
+        bound = max(120.0, 4 * self.hp.call_timeout_s)  # a slow bucket is not a hang
+        if block:
+            end = job["t0"] + bound
+            while not all(f.done() for f in job["futures"]) and time.monotonic() < end:
+                time.sleep(0.02)
+        if not all(f.done() for f in job["futures"]):
+            if time.monotonic() - job["t0"] > bound:
+                logger.warning(
+                    "Checkpoint of step %d not written within %.0f s", job["step"], bound
+                )
+                self._abandon_checkpoint()
+            return
+        self._inflight = None
+        try:
+            files = [f.result(timeout=1) for f in job["futures"]]
+            path = checkpoint.write_manifest(
+                self.checkpoint_url,
+                job["step"],
+                {
+                    "run": self.id,
+                    "model": self.model,
+                    "data": self.data,
+                    "shards": self.shards,
+                    "generation": self._generation,
+                    "hparams": self.hp.to_dict(),
+                    "counters": job["counters"],
+                    "time": time.time(),
+                },
+                files,
+            )
+        except Exception as e:
+            logger.warning("Checkpoint of step %d failed: %r", job["step"], e)
+            return
+        self.checkpoint_step = job["step"]
+        self._next_checkpoint = (
+            job["step"] // self.hp.checkpoint_interval + 1
+        ) * self.hp.checkpoint_interval
+        self._post(
+            "checkpoint",
+            step=job["step"],
+            path=path,
+            seconds=time.monotonic() - job["t0"],
+        )
+        try:
+            checkpoint.prune(self.checkpoint_url, keep=CHECKPOINTS_KEPT)
+        except Exception as e:  # housekeeping only
+            logger.info("Could not prune old checkpoints: %r", e)
+
+    def _abandon_checkpoint(self) -> None:
+        self._inflight = None  # its manifest is never written: readers ignore its files
+
+    def _checkpoint_now(self) -> None:
+        if self._inflight is not None:
+            self._poll_checkpoint(block=True)
+        self._start_checkpoint()
+        self._poll_checkpoint(block=True)
 
     # -- trainers -------------------------------------------------------------------------------------
-    def _start_trainer(self, name: str, address: str) -> None:
-        """Ask for a trainer actor on the worker; it starts training once created.
-
-        Never blocks the driver: a worker can die while its trainer is being created, and the
-        driver must keep serving the others meanwhile.
-        """
-        if name in self._trainers or name in self._pending:
+    def _want_trainer(self, name: str, address: str) -> None:
+        if name in self._slots or name in self._given_up:
             return
-        self._pending[name] = self._client.submit(
-            Trainer,
-            self.id,
-            self.model,
-            self.data,
-            self.hp.to_dict(),
-            self.variable,
-            self._bounds,
-            seed=self.seed,
-            device=self.device,
-            actor=True,
-            workers=[address],
-            allow_other_workers=False,
-            pure=False,
-            key=f"trainer-{self.id}-{name}",
-        )
+        self._slots[name] = _TrainerSlot(address=address)
 
-    def _launch_ready_trainers(self) -> None:
-        for name, fut in list(self._pending.items()):
-            if not fut.done():
+    def _submit_trainers(self) -> None:
+        """Ask for a trainer actor on every worker that needs one; never blocks the driver."""
+        now = time.monotonic()
+        for name, slot in self._slots.items():
+            if slot.future is None and now >= slot.not_before:
+                slot.future = self._client.submit(
+                    Trainer,
+                    self.id,
+                    self.model,
+                    self.data,
+                    self.hp.to_dict(),
+                    self.variable,
+                    self._bounds,
+                    seed=self.seed,
+                    device=self.device,
+                    actor=True,
+                    workers=[slot.address],
+                    allow_other_workers=False,
+                    pure=False,
+                    key=f"trainer-{self.id}-{name}-{slot.attempt}",
+                )
+            elif slot.future is not None and not slot.started and slot.future.done():
+                try:
+                    slot.actor = slot.future.result(timeout=self.hp.call_timeout_s)
+                except Exception as e:  # the worker went away before its trainer started
+                    logger.info("Trainer on %s did not start: %r", name, e)
+                    self._trainer_failed(name, slot, e)
+                    continue
+                self._released.append(slot.future)
+                slot.future = slot.actor.run()
+                slot.started = True
+
+    def _watch_trainers(self) -> None:
+        for name, slot in list(self._slots.items()):
+            if not slot.started or not slot.future.done():
                 continue
-            del self._pending[name]
             try:
-                actor = fut.result(timeout=self.hp.call_timeout_s)
-            except Exception as e:  # the worker went away before its trainer started
-                logger.info("Trainer on %s did not start: %r", name, e)
+                result = slot.future.result(timeout=1)
+            except Exception as e:
+                self._trainer_failed(name, slot, e)
                 continue
-            self._trainers[name] = (actor, actor.run())
+            if result.get("state") == "drained":
+                self._slots.pop(name, None)  # its worker is leaving: the replacement gets one
+            elif self.step < self.hp.steps and not self._stop.is_set():
+                self._trainer_failed(
+                    name, slot, RuntimeError(f"trainer ended early ({result.get('state')})")
+                )
+
+    def _trainer_failed(self, name: str, slot: _TrainerSlot, error: BaseException) -> None:
+        text = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]
+        slot.attempt += 1
+        gave_up = slot.attempt > self.hp.trainer_restarts
+        self._post("trainer-failed", worker=name, error=text, attempt=slot.attempt, gave_up=gave_up)
+        logger.warning("Trainer on %s failed (attempt %d): %s", name, slot.attempt, text)
+        if slot.future is not None:
+            self._released.append(slot.future)
+        if gave_up:
+            self._slots.pop(name, None)
+            self._given_up[name] = text
+            logger.warning(
+                "Worker %s gave up after %d failed trainers; it stays idle (scale it away): %s",
+                name,
+                slot.attempt,
+                text,
+            )
+            return
+        delay = min(TRAINER_BACKOFF_MAX_S, TRAINER_BACKOFF_S * 2 ** (slot.attempt - 1))
+        slot.actor, slot.future, slot.started = None, None, False
+        slot.not_before = time.monotonic() + delay
+        self._post("trainer-restarted", worker=name, attempt=slot.attempt, delay_s=delay)
 
     def _handle_events(self) -> None:
         while True:
@@ -442,23 +721,40 @@ class TrainingRun:
             except queue.Empty:
                 return
             kind, name, role = e.get("kind"), e.get("worker"), e.get("role")
-            if kind == "joined" and role == "worker" and name:
-                self._start_trainer(str(name), str(e.get("address")))
-            elif kind in ("left", "preempted") and role == "worker" and name in self._pending:
-                self._pending.pop(name).cancel()
-            elif kind in ("left", "preempted") and role == "worker" and name in self._trainers:
-                self._trainers.pop(name)
-                try:  # a trainer that drained has left already; this is a no-op then
-                    lost = (
-                        self._ps[0].unregister(name, False).result(timeout=self.hp.call_timeout_s)
-                    )
-                    for ps in self._ps[1:]:
-                        ps.unregister(name, False).result(timeout=self.hp.call_timeout_s)
-                except Exception:
-                    lost = False
-                if lost:
-                    self.lost_in_flight += 1
-                    self._post("gradient-lost", worker=name, step=self.step)
+            if kind == "metrics" and e.get("run") == self.id:
+                self._known_step = max(self._known_step, int(e.get("step", 0)))
+            elif kind == "joined" and role == "worker" and name:
+                self._want_trainer(str(name), str(e.get("address")))
+            elif (
+                kind == "left"
+                and e.get("address") is not None
+                and e.get("address") == self._ps_address
+            ):
+                self._ps_left = True  # the scheduler removed the PS host: gone for sure
+            elif kind in ("left", "preempted") and role == "worker" and name in self._slots:
+                slot = self._slots.pop(str(name))
+                if slot.future is not None:
+                    self._released.append(slot.future)
+                if slot.started and self._ps:
+                    # Did its worker die holding weights it was computing on? The PS knows.
+                    futures = [ps.unregister(name, False) for ps in self._ps]
+                    self._unregistering.append((str(name), futures, time.monotonic()))
+
+    def _poll_unregistering(self) -> None:
+        keep = []
+        for name, futures, t0 in self._unregistering:
+            if not futures[0].done():
+                if time.monotonic() - t0 < self.hp.call_timeout_s:
+                    keep.append((name, futures, t0))
+                continue
+            try:
+                lost = bool(futures[0].result(timeout=1))
+            except Exception:
+                lost = False
+            if lost:
+                self.lost_in_flight += 1
+                self._post("gradient-lost", worker=name, step=self.step)
+        self._unregistering = keep
 
     # -- evaluation and the end -------------------------------------------------------------------------
     def _evaluate(self) -> float | None:
@@ -485,26 +781,32 @@ class TrainingRun:
         self._post("eval", step=int(states[0]["step"]), accuracy=float(acc), test_loss=float(loss))
         return self.accuracy
 
-    def _finish(self, reason: str) -> None:
-        self.reason = reason
-        for fut in self._pending.values():
-            fut.cancel()
-        for actor, _ in self._trainers.values():
-            try:
-                actor.stop()
-            except Exception:
-                pass
+    def _stop_trainers(self) -> list[dict[str, Any]]:
+        """Stop every trainer and wait for them, all within one bound; returns their counters."""
+        for slot in self._slots.values():
+            if slot.started and slot.actor is not None:
+                try:
+                    slot.actor.stop()
+                except Exception:
+                    pass
         # One deadline for all: a trainer whose worker just died never answers.
         deadline = time.monotonic() + self.hp.call_timeout_s
         results = []
-        for name, (_, fut) in list(self._trainers.items()):
-            while not fut.done() and time.monotonic() < deadline:
+        for name, slot in list(self._slots.items()):
+            if not slot.started:
+                continue
+            while not slot.future.done() and time.monotonic() < deadline:
                 time.sleep(0.02)
             try:
-                if fut.done():
-                    results.append(fut.result(timeout=1))
+                if slot.future.done():
+                    results.append(slot.future.result(timeout=1))
             except Exception as e:
                 logger.info("Trainer on %s ended with %r", name, e)
+        return results
+
+    def _finish(self, reason: str) -> None:
+        self.reason = reason
+        results = self._stop_trainers()
         try:
             self.status = self._ps[0].status().result(timeout=self.hp.call_timeout_s)
             self.step = int(self.status["step"])
@@ -512,11 +814,12 @@ class TrainingRun:
             pass
         if reason != "accuracy" or self.accuracy is None:
             self._evaluate()
-        for ps in self._ps:
-            try:
-                ps.checkpoint().result(timeout=self.hp.call_timeout_s)
-            except Exception:
-                pass
+        try:
+            self._checkpoint_now()
+        except Exception as e:
+            logger.warning("Final checkpoint failed: %r", e)
+        if reason == "trainer-failed":
+            raise self.error or RuntimeError("trainers failed")
         self._post(
             "train-finished",
             reason=reason,
@@ -527,7 +830,33 @@ class TrainingRun:
             gaps=self.status.get("gaps"),
             accepted=json.dumps(self.status.get("accepted", {})),
             trainers=json.dumps(results, default=str),
+            checkpoint_step=self.checkpoint_step,
         )
+
+    def _cleanup(self) -> None:
+        """Every exit path: stop the trainers, release the PS and trainer actors and the
+        Variable, so nothing of this run is left on the cluster."""
+        self._stop.set()
+        try:
+            self._stop_trainers()
+        except Exception as e:
+            logger.info("Stopping trainers: %r", e)
+        for slot in self._slots.values():
+            if slot.future is not None:
+                self._released.append(slot.future)
+        self._slots.clear()
+        for fut in [*self._released, *self._ps_futures]:
+            release = getattr(fut, "release", None)  # actor-call futures hold nothing
+            try:
+                if release is not None:
+                    release()
+            except Exception:
+                pass
+        self._released, self._ps_futures, self._ps = [], [], []
+        try:
+            Variable(self.variable, client=self._client).delete()
+        except Exception as e:
+            logger.info("Could not delete %s: %r", self.variable, e)
 
 
 def summarize(events: list[dict[str, Any]], minimum_s: float = 60.0) -> dict[str, Any]:
@@ -559,6 +888,8 @@ def summarize(events: list[dict[str, Any]], minimum_s: float = 60.0) -> dict[str
         "model": started.get("model") if started else None,
         "data": started.get("data") if started else None,
         "reason": finished.get("reason") if finished else None,
+        "error": finished.get("error") if finished else None,
+        "trainer_failures": sum(1 for e in window if e.get("kind") == "trainer-failed"),
         "steps": steps,
         "wall_s": wall,
         "accuracy": evals[-1]["accuracy"] if evals else None,
@@ -584,27 +915,21 @@ def train(
     cluster: Any,
     model: str = "resnet32",
     data: str = "synthetic",
-    steps: int = 64_000,
+    steps: int = HParams.steps,
     *,
-    batch_size: int = 128,
-    lr: float = 0.1,
     shards: int = 1,
     target_accuracy: float | None = None,
     budget: float | None = None,
     deadline: Any = None,
     checkpoint_url: str | None = None,
-    checkpoint_every: int | None = None,
-    eval_every: int | None = None,
-    eval_images: int | None = None,
-    warmup_steps: int = 100,
-    wire_dtype: str = "float32",
     seed: int = 0,
     device: str | None = None,
     wait: bool = False,
+    **hparams: Any,
 ) -> TrainingRun:
     """Train ``model`` on ``data`` with asynchronous PS training on ``cluster``.
 
-    Inputs are checked before any trainer starts. The run goes on in the background; use
+    Every input is checked before anything starts. The run goes on in the background; use
     ``run.wait()``, ``run.stop()``, ``run.history`` and ``run.summary()``.
 
     Parameters
@@ -623,10 +948,13 @@ def train(
     target_accuracy, budget, deadline
         Further stop conditions: test accuracy in [0, 1], dollars, a duration or datetime.
     checkpoint_url
-        fsspec URL of the PS checkpoints (default: the run's folder).
-    checkpoint_every, eval_every
-        Global steps between checkpoints (default steps/16, the paper's 4K of 64K) and
-        evaluations (default steps/20).
+        fsspec URL of the PS checkpoints (default: the run's folder; on a cloud backend a
+        shared URL such as ``gs://bucket/runs`` is required, and probed with a write first).
+    **hparams
+        Any field of :class:`~transient_nb.training.hparams.HParams` (``batch_size``, ``lr``,
+        ``checkpoint_every``, ``eval_every``, ``eval_images``, ``warmup_steps``,
+        ``wire_dtype``, ``call_timeout_s``, ``ps_lost_after_s``, ``trainer_restarts``, ...);
+        their defaults are HParams' own.
 
     Examples
     --------
@@ -635,25 +963,14 @@ def train(
     >>> run = train(cluster, model="resnet8", data="digits", steps=300)  # doctest: +SKIP
     >>> run.wait().summary()["accuracy"]  # doctest: +SKIP
     """
-    if model not in MODELS:
-        raise ValueError(f"Unknown model {model!r}: use one of {', '.join(MODELS)}.")
-    check_data_spec(data)
-    if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
-        raise ValueError(f"shards={shards!r} must be a whole number of at least 1.")
-    if target_accuracy is not None and not 0 < target_accuracy <= 1:
-        raise ValueError(f"target_accuracy={target_accuracy!r} must be in (0, 1], e.g. 0.9.")
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
-        raise ValueError(f"steps={steps!r} must be a whole number above 0.")
-    hp = HParams(
+    hp = check_train_args(
+        model=model,
+        data=data,
         steps=steps,
-        batch_size=batch_size,
-        lr=lr,
-        warmup_steps=warmup_steps,
-        checkpoint_every=checkpoint_every or max(1, steps // 16),
-        eval_every=eval_every or max(1, steps // 20),
-        eval_images=eval_images,
-        wire_dtype=wire_dtype,
-    ).validate()
+        shards=shards,
+        target_accuracy=target_accuracy,
+        **hparams,
+    )
     if budget is not None:
         if not budget > 0:
             raise ValueError(f"budget={budget!r} must be a positive number of dollars.")
@@ -665,6 +982,19 @@ def train(
             )
     if getattr(cluster, "status", None) is not None and cluster.status.name != "running":
         raise ValueError(f"The cluster is {cluster.status.name}; start it (or a new one) first.")
+    backend = getattr(getattr(cluster, "backend", None), "name", "local")
+    if backend != "local":
+        if (
+            checkpoint_url is None
+            or "://" not in checkpoint_url
+            or checkpoint_url.startswith(("file://", "memory://"))
+        ):
+            raise ValueError(
+                f"checkpoint_url={checkpoint_url!r}: on the {backend} backend the PS checkpoints must "
+                "live on storage that outlives the PS host and that every host can reach; pass e.g. "
+                "checkpoint_url='gs://YOUR-BUCKET/transient-runs'."
+            )
+        probe_checkpoint_url(checkpoint_url)
     run = TrainingRun(
         cluster,
         model,
@@ -681,3 +1011,63 @@ def train(
     if wait:
         run.wait()
     return run
+
+
+def check_train_args(
+    *,
+    model: str = "resnet32",
+    data: str = "synthetic",
+    steps: int = HParams.steps,
+    shards: int = 1,
+    target_accuracy: float | None = None,
+    deadline: Any = None,
+    **hparams: Any,
+) -> HParams:
+    """Check the arguments of :func:`train` that need no cluster; returns the :class:`HParams`.
+
+    The ``%%transient_cluster`` cell magic calls it on its ``train:`` block before it starts
+    anything.
+
+    Examples
+    --------
+    >>> check_train_args(model="resnet8", data="digits", steps=100).steps
+    100
+    >>> check_train_args(model="resnet8", data="digits", eval_images=0)
+    Traceback (most recent call last):
+    ...
+    ValueError: eval_images=0 must be a whole number of at least 1.
+    """
+    if model not in MODELS:
+        raise ValueError(f"Unknown model {model!r}: use one of {', '.join(MODELS)}.")
+    check_data_spec(data)
+    if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
+        raise ValueError(f"shards={shards!r} must be a whole number of at least 1.")
+    if target_accuracy is not None and not 0 < target_accuracy <= 1:
+        raise ValueError(f"target_accuracy={target_accuracy!r} must be in (0, 1], e.g. 0.9.")
+    if deadline is not None:
+        _parse_deadline(deadline)
+    return HParams.from_dict(
+        {"steps": steps, **{k: v for k, v in hparams.items() if v is not None}}
+    ).validate()
+
+
+def probe_checkpoint_url(url: str) -> None:
+    """Write, read back and delete a small file under ``url``; a clear error if that fails."""
+    probe = f"{url.rstrip('/')}/.transient-nb-probe-{uuid.uuid4().hex[:8]}"
+    try:
+        fs, path = fsspec.core.url_to_fs(probe)
+        with fs.open(path, "wb") as f:
+            f.write(b"ok")
+        with fs.open(path, "rb") as f:
+            ok = f.read() == b"ok"
+        fs.rm(path)
+    except Exception as e:
+        raise ValueError(
+            f"checkpoint_url={url!r} cannot be written ({type(e).__name__}: {e}). Check that the "
+            "bucket exists and that your credentials (and the VMs' service account) may write to "
+            "it, or pass another checkpoint_url."
+        ) from e
+    if not ok:
+        raise ValueError(
+            f"checkpoint_url={url!r}: a file written there did not read back the same."
+        )

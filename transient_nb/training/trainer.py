@@ -1,11 +1,12 @@
 """Trainers: one Dask actor on every preemptible worker, also on replacements.
 
-A trainer's :meth:`Trainer.run` is its training loop (it occupies the worker's actor thread for
-the whole run): draw a batch, forward/backward, push the gradient to every PS shard and get the new
-weights back (one round trip), repeat. When the worker gets a preemption notice, the drain hook
-lets the current step finish, pushes that last gradient and leaves the PS cleanly. When the PS is
-lost, every call times out or fails, and the trainer looks the PS up again by itself (a Dask
-``Variable`` holds the current one) and goes on from its weights.
+A trainer's :meth:`Trainer.run` is its training loop, in a thread of its own: draw a batch,
+forward/backward, push the gradient to every PS shard and get the new weights back (one round
+trip), repeat. When the worker gets a preemption notice, the drain hook lets the current step
+finish, pushes that last gradient and leaves the PS cleanly. A call that is slow, fails, or is
+overtaken by a new PS makes the trainer rejoin the current PS (a Dask ``Variable`` holds it) with
+bounded, backed-off retries, and go on from its weights; only a PS that answers nothing for
+``ps_lost_after_s`` makes it give up.
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ import asyncio
 import json
 import logging
 import os
+import random
 import threading
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -31,7 +33,7 @@ from transient_nb.events import TOPIC, make_event
 from transient_nb.training.data import BatchStream, load_dataset
 from transient_nb.training.hparams import HParams
 from transient_nb.training.models import build_model
-from transient_nb.training.ps import ParameterServer
+from transient_nb.training.ps import ParameterServer, Reply
 
 logger = logging.getLogger(__name__)
 
@@ -40,10 +42,11 @@ logger = logging.getLogger(__name__)
 WAIT_SLICE_S = 0.5
 #: How often a trainer checks that it still talks to the current PS (seconds).
 GENERATION_CHECK_S = 2.0
-
-
-class PSLost(RuntimeError):
-    """The parameter server did not answer; look it up again."""
+#: First and longest pause between attempts to rejoin the PS (seconds; doubled each attempt).
+REJOIN_FIRST_S = 0.2
+REJOIN_MAX_S = 5.0
+#: How often a trainer posts its own ``worker-metrics`` (seconds).
+METRICS_EVERY_S = 2.0
 
 
 def flat_layout(model: torch.nn.Module) -> tuple[list[torch.nn.Parameter], list[torch.Tensor]]:
@@ -89,6 +92,31 @@ def lookup_ps(variable: str, timeout: float) -> tuple[int, list[Actor]]:
     return int(info["generation"]), actors
 
 
+def current_generation(variable: str, timeout: float = 5.0) -> int:
+    """The generation published in the run's Variable, or -1 when it cannot be read."""
+    try:
+        value = Variable(variable).get(timeout=timeout)
+        return int(json.loads(value)["generation"])
+    except Exception:
+        return -1
+
+
+class PSUnavailable(RuntimeError):
+    """A call to the PS did not complete: slow, failed, or the PS was replaced meanwhile."""
+
+
+class PSLost(RuntimeError):
+    """No PS answered for ``ps_lost_after_s``: the trainer gives up (the driver restarts it)."""
+
+
+class _Stopped(Exception):
+    """The trainer was stopped while it waited for the PS."""
+
+
+#: Locates the current PS: ``locate(timeout) -> (generation, shard handles)``.
+Locator = Callable[[float], tuple[int, list[Any]]]
+
+
 class Trainer:
     """The training loop of one worker, as a Dask actor.
 
@@ -108,6 +136,21 @@ class Trainer:
         Base seed; each worker draws its own batches.
     device
         "cuda", "cpu" or None (CUDA when available).
+    name
+        The trainer's name (default: the VM's name, else the worker's).
+    locate
+        How to find the current PS (default: read ``variable``); tests pass an in-process double.
+
+    Notes
+    -----
+    The loop runs in a thread of its own (:meth:`run` awaits it), not in the worker's single
+    actor thread: a trainer that outlives its run can then never keep a later run's trainer from
+    starting on the same worker.
+
+    A call that does not answer within ``call_timeout_s``, fails, or is overtaken by a newer PS
+    generation makes the trainer *rejoin*: look the PS up again, take its weights and register,
+    retrying with exponential backoff. Only when no PS has answered for ``ps_lost_after_s`` does
+    it give up with :class:`PSLost`. While it is away, the PS stops counting it as active.
     """
 
     def __init__(
@@ -120,24 +163,27 @@ class Trainer:
         bounds: list[tuple[int, int]],
         seed: int = 0,
         device: str | None = None,
+        name: str | None = None,
+        locate: Locator | None = None,
     ):
         self.run_id = run
         self.model_name = model
         self.data = data
-        self.hp = HParams(
-            **{
-                **hparams,
-                "decay_at": tuple(hparams["decay_at"]),
-                "decay_factors": tuple(hparams["decay_factors"]),
-            }
-        )
+        self.hp = HParams.from_dict(hparams)
         self.variable = variable
         self.bounds = bounds
-        self.worker = get_worker()
         try:
-            self.name = str(json.loads(os.environ["TRANSIENT_NB_VM"])["name"])
-        except (KeyError, ValueError):
-            self.name = str(self.worker.name)
+            self.worker: Any = get_worker()
+        except ValueError:  # built outside a worker (unit tests)
+            self.worker = None
+        if name is None:
+            try:
+                name = str(json.loads(os.environ["TRANSIENT_NB_VM"])["name"])
+            except (KeyError, ValueError):
+                name = str(self.worker.name) if self.worker is not None else "trainer"
+        self.name = name
+        self._locate: Locator = locate or (lambda timeout: lookup_ps(self.variable, timeout))
+        self._custom_locate = locate is not None
         self.seed = (seed * 1_000_003 + zlib.crc32(self.name.encode())) % 2**31
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self._stop = threading.Event()
@@ -146,24 +192,30 @@ class Trainer:
         self.local_step = 0
         self.accepted = 0
         self.ps_failures = 0
-        self._generation = 0
+        self.rejoins = 0
+        self.generation = -1
         self.state = "created"
-        register_drain_hook(self._drain)
+        #: Events posted (kept here too, so a test without a worker can read them).
+        self.posted: list[dict[str, Any]] = []
+        if self.worker is not None:
+            register_drain_hook(self._drain)
 
-    # -- control (coroutines: they answer at once, even while run() holds the actor thread) --------
+    # -- control (coroutines: they answer at once, even while the loop runs) ----------------------
     async def stop(self) -> None:
         """Stop after the current step (no final push)."""
         self._stop.set()
 
     async def status(self) -> dict[str, Any]:
         """Counters of this trainer."""
-        return {
-            "worker": self.name,
-            "state": self.state,
-            "local_step": self.local_step,
-            "accepted": self.accepted,
-            "ps_failures": self.ps_failures,
-        }
+        return self._counters()
+
+    async def run(self) -> dict[str, Any]:
+        """Train until stopped, drained or the run has its steps; returns this trainer's counters.
+
+        Raises what the loop raised (no data, out of memory, :class:`PSLost`): the driver
+        watches this call, posts ``trainer-failed`` and restarts the trainer with backoff.
+        """
+        return await asyncio.to_thread(self.train)
 
     async def _drain(self, deadline: float) -> None:
         # Preemption notice: finish this step, push its gradient, leave; then the worker goes.
@@ -172,17 +224,29 @@ class Trainer:
         while not self._done.is_set() and time.time() < deadline:
             await asyncio.sleep(0.02)
 
-    # -- the loop -------------------------------------------------------------------------------------
-    def _post(self, kind: str, **fields: Any) -> None:
-        self.worker.log_event(TOPIC, make_event(kind, run=self.run_id, **fields))
+    def _counters(self) -> dict[str, Any]:
+        return {
+            "worker": self.name,
+            "state": self.state,
+            "local_step": self.local_step,
+            "accepted": self.accepted,
+            "ps_failures": self.ps_failures,
+            "rejoins": self.rejoins,
+            "generation": self.generation,
+        }
 
-    def _call_all(
-        self, shards: list[Actor], method: str, *args_per_shard: Any, **kwargs: Any
-    ) -> list[Any]:
-        futures = []
-        for i, ps in enumerate(shards):
-            args = [a[i] if isinstance(a, list) else a for a in args_per_shard]
-            futures.append(getattr(ps, method)(*args, **kwargs))
+    # -- talking to the PS --------------------------------------------------------------------------
+    def _post(self, kind: str, **fields: Any) -> None:
+        event = make_event(kind, run=self.run_id, **fields)
+        self.posted.append(event)
+        if self.worker is not None:
+            self.worker.log_event(TOPIC, event)
+
+    def _stopping(self) -> bool:
+        return self._stop.is_set() and not self._draining.is_set()
+
+    def _gather(self, futures: list[Any]) -> list[Any]:
+        """Every shard's reply, or :class:`PSUnavailable` within ``call_timeout_s``."""
         t0 = time.monotonic()
         out = []
         try:
@@ -192,84 +256,134 @@ class Trainer:
                         out.append(f.result(timeout=WAIT_SLICE_S))
                         break
                     except (TimeoutError, asyncio.TimeoutError):
-                        # A call to a PS whose worker died can wait forever: look whether the
-                        # driver has published a new PS meanwhile, and give up at the timeout.
-                        if time.monotonic() - t0 > self.hp.call_timeout_s:
-                            raise
-                        if self._current_generation() > self._generation:
-                            raise PSLost("a new parameter server was published") from None
-        except PSLost:
+                        # A slow PS, or one whose worker died (such a call can wait forever):
+                        # look whether a new PS was published meanwhile, give up at the bound.
+                        waited = time.monotonic() - t0
+                        if waited > self.hp.call_timeout_s:
+                            raise PSUnavailable(f"no reply within {waited:.1f} s") from None
+                        if self._newer_generation():
+                            raise PSUnavailable("a new parameter server was published") from None
+                        if self._stopping():
+                            raise _Stopped() from None
+        except (PSUnavailable, _Stopped):
             raise
-        except Exception as e:  # timeouts, lost worker, erred actor: all mean "PS lost"
-            raise PSLost(repr(e)) from e
+        except Exception as e:  # lost worker, erred or missing actor, closed comm
+            raise PSUnavailable(repr(e)[:300]) from e
         return out
 
-    def _current_generation(self) -> int:
-        try:
-            value = Variable(self.variable).get(timeout=5)
-            return int(json.loads(value)["generation"])
-        except Exception:
-            return -1
-
-    def _connect(self, min_generation: int) -> tuple[int, list[Actor]]:
-        """Wait until a PS of at least ``min_generation`` is published, then return it."""
-        while not self._stop.is_set() or self._draining.is_set():
+    def _newer_generation(self) -> bool:
+        if self._custom_locate:
             try:
-                gen, shards = lookup_ps(self.variable, timeout=self.hp.call_timeout_s)
+                gen, _ = self._locate(1.0)
             except Exception:
-                gen, shards = -1, []
-            if gen >= min_generation and shards:
-                self._generation = gen
-                return gen, shards
-            if self._draining.is_set():
-                break
-            time.sleep(0.2)
-        raise PSLost("stopped while waiting for the parameter server")
+                return False
+            return gen > self.generation
+        return current_generation(self.variable, timeout=2.0) > self.generation
 
-    def _join_ps(
-        self, min_generation: int, params: list[torch.nn.Parameter], buffers: list[torch.Tensor]
-    ) -> tuple[int, list[Actor], int]:
-        """Find the current PS, take its weights and register with it; retries while the PS is
-        being replaced under our feet."""
+    def _push(
+        self,
+        shards: list[Any],
+        grad: np.ndarray,
+        version: int,
+        loss: float,
+        images: int,
+        bn_delta: np.ndarray | None,
+        final: bool,
+    ) -> Reply:
+        futures = [
+            ps.push_pull(
+                trainer=self.name,
+                grad=grad[a:b],
+                base_version=version,
+                local_step=self.local_step,
+                loss=loss,
+                images=images,
+                bn_delta=bn_delta if i == 0 else None,
+                final=final,
+            )
+            for i, (ps, (a, b)) in enumerate(zip(shards, self.bounds, strict=True))
+        ]
+        return _merge(self._gather(futures))
+
+    def _rejoin(
+        self, params: list[torch.nn.Parameter], buffers: list[torch.Tensor]
+    ) -> tuple[list[Any], int]:
+        """Find the current PS, take its weights and register; retry with backoff.
+
+        Raises :class:`PSLost` when no PS has answered for ``ps_lost_after_s``, and
+        :class:`_Stopped` when stopped (or draining: a draining trainer that has no PS has
+        nothing left to push).
+        """
+        t0 = time.monotonic()
+        delay = REJOIN_FIRST_S
+        last_error = ""
         while True:
-            gen, shards = self._connect(min_generation)
+            if self._stop.is_set():  # stopped, or draining with no PS to push the last gradient to
+                raise _Stopped()
             try:
-                w, bn, version = self._pull(shards)
-                self._call_all(shards, "register", self.name, self.local_step)
-            except PSLost:
-                min_generation = gen + 1
+                gen, shards = self._locate(min(self.hp.call_timeout_s, 5.0))
+                if not shards:
+                    raise PSUnavailable("no parameter server published yet")
+                self.generation = gen
+                w, bn, version = _merge(self._gather([ps.pull(self.name) for ps in shards]))
+                self._gather([ps.register(self.name, self.local_step) for ps in shards])
+            except (
+                PSUnavailable,
+                TimeoutError,
+                asyncio.TimeoutError,
+                OSError,
+                ValueError,
+                KeyError,
+            ) as e:
+                last_error = repr(e)[:300]
+                waited = time.monotonic() - t0
+                if waited >= self.hp.ps_lost_after_s:
+                    raise PSLost(
+                        f"no parameter server answered for {waited:.0f} s (last: {last_error})"
+                    ) from None
+                # Exponential backoff with jitter: many trainers must not stampede a PS that
+                # is just coming back.
+                pause = min(delay, self.hp.ps_lost_after_s - waited) * random.uniform(0.5, 1.0)
+                if self._stop.wait(pause):
+                    raise _Stopped() from None
+                delay = min(delay * 2, REJOIN_MAX_S)
                 continue
             set_flat(params, w)
             if bn is not None and buffers:
                 set_flat(buffers, bn)
-            return gen, shards, version
+            return shards, version
 
-    def _pull(self, shards: list[Actor]) -> tuple[np.ndarray, np.ndarray | None, int]:
-        replies = self._call_all(shards, "pull", self.name)
-        return self._merge(replies)
+    # -- the loop -------------------------------------------------------------------------------------
+    def train(self) -> dict[str, Any]:
+        """The training loop (blocking); :meth:`run` runs it in its own thread."""
+        try:
+            self._train()
+        except BaseException:
+            self.state = "failed"
+            raise
+        finally:
+            if self.worker is not None:
+                unregister_drain_hook(self._drain)
+            self._done.set()
+        return self._counters()
 
-    @staticmethod
-    def _merge(replies: list[Any]) -> tuple[np.ndarray, np.ndarray | None, int]:
-        w = np.concatenate([np.asarray(r[0], dtype=np.float32) for r in replies])
-        return w, replies[0][1], int(replies[0][2])
-
-    def run(self) -> dict[str, Any]:
-        """Train until stopped; returns this trainer's counters."""
+    def _train(self) -> None:
         torch.manual_seed(self.seed)
-        threads = int(getattr(self.worker.state, "nthreads", 1) or 1)
+        threads = int(getattr(getattr(self.worker, "state", None), "nthreads", 1) or 1)
         torch.set_num_threads(max(1, threads))
+        self.state = "loading"
         dataset = load_dataset(self.data, train=True)
         model = build_model(self.model_name, num_classes=dataset.num_classes).to(self.device)
         model.train()
         params, buffers = flat_layout(model)
         stream = BatchStream(dataset, self.hp.batch_size, seed=self.seed)
-        shards: list[Actor] = []
+        shards: list[Any] = []
         t_report, imgs = time.time(), 0
-        t_generation = time.time()
         try:
-            gen, shards, version = self._join_ps(0, params, buffers)
+            self.state = "joining"
+            shards, version = self._rejoin(params, buffers)
             self.state = "training"
-            while not self._stop.is_set() or self._draining.is_set():
+            while not self._stopping():
                 x, y = next(stream)
                 x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
                 bn_before = get_flat(buffers) if buffers else None
@@ -279,45 +393,44 @@ class Trainer:
                 grad = get_flat([p.grad for p in params])  # type: ignore[misc]
                 bn_delta = (get_flat(buffers) - bn_before) if bn_before is not None else None
                 if self.hp.wire_dtype == "float16":
-                    grad = grad.astype(np.float16)
+                    grad = torch.from_numpy(grad).to(torch.float16).numpy()
                 self.local_step += 1
                 final = self._draining.is_set()
-                pieces = [grad[a:b] for a, b in self.bounds]
                 try:
-                    replies = self._call_all(
+                    w, bn, version = self._push(
                         shards,
-                        "push_pull",
-                        self.name,
-                        pieces,
+                        grad,
                         version,
-                        self.local_step,
                         float(loss.detach()),
                         int(x.shape[0]),
                         bn_delta,
                         final,
                     )
-                except PSLost as e:
+                except PSUnavailable as e:
+                    # Slow is not dead: rejoin the current PS (maybe a new generation) and go on
+                    # from its weights. The gradient may still be applied; if not, the PS counts
+                    # the gap.
                     self.ps_failures += 1
                     self._post(
                         "trainer-ps-lost", worker=self.name, step=version, error=str(e)[:200]
                     )
-                    gen, shards, version = self._join_ps(gen + 1, params, buffers)
+                    self.state = "rejoining"
+                    if final:
+                        break  # the notice's deadline will not wait for a rejoin
+                    shards, version = self._rejoin(params, buffers)
+                    self.rejoins += 1
+                    self.state = "training"
+                    self._post(
+                        "ps-rejoined", worker=self.name, generation=self.generation, step=version
+                    )
                     continue
                 self.accepted += 1
-                w, bn, version = self._merge(replies)
-                now = time.time()
-                if now - t_generation >= GENERATION_CHECK_S:
-                    # The driver may have re-created the PS while the old one still answers.
-                    t_generation = now
-                    if self._current_generation() > gen:
-                        gen, shards, version = self._join_ps(gen + 1, params, buffers)
-                        continue
                 set_flat(params, w)
                 if bn is not None and buffers:
                     set_flat(buffers, bn)
                 imgs += int(x.shape[0])
                 now = time.time()
-                if now - t_report >= 2.0:
+                if now - t_report >= METRICS_EVERY_S:
                     self._post(
                         "worker-metrics",
                         worker=self.name,
@@ -328,21 +441,27 @@ class Trainer:
                     t_report, imgs = now, 0
                 if final or version >= self.hp.steps:
                     break  # drained, or the run has all its steps: no more pushes
-        except PSLost:
-            pass  # stopped while the PS was away
+                if self.generation >= 0 and now - self._t_generation >= GENERATION_CHECK_S:
+                    # The driver may have re-created the PS while the old one still answers.
+                    self._t_generation = now
+                    if self._newer_generation():
+                        shards, version = self._rejoin(params, buffers)
+        except _Stopped:
+            pass
         finally:
-            self.state = "drained" if self._draining.is_set() else "stopped"
+            if self._draining.is_set():
+                self.state = "drained"
+            elif self.state != "failed":
+                self.state = "stopped"
             if not self._draining.is_set() and shards:
-                try:
-                    self._call_all(shards, "unregister", self.name, True)
-                except PSLost:
+                try:  # best effort, bounded: the PS may be the reason we stop
+                    self._gather([ps.unregister(self.name, True) for ps in shards])
+                except (PSUnavailable, _Stopped):
                     pass
-            unregister_drain_hook(self._drain)
-            self._done.set()
-        return {
-            "worker": self.name,
-            "local_step": self.local_step,
-            "accepted": self.accepted,
-            "ps_failures": self.ps_failures,
-            "state": self.state,
-        }
+
+    _t_generation = 0.0
+
+
+def _merge(replies: list[Any]) -> Reply:
+    w = np.concatenate([np.asarray(r[0], dtype=np.float32) for r in replies])
+    return w, replies[0][1], int(replies[0][2])
