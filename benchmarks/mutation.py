@@ -5,6 +5,7 @@ Run by hand, like the other benchmarks, never in CI (minutes per module on two c
     pip install -e ".[test,mutation]"
     python benchmarks/mutation.py                      # the default modules (money, preemption)
     python benchmarks/mutation.py cost prices          # some of them
+    python benchmarks/mutation.py --rev HEAD           # the last commit, not the working tree
     python benchmarks/mutation.py training/ps --tests tests/training/test_ps.py
 
 For every module, a scratch copy of the package, the tests and ``pyproject.toml`` goes to
@@ -63,12 +64,23 @@ cli(sys.argv[1:])
 """
 
 
-def scratch(module: str) -> Path:
-    """A fresh copy of what mutmut needs, under build/mutation/MODULE."""
+def scratch(module: str, rev: str | None) -> Path:
+    """A fresh copy of what mutmut needs, under build/mutation/MODULE: the working tree, or the
+    commit ``rev`` (a tree others are editing may not even import)."""
     work = ROOT / "build" / "mutation" / module.replace("/", "-")
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
+    if rev is not None:
+        archive = subprocess.run(
+            ["git", "archive", rev, "transient_nb", "tests", "pyproject.toml"],
+            cwd=ROOT,
+            capture_output=True,
+            check=True,
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", str(work)], input=archive, check=True)
+        shutil.rmtree(work / "transient_nb" / "labextension", ignore_errors=True)
+        return work
     ignore = shutil.ignore_patterns("__pycache__", "node_modules", "labextension", "*.pyc")
     shutil.copytree(ROOT / "transient_nb", work / "transient_nb", ignore=ignore)
     shutil.copytree(ROOT / "tests", work / "tests", ignore=ignore)
@@ -96,8 +108,10 @@ def results(work: Path, module: str, tests: list[str]) -> dict[str, str]:
     return verdicts
 
 
-def run_module(module: str, tests: list[str], max_children: int) -> dict[str, object]:
-    work = scratch(module)
+def run_module(
+    module: str, tests: list[str], max_children: int, rev: str | None
+) -> dict[str, object]:
+    work = scratch(module, rev)
     start = time.monotonic()
     proc = mutmut(work, module, tests, "run", "--max-children", str(max_children))
     (work / "run.log").write_text(proc.stdout + proc.stderr)
@@ -128,6 +142,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("modules", nargs="*", help=f"default: {' '.join(DEFAULT)}")
     parser.add_argument("--tests", nargs="+", help="test files (default: MODULES' entry)")
     parser.add_argument("--max-children", type=int, default=1)
+    parser.add_argument("--rev", help="mutate this commit (e.g. HEAD), not the working tree")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args(argv)
     rows = []
@@ -136,7 +151,7 @@ def main(argv: list[str] | None = None) -> None:
         if not tests:
             parser.error(f"no tests known for {module!r}: give them with --tests")
         print(f"mutating transient_nb/{module}.py against {' '.join(tests)}", file=sys.stderr)
-        rows.append(run_module(module, tests, args.max_children))
+        rows.append(run_module(module, tests, args.max_children, args.rev))
     print("| module | mutants | killed | survived | other | score | minutes |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
