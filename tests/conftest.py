@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import importlib
+import os
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from pathlib import Path
@@ -24,6 +26,10 @@ from distributed import utils_test
 from distributed.utils_test import cleanup  # noqa: F401
 
 import transient_nb  # noqa: F401  (registers the ``transient`` config defaults)
+
+# Posting an event kind that transient_nb.events does not declare raises, in this process and in
+# the worker processes it starts (they inherit the environment): a test then fails.
+os.environ.setdefault("TRANSIENT_NB_STRICT_EVENTS", "1")
 
 #: Poll interval of the wait helpers (seconds).
 POLL_S = 0.05
@@ -84,6 +90,30 @@ async def wait_for(
         if time.monotonic() > deadline:
             raise TimeoutError(message or f"{_describe(predicate)} still false after {timeout}s")
         await asyncio.sleep(POLL_S)
+
+
+# -- what the suite needs -----------------------------------------------------------------------
+def in_ci() -> bool:
+    """Whether this is a CI run (``CI`` set, as CI services and ``.ci/run`` do)."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def require(ok: bool, reason: str) -> None:
+    """Skip the calling test when ``ok`` is false, but fail it in CI: there, a missing browser,
+    module or tool is a broken machine, and a run that skips what it promises is not green."""
+    if ok:
+        return
+    if in_ci():
+        pytest.fail(f"{reason} (CI is set: the suite must not skip it)", pytrace=False)
+    pytest.skip(reason)
+
+
+def require_module(name: str, install: str) -> Any:
+    """``importlib.import_module(name)``, or :func:`require`'s skip (fail in CI) naming ``install``."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        require(False, f"cannot import {name} ({e}): {install}")
 
 
 # -- events -------------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from typing import Any
 
 import psutil
 import pytest
+from conftest import require, require_module  # tests/conftest.py
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -118,12 +119,9 @@ def _isolated_env(root: Path) -> dict[str, str]:
 @pytest.fixture
 def lab(tmp_path: Path) -> Iterator[Lab]:
     """JupyterLab on 127.0.0.1 with a known token, ended (with its kernels) at teardown."""
-    if not os.path.exists(CHROMIUM):
-        # CI installs it (.ci/run): there, a missing browser is a failure, never a silent skip.
-        if os.environ.get("CI"):
-            pytest.fail(f"no Chromium at {CHROMIUM}: .ci/run must apt-get install chromium")
-        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install -y chromium)")
-    pytest.importorskip("playwright.sync_api")
+    # CI installs both (.ci/run): there, a missing one fails the test, never a silent skip.
+    require(os.path.exists(CHROMIUM), f"no Chromium at {CHROMIUM} (apt-get install -y chromium)")
+    require_module("playwright.sync_api", 'pip install -e ".[test]"')
     env = _isolated_env(tmp_path)
     (tmp_path / "notebooks").mkdir()
     port = _free_port()

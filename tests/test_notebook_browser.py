@@ -26,6 +26,7 @@ from typing import Any
 
 import psutil
 import pytest
+from conftest import require, require_module  # tests/conftest.py
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "test-artifacts" / "browser"
@@ -36,10 +37,6 @@ pytestmark = [
     pytest.mark.browser,
     pytest.mark.slow,
     pytest.mark.timeout(1200),
-    # CI installs chromium (.ci/run) and must run this test: only outside CI may it be skipped.
-    pytest.mark.skipif(
-        not Path(CHROMIUM).exists() and not os.environ.get("CI"), reason="needs Debian's chromium"
-    ),
 ]
 
 #: The largest row count of the named ColumnDataSource over every Bokeh document in the page.
@@ -106,6 +103,9 @@ def get(url: str) -> Any:
 @pytest.fixture
 def lab(tmp_path: Path) -> Iterator[dict[str, Any]]:
     """A JupyterLab server on 127.0.0.1; stopped, with its kernels, by PID."""
+    # CI installs both (.ci/run) and must run this test: only outside CI may it be skipped.
+    require(Path(CHROMIUM).exists(), f"no Chromium at {CHROMIUM} (apt-get install -y chromium)")
+    require_module("playwright.sync_api", 'pip install -e ".[test]"')
     root = tmp_path / "notebooks"
     root.mkdir()
     shutil.copy(ROOT / "notebooks" / "quickstart.ipynb", root)
