@@ -108,25 +108,48 @@ async def test_options_offer_catalog_choices(jp_fetch: Fetch) -> None:
     assert data["defaults"]["zone"] in data["zones"]
 
 
-async def test_long_poll_answers_on_change_and_holds_when_idle(jp_fetch: Fetch) -> None:
+async def test_long_poll_answers_on_change_and_holds_when_idle(
+    jp_fetch: Fetch, jp_serverapp: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     code, data = await call(jp_fetch, "clusters")
     version = data["version"]
     start = time.monotonic()
     code, same = await call(jp_fetch, "clusters", params={"version": version, "wait": "1"})
     assert code == 200 and same["version"] == version
-    assert time.monotonic() - start >= 0.9  # held while nothing changed
+    assert time.monotonic() - start >= 0.9  # held while nothing changed (a lower bound only)
 
-    start = time.monotonic()
+    # Know when the next request is really waiting on the server: the manager asks whether the
+    # client is gone only once it has found nothing new and is about to wait.
+    manager = jp_serverapp.web_app.settings["transient_nb_manager"]
+    waiting = asyncio.Event()
+    answered_at_deadline: list[bool] = []
+    wait_for_change = manager.wait_for_change
+
+    async def spy(
+        version: str | None, timeout: float, interval: float = 0.5, gone: Any = None
+    ) -> Any:
+        def gone_or_mark() -> bool:
+            waiting.set()
+            return bool(gone()) if gone is not None else False
+
+        deadline = time.monotonic() + timeout
+        result = await wait_for_change(version, timeout, interval=interval, gone=gone_or_mark)
+        answered_at_deadline.append(time.monotonic() >= deadline)
+        return result
+
+    monkeypatch.setattr(manager, "wait_for_change", spy)
     pending = asyncio.ensure_future(
-        call(jp_fetch, "clusters", params={"version": version, "wait": "20"})
+        call(jp_fetch, "clusters", params={"version": version, "wait": "30"})
     )
-    await asyncio.sleep(0.5)  # the request is waiting on the server now
+    await asyncio.wait_for(waiting.wait(), timeout=30)
     assert not pending.done()
     register_stale("ghost-poll")
-    code, changed = await pending
+    code, changed = await asyncio.wait_for(pending, timeout=60)
+    assert code == 200
     assert [m["name"] for m in changed["clusters"]] == ["ghost-poll"]
     assert changed["version"] != version
-    assert time.monotonic() - start < 5  # answered on the change, not at the deadline
+    # Woken by the change, not answered at its 30 s deadline with whatever was there by then.
+    assert answered_at_deadline == [False]
 
 
 # -- control ----------------------------------------------------------------------------------------
