@@ -83,6 +83,29 @@ def test_policies_do_not_share_memory() -> None:
     assert list(b.candidates()) == [Placement("t4", "z-a", True)]
 
 
+def test_a_zone_that_keeps_preempting_is_tried_last_until_the_window_passes() -> None:
+    clock = Clock()
+    policy = ReplacementPolicy(
+        "t4",
+        "z-a",
+        True,
+        fallback_zones=["z-b"],
+        preemption_limit=2,
+        preemption_window_s=3600,
+        clock=clock,
+    )
+    policy.record_preemption("t4", "z-a")
+    assert next(policy.candidates()) == Placement("t4", "z-a", True)  # one is not a pattern
+    clock.now += 10
+    policy.record_preemption("t4", "z-a")
+    assert list(policy.candidates()) == [Placement("t4", "z-b", True), Placement("t4", "z-a", True)]
+    # Another GPU type in the same zone is not affected, nor is a CPU (gpu=None) preemption.
+    policy.record_preemption(None, "z-b")
+    assert not policy.preempting("v100", "z-a")
+    clock.now += 3600
+    assert next(policy.candidates()) == Placement("t4", "z-a", True)
+
+
 def test_a_stockout_is_skipped_for_exactly_its_memory() -> None:
     clock = Clock()
     policy = ReplacementPolicy("t4", "z-a", True, stockout_memory_s=600, clock=clock)

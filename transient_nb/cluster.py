@@ -26,9 +26,10 @@ from distributed.deploy.spec import SpecCluster
 from distributed.utils import NoOpAwaitable
 
 from transient_nb import config, registry
-from transient_nb.backends import CapacityError, TransientVM, VMSpec, get_backend
+from transient_nb.backends import CapacityError, QuotaError, TransientVM, VMSpec, get_backend
 from transient_nb.cost import CostReport, compute_costs
 from transient_nb.events import TOPIC, events_frame, make_event, vm_states
+from transient_nb.limits import Limits
 from transient_nb.monitor import TransientMonitor
 from transient_nb.preemption import parse_delay, parse_preemption, validate_delay
 from transient_nb.prices import PriceCatalog
@@ -82,6 +83,13 @@ class TransientCluster(SpecCluster):
         Replace preempted workers (default True).
     replace_at
         ``"preempted"`` or ``"notice"``: when a replacement is asked for.
+    max_workers, max_hourly_cost
+        Refuse more workers than this, or workers that could cost more per hour (with the PS
+        host, at the dearest placement allowed); checked before anything starts and on scale.
+    budget, deadline
+        Stop the cluster once it has spent this many dollars / after this long.
+    join_timeout
+        Delete and replace a VM whose worker has not joined this long after the VM runs.
     seed
         Seed of the simulator's draws.
     run_dir
@@ -120,6 +128,11 @@ class TransientCluster(SpecCluster):
         replace: bool | None = None,
         replace_at: str | None = None,
         on_demand_fallback: bool | None = None,
+        max_workers: int | None = None,
+        max_hourly_cost: float | None = None,
+        budget: float | None = None,
+        deadline: str | float | None = None,
+        join_timeout: str | float | None = None,
         seed: int | None = None,
         run_dir: str | None = None,
         asynchronous: bool = False,
@@ -128,6 +141,14 @@ class TransientCluster(SpecCluster):
     ):
         # Everything is checked before anything starts: a mistake costs nothing.
         self._target = _positive_int(config.get("workers", override_with=workers), "workers")
+        self.limits = Limits.from_config(
+            max_workers=max_workers,
+            max_hourly_cost=max_hourly_cost,
+            budget=budget,
+            deadline=deadline,
+            join_timeout=join_timeout,
+        )
+        self.limits.check_workers(self._target)
         self.gpu = str(config.get("gpu", override_with=gpu))
         self.spot = bool(config.get("spot", override_with=spot))
         self.zone = str(config.get("zone", override_with=zone))
@@ -149,6 +170,14 @@ class TransientCluster(SpecCluster):
         if not self.time_scale > 0:
             raise ValueError(
                 f"time_scale={time_scale!r} must be positive (simulated seconds per second)."
+            )
+        backend_name = config.get("backend", override_with=backend)
+        if backend_name != "local" and self.time_scale != 1:
+            # Real VMs bill real seconds: a scaled clock would multiply the bill and shrink the
+            # notice handed to the VMs.
+            raise ValueError(
+                f"time_scale={self.time_scale:g} is only for the local backend's simulations: "
+                f"backend={backend_name!r} runs in real time; drop time_scale (or set it to 1)."
             )
         notice = config.get("notice", override_with=notice)
         try:
@@ -177,7 +206,20 @@ class TransientCluster(SpecCluster):
             on_demand_fallback=bool(
                 config.get("replacement.on-demand-fallback", override_with=on_demand_fallback)
             ),
+            preemption_limit=int(config.get("replacement.preemption-limit")),
+            # Counted in simulated time, as the preemptions themselves are.
+            preemption_window_s=float(
+                parse_timedelta(config.get("replacement.preemption-window"), default="seconds") or 0
+            )
+            / self.time_scale,
         )
+        self._backoff_s = float(
+            parse_timedelta(config.get("replacement.crash-backoff"), default="seconds") or 0
+        )
+        self._backoff_max_s = float(
+            parse_timedelta(config.get("replacement.crash-backoff-max"), default="seconds") or 0
+        )
+        self._check_hourly_cost(self._target)
         name = name or f"transient-{uuid.uuid4().hex[:6]}"
         if not _NAME_RE.match(name):
             raise ValueError(
@@ -196,8 +238,11 @@ class TransientCluster(SpecCluster):
         base = os.path.expanduser(config.get("run-dir", override_with=run_dir))
         self.run_path = os.path.join(base, f"{name}-{stamp}-{uuid.uuid4().hex[:4]}")
         self.run_record = os.path.join(self.run_path, "events.jsonl")
+        #: Unique id of this cluster: every cloud resource it creates carries it (a label), and
+        #: close() and sweep delete only what carries it.
+        self.cluster_id = uuid.uuid4().hex[:12]
         self.backend = get_backend(
-            config.get("backend", override_with=backend),
+            backend_name,
             log_dir=os.path.join(self.run_path, "logs"),
             **backend_options,
         )
@@ -210,6 +255,7 @@ class TransientCluster(SpecCluster):
             machine_type=self.machine_type,
             ps_machine_type=self.ps_machine_type,
             notice_s=self.notice_s / self.time_scale,
+            cluster_id=self.cluster_id,
         )
         if replace_at is None and self.backend.name == "gce":
             # GCE gives 30 s of notice and a new VM takes 80-100 s to boot: ask at the notice.
@@ -223,10 +269,16 @@ class TransientCluster(SpecCluster):
         self.simulator = PreemptionSimulator(
             self.preemption, self.time_scale, self._preempt_one, self._slot_holder, self._rng
         )
+        self.monitor.on_membership = self._membership
         self._counter = {"worker": 0, "ps": 0}
         self._slots: dict[int, str] = {}
         self._tasks: set[asyncio.Future[Any]] = set()
         self._closing = False
+        #: VMs whose worker joined at least once (a VM lost before that failed to start).
+        self._joined: set[str] = set()
+        self._last_failure = ""
+        #: Start failures in a row (crash on start, no join, failed request): the backoff's power.
+        self._failures = 0
         scheduler = {
             "cls": Scheduler,
             "options": {
@@ -276,6 +328,7 @@ class TransientCluster(SpecCluster):
                 "scheduler_address": self.scheduler_address,
                 "dashboard_link": self.dashboard_link,
                 "run_record": self.run_record,
+                "cluster_id": self.cluster_id,
                 "gpu": self.gpu,
                 "zone": self.zone,
                 "spot": self.spot,
@@ -283,7 +336,15 @@ class TransientCluster(SpecCluster):
         )
         await self.backend.start(self.scheduler_address)  # e.g. GCE's firewall rule
         self._spawn(self._guard_limits())
-        await self._provision("ps")
+        if await self._provision("ps") is None:
+            # Without a PS host no training can run: refuse to start, and leave nothing behind.
+            why = self._last_failure or "no capacity in any allowed zone"
+            await self._close()
+            raise RuntimeError(
+                f"Cluster {self.name} cannot start: no zone could place its PS host "
+                f"({self.ps_machine_type} in {', '.join(self._zones())}): {why}. Nothing was "
+                "left running. Add fallback_zones, pick another ps_machine_type, or try later."
+            )
         self.simulator.start()
         await asyncio.gather(*(self._provision("worker") for _ in range(self._target)))
 
@@ -318,6 +379,8 @@ class TransientCluster(SpecCluster):
     async def _control(self, msg: dict[str, Any]) -> None:
         action = msg.get("action")
         if action == "provider-notice":
+            # Only the monitor's check (the worker of the VM named, over its own connection)
+            # lets this one through; see TransientMonitor.provider_notice.
             # A VM's own preemption notice (GCE: its metadata server), sent by its worker: the
             # same path as a simulated preemption, with no notice left to deliver.
             vm = self.workers.get(str(msg.get("vm")))
@@ -343,9 +406,22 @@ class TransientCluster(SpecCluster):
                 "control", action=action, ok=False, error=str(e), request=msg.get("id")
             )
 
-    # -- money and time limits (backends that set them: GCE's budget and deadline) --------------
+    # -- money and time limits (transient_nb.limits: one place for every backend) ----------------
+    def _check_hourly_cost(self, n: int) -> None:
+        if self.limits.max_hourly_cost is None:
+            return
+        # The dearest placement the policy may pick (a fallback GPU, zone, or on demand).
+        worker = max(
+            self.catalog.worker_price(p.gpu, self.machine_type, p.zone).rate(p.spot)
+            for p in self.policy.placements()
+        )
+        ps = max(
+            self.catalog.machine_price(self.ps_machine_type, z).rate(False) for z in self._zones()
+        )
+        self.limits.check_hourly_cost(n, worker, ps)
+
     async def _guard_limits(self) -> None:
-        budget, deadline_s = self.backend.budget, self.backend.deadline_s
+        budget, deadline_s = self.limits.budget, self.limits.deadline_s
         if budget is None and deadline_s is None:
             return
         t0 = time.monotonic()
@@ -427,67 +503,202 @@ class TransientCluster(SpecCluster):
             connection_args=self.security.get_connection_args("client"),
         )
 
-    async def _provision(self, role: str, slot: int | None = None) -> str | None:
-        """Ask the backend for one VM, trying the policy's placements in order."""
+    def _zones(self) -> list[str]:
+        return [self.zone, *[z for z in self.policy.fallback_zones if z != self.zone]]
+
+    def _spec(self, role: str, name: str, p: Placement, slot: int | None) -> VMSpec:
         if role == "ps":
-            placements = [Placement("", self.zone, False)]
+            price = self.catalog.machine_price(self.ps_machine_type, p.zone)
+            return VMSpec(
+                name, "ps", None, p.zone, False, self.ps_machine_type, price, None, {"ps": 1}
+            )
+        price = self.catalog.worker_price(p.gpu, self.machine_type, p.zone)
+        return VMSpec(
+            name, "worker", p.gpu, p.zone, p.spot, self.machine_type, price, slot, {"gpu": 1}
+        )
+
+    async def _provision(self, role: str, slot: int | None = None) -> str | None:
+        """Ask the backend for one VM, trying the policy's placements in order.
+
+        The PS host tries the preferred zone and then the fallback zones too. Whatever goes
+        wrong, the worker's slot is released (so that ``scale`` and replacements can fill it
+        again), and a failure that is not a stock-out is retried after a growing pause.
+        """
+        if role == "ps":
+            placements = [Placement("", z, False) for z in self._zones()]
         else:
             placements = list(self.policy.candidates())
             slot = self._free_slot() if slot is None else slot
             self._slots[slot] = ""  # reserved while we ask
-        for p in placements:
-            if self._closing:
-                break
-            name = self._next_name(role)
-            if role == "ps":
-                price = self.catalog.machine_price(self.ps_machine_type, p.zone)
-                spec = VMSpec(
-                    name, "ps", None, p.zone, False, self.ps_machine_type, price, None, {"ps": 1}
-                )
-            else:
-                price = self.catalog.worker_price(p.gpu, self.machine_type, p.zone)
-                spec = VMSpec(
-                    name,
-                    "worker",
-                    p.gpu,
-                    p.zone,
-                    p.spot,
-                    self.machine_type,
-                    price,
-                    slot,
-                    {"gpu": 1},
-                )
-            vm = self._make_vm(spec)
-            try:
-                await vm.start()
-            except CapacityError as e:
-                self.policy.remember_stockout(p)
-                await self._post("stockout", worker=name, gpu=p.gpu, zone=p.zone, reason=e.reason)
-                self._log(f"{p.zone} has no {p.gpu} capacity; trying the next placement")
-                continue
-            self.worker_spec[name] = {"cls": type(vm), "options": {"spec": spec}}
-            self.workers[name] = vm
-            if slot is not None:
-                self._slots[slot] = name
-            return name
-        if slot is not None and self._slots.get(slot) == "":
-            del self._slots[slot]
-        if not self._closing:
-            await self._post("capacity-exhausted", role=role, gpu=self.gpu, zone=self.zone)
+        self._last_failure = ""
+        skip_regions: set[str] = set()
+        failed = False
+        try:
+            for p in placements:
+                if self._closing:
+                    break
+                region = p.zone.rsplit("-", 1)[0]
+                if region in skip_regions or "global" in skip_regions:
+                    continue
+                name = self._next_name(role)
+                spec = self._spec(role, name, p, slot)
+                vm = self._make_vm(spec)
+                try:
+                    await vm.start()
+                except QuotaError as e:
+                    # A quota is not a stock-out: waiting does not help, and the other zones of
+                    # its region (every region, for GPUS_ALL_REGIONS) share it.
+                    skip_regions.add(e.region)
+                    self._last_failure = str(e)
+                    await self._post(
+                        "quota-exceeded",
+                        worker=name,
+                        role=role,
+                        gpu=p.gpu or None,
+                        zone=p.zone,
+                        quota=e.quota,
+                        region=e.region,
+                        limit=e.limit,
+                        message=str(e),
+                    )
+                    self._log(str(e))
+                    continue
+                except CapacityError as e:
+                    if role == "worker":
+                        self.policy.remember_stockout(p)
+                    self._last_failure = f"{p.zone}: {e.reason}"
+                    await self._post(
+                        "stockout", worker=name, gpu=p.gpu or None, zone=p.zone, reason=e.reason
+                    )
+                    what = f"{p.gpu} capacity" if p.gpu else f"{self.ps_machine_type} capacity"
+                    self._log(f"{p.zone} has no {what}; trying the next placement")
+                    continue
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:
+                    # Not the zone's fault (a request that failed after its retries, a name
+                    # someone else holds): the next placement would likely fail the same way.
+                    failed = True
+                    self._last_failure = str(e)
+                    await self._post(
+                        "provision-failed", worker=name, role=role, zone=p.zone, error=str(e)
+                    )
+                    self._log(f"Could not create {role} VM {name}: {e}")
+                    break
+                self.worker_spec[name] = {"cls": type(vm), "options": {"spec": spec}}
+                self.workers[name] = vm
+                if slot is not None:
+                    self._slots[slot] = name
+                return name
+        finally:
+            # Whatever happened (an exception included), an unfilled reservation goes.
+            if slot is not None and self._slots.get(slot) == "":
+                del self._slots[slot]
+        if self._closing:
+            return None
+        if failed:
+            if role == "worker":
+                self._spawn(self._retry_later(role, slot, "its request failed"))
+            return None
+        await self._post(
+            "capacity-exhausted",
+            role=role,
+            gpu=self.gpu if role == "worker" else None,
+            zone=self.zone,
+            reason=self._last_failure,
+        )
+        if skip_regions:
+            self._log(f"No {role} VM could be created: a quota is used up ({self._last_failure})")
+        else:
             self._log(
-                f"No capacity left for a {role} in any allowed zone or GPU type; the cluster runs "
-                "with fewer workers. Add fallback_zones/fallback_gpus, or allow on-demand."
+                f"No capacity left for a {role} in any allowed zone or GPU type; the cluster "
+                "runs with fewer workers. Add fallback_zones/fallback_gpus, or allow on-demand."
             )
         return None
+
+    def _backoff(self) -> float:
+        """Pause before the next attempt after ``self._failures`` start failures in a row."""
+        if self._failures <= 0:
+            return 0.0
+        return float(min(self._backoff_max_s, self._backoff_s * 2 ** (self._failures - 1)))
+
+    async def _retry_later(self, role: str, slot: int | None, why: str) -> None:
+        """Ask again for a VM after a start failure, backing off while the failures go on."""
+        self._failures += 1
+        delay = self._backoff()
+        if self._failures >= 2:
+            await self._post(
+                "crash-loop", role=role, failures=self._failures, delay_s=delay, reason=why
+            )
+            self._log(
+                f"{self._failures} {role} VMs in a row failed ({why}); the next attempt is in "
+                f"{delay:g} s. See the VM logs (the run folder; on GCE, the serial console)."
+            )
+        if slot is not None:
+            self._slots[slot] = ""  # still reserved: scale() must not ask twice meanwhile
+        try:
+            await asyncio.sleep(delay)
+        finally:
+            if slot is not None and self._slots.get(slot) == "":
+                del self._slots[slot]
+        if self._closing:
+            return
+        if role == "worker":
+            current = sum(
+                1 for w in self.workers.values() if w.spec.role == "worker" and not w.stopped
+            )
+            if current >= self._target:
+                return
+        await self._provision(role, slot=slot)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Future[Any]) -> None:
+        self._tasks.discard(task)
+        # A background task's error is logged, never "Task exception was never retrieved".
+        if not task.cancelled() and task.exception() is not None:
+            logger.error(
+                "Background task of cluster %s failed", self.name, exc_info=task.exception()
+            )
 
     def _vm_running(self, vm: TransientVM) -> None:
         if vm.spec.role == "worker":
             self.simulator.vm_running(vm.name)
+        self._spawn(self._join_watchdog(vm))
+
+    def _membership(self, kind: str, name: str) -> None:
+        """A worker joined or left the scheduler (called by the monitor)."""
+        if kind == "joined":
+            self._joined.add(name)
+            self._failures = 0  # a VM that works ends a run of failures
+
+    async def _join_watchdog(self, vm: TransientVM) -> None:
+        """Delete and replace a VM that runs but whose worker never joins (it would bill on)."""
+        timeout = self.limits.join_timeout_s
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            if vm.name in self._joined or vm.stopped or self._closing:
+                return
+            await asyncio.sleep(min(1.0, timeout / 20))
+        if vm.name in self._joined or vm.stopped or self._closing or vm.name not in self.workers:
+            return
+        waited = time.monotonic() - t0
+        # Billed from "running", with the provider's minimum: what the user paid for nothing.
+        billed_s = max(waited * self.time_scale, self.catalog.minimum_s)
+        cost = vm.spec.price.rate(vm.spec.spot) * billed_s / 3600
+        await vm.post("join-timeout", waited_s=waited, cost=cost)
+        self._log(
+            f"VM {vm.name} ran {waited:.0f} s without its worker joining (about ${cost:.4f} "
+            "spent on it); deleting it and asking for another. Check the image, the startup "
+            "log and the firewall."
+        )
+        self._forget(vm)
+        await vm.close()
+        if vm.spec.role == "ps" or self.replace:
+            await self._retry_later(vm.spec.role, vm.spec.slot, "its worker never joined")
 
     def _vm_exited(self, vm: TransientVM) -> None:
         # A VM that stopped without us asking: a crash, or a kill from outside.
@@ -500,6 +711,18 @@ class TransientCluster(SpecCluster):
         vm.stopped = True
         await self._post("preempted", **vm.spec.event_fields(), notice=False, source="lost")
         self._forget(vm)
+        if vm.spec.spot and self.backend.name != "local":
+            # A cloud Spot VM that stopped by itself was most likely preempted without notice.
+            self.policy.record_preemption(vm.spec.gpu, vm.spec.zone)
+        if vm.name not in self._joined:
+            # It died before its worker ever joined: a crash on start. Replacing it at once
+            # would crash again and again (and bill each boot): back off instead.
+            if self.replace or vm.spec.role == "ps":
+                await self._post(
+                    "replacement-requested", worker=vm.name, role=vm.spec.role, slot=vm.spec.slot
+                )
+                await self._retry_later(vm.spec.role, vm.spec.slot, "worker crashed on start")
+            return
         await self._maybe_replace(vm)
 
     def _forget(self, vm: TransientVM) -> None:
@@ -572,6 +795,8 @@ class TransientCluster(SpecCluster):
         if vm is None or vm.stopped or self._closing:
             return
         self.simulator.vm_gone(name)
+        if source != "manual":
+            self.policy.record_preemption(vm.spec.gpu, vm.spec.zone)
         deadline = None
         if notice:
             deadline = time.time() + self.notice_s / self.time_scale
@@ -611,6 +836,9 @@ class TransientCluster(SpecCluster):
             )
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise ValueError(f"scale({n!r}): give a whole number of workers, 0 or more.")
+        # Refused before anything is asked for (the panel's and the magic's scale come here too).
+        self.limits.check_workers(n)
+        self._check_hourly_cost(n)
         if not self._closing:
             self._target = n
             assert self.loop is not None

@@ -22,6 +22,9 @@ from transient_nb.events import CONTROL_TOPIC, TOPIC, make_event
 
 logger = logging.getLogger(__name__)
 
+#: Batched-stream op through which a worker reports its VM's provider notice.
+PROVIDER_NOTICE_OP = "transient-provider-notice"
+
 #: Fields that ``joined``/``left`` events copy from the VM's ``requested`` event.
 _VM_FIELDS = ("role", "gpu", "zone", "spot", "machine", "price", "price_on_demand", "slot")
 
@@ -54,12 +57,35 @@ class TransientMonitor(SchedulerPlugin):
         self.scheduler: Any = None
         #: Called with every control request (``transient-control`` topic) by the owning cluster.
         self.on_control: Callable[[dict[str, Any]], None] | None = None
+        #: Called with ("joined" | "left", worker name) as workers come and go.
+        self.on_membership: Callable[[str, str], None] | None = None
 
     async def start(self, scheduler: Any) -> None:
         self.scheduler = scheduler
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
         self._file = open(self.path, "a", buffering=1)
         scheduler.handlers["transient_events"] = self.get_events
+        # Workers' own messages: the scheduler adds the sender's address from the worker's
+        # connection, so a provider notice cannot be sent in another VM's name.
+        scheduler.stream_handlers[PROVIDER_NOTICE_OP] = self.provider_notice
+
+    def provider_notice(self, worker: str, vm: Any = None, **fields: Any) -> None:
+        """A worker's report that its VM got the provider's notice (stream op, see gce_agent).
+
+        Honoured only when ``vm`` is the name of the worker that sent it; anything else is
+        recorded as refused and ignored.
+        """
+        ws = self.scheduler.workers.get(worker) if self.scheduler is not None else None
+        sender = None if ws is None else str(ws.name)
+        if sender is None or sender != str(vm):
+            logger.warning("Refused a provider notice for VM %r from worker %s", vm, worker)
+            self.scheduler.log_event(
+                TOPIC,
+                make_event("control-refused", action="provider-notice", vm=str(vm), sender=sender),
+            )
+            return
+        if self.on_control is not None:
+            self.on_control({**fields, "action": "provider-notice", "vm": sender})
 
     def get_events(self, since: int = 0) -> list[dict[str, Any]]:
         """Events from index ``since`` on (RPC handler ``transient_events``)."""
@@ -68,6 +94,12 @@ class TransientMonitor(SchedulerPlugin):
     # -- SchedulerPlugin hooks ---------------------------------------------------------------------
     def log_event(self, topic: str, msg: Any) -> None:
         if topic == CONTROL_TOPIC and isinstance(msg, dict) and self.on_control is not None:
+            if msg.get("action") == "provider-notice":
+                # Only through provider_notice (the sender checked); never as a posted request.
+                self.events.append(
+                    make_event("control-refused", action="provider-notice", vm=msg.get("vm"))
+                )
+                return
             self.on_control(msg)
             return
         if topic != TOPIC or not isinstance(msg, dict):
@@ -90,6 +122,8 @@ class TransientMonitor(SchedulerPlugin):
         name = self._names.get(address, address)
         fields = self._vms.get(name, {})
         scheduler.log_event(TOPIC, make_event(kind, worker=name, address=address, **fields))
+        if self.on_membership is not None:
+            self.on_membership(kind, name)
 
     def add_worker(self, scheduler: Any, worker: str) -> None:
         self._post_membership("joined", scheduler, worker)

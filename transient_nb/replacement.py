@@ -2,7 +2,10 @@
 
 The policy remembers zones that ran out of a GPU type (a *stock-out*) for a while and skips them,
 as the paper asks of a transient-aware framework (§7: "ask for servers of other types and regions
-when one is unavailable").
+when one is unavailable"). It also counts the provider's preemptions per (GPU, zone): a zone that
+preempted ``preemption_limit`` Spot workers within ``preemption_window_s`` is tried last, after
+every other allowed placement (not dropped: a cluster with one zone still gets replacements).
+This is policy, so it lives here for every backend, not inside one.
 """
 
 from __future__ import annotations
@@ -35,6 +38,9 @@ class ReplacementPolicy:
         How long (wall-clock seconds) a stocked-out (zone, GPU) pair is skipped.
     on_demand_fallback
         Finally try on-demand VMs (in the same order) when no Spot capacity is left.
+    preemption_limit, preemption_window_s
+        Provider preemptions of a GPU type in a zone within the window (seconds of ``clock``)
+        after which that Spot placement is tried last; 0 never reorders.
     clock
         Injected for tests.
 
@@ -53,10 +59,14 @@ class ReplacementPolicy:
     fallback_gpus: Sequence[str] = ()
     stockout_memory_s: float = 600.0
     on_demand_fallback: bool = False
+    preemption_limit: int = 0
+    preemption_window_s: float = 3600.0
     clock: Callable[[], float] = time.monotonic
     _stockouts: dict[tuple[str, str, bool], float] = field(default_factory=dict)
+    _preemptions: dict[tuple[str, str], list[float]] = field(default_factory=dict)
 
-    def _all(self) -> Iterator[Placement]:
+    def placements(self) -> Iterator[Placement]:
+        """Every placement the policy may pick, stocked out or not, in its order of preference."""
         zones = [self.zone, *[z for z in self.fallback_zones if z != self.zone]]
         gpus = [self.gpu, *[g for g in self.fallback_gpus if g != self.gpu]]
         modes = [self.spot] + ([False] if self.spot and self.on_demand_fallback else [])
@@ -66,13 +76,37 @@ class ReplacementPolicy:
                     yield Placement(gpu, zone, spot)
 
     def candidates(self) -> Iterator[Placement]:
-        """Placements to try, in order, skipping remembered stock-outs."""
+        """Placements to try, in order, skipping remembered stock-outs.
+
+        Spot placements in a zone that keeps preempting come after all the others.
+        """
         now = self.clock()
-        for p in self._all():
+        later: list[Placement] = []
+        for p in self.placements():
             until = self._stockouts.get((p.gpu, p.zone, p.spot))
             if until is not None and until > now:
                 continue
+            if p.spot and self.preempting(p.gpu, p.zone):
+                later.append(p)
+                continue
             yield p
+        yield from later
+
+    def record_preemption(self, gpu: str | None, zone: str) -> None:
+        """Count one preemption by the provider of a ``gpu`` worker in ``zone``."""
+        if gpu:
+            self._preemptions.setdefault((gpu, zone), []).append(self.clock())
+
+    def preempting(self, gpu: str, zone: str) -> bool:
+        """Whether ``zone`` preempted ``preemption_limit`` ``gpu`` workers within the window."""
+        if self.preemption_limit <= 0:
+            return False
+        now = self.clock()
+        recent = [
+            t for t in self._preemptions.get((gpu, zone), []) if now - t < self.preemption_window_s
+        ]
+        self._preemptions[(gpu, zone)] = recent
+        return len(recent) >= self.preemption_limit
 
     def remember_stockout(self, placement: Placement) -> None:
         """Skip ``placement`` for ``stockout_memory_s`` seconds."""

@@ -171,6 +171,12 @@ class FakeGCE:
         Seconds between a preemption notice and the VM's stop (GCE: 30).
     run_vms
         Run each booted VM's startup script (real Dask workers); off: VMs only exist in the API.
+    polls_to_done
+        Reads (``get`` or ``wait``) an operation needs before it can be DONE: it is PENDING, then
+        RUNNING, and ``wait`` answers at once while polls are left (GCE's ``wait`` may return
+        before DONE too).
+    page_size
+        Items per page of list calls (``nextPageToken`` beyond).
     """
 
     def __init__(
@@ -183,6 +189,8 @@ class FakeGCE:
         boot_s: float = 0.1,
         notice_s: float = 2.0,
         run_vms: bool = False,
+        polls_to_done: int = 3,
+        page_size: int = 2,
     ):
         self.workdir = workdir
         self.project = project
@@ -204,6 +212,16 @@ class FakeGCE:
         self.exhausted: set[tuple[str, str | None, bool]] = set()
         #: zone -> "operation" or "http": how a GPU quota error is answered there.
         self.quota: dict[str, str] = {}
+        #: zone -> quota metric of the operation quota error (GCE's most common first one).
+        self.quota_metric: dict[str, str] = {}
+        #: Injected HTTP errors: [method, path regex, status, reason, times left].
+        self.faults: list[list[Any]] = []
+        #: requestId -> operation: a repeated insert or delete gets the first one's operation.
+        self.request_ids: dict[str, dict[str, Any]] = {}
+        #: Polls (get or wait) an operation needs to go PENDING -> RUNNING -> DONE.
+        self.polls_to_done = polls_to_done
+        #: Items per page of list calls (GCE pages at 500; small here so paging is exercised).
+        self.page_size = page_size
         self.procs: dict[tuple[str, str], subprocess.Popen[bytes]] = {}
         self.metadata: dict[tuple[str, str], FakeMetadata] = {}
         self._timers: list[threading.Timer] = []
@@ -231,14 +249,56 @@ class FakeGCE:
 
     # -- test controls ------------------------------------------------------------------------------
     def exhaust(self, zone: str, accelerator: str | None = None, spot_only: bool = False) -> None:
-        """No capacity for ``accelerator`` (None: any GPU) VMs in ``zone`` from now on."""
+        """No capacity for ``accelerator`` (None: any GPU; ``"cpu"``: VMs without a GPU, such
+        as the PS host) VMs in ``zone`` from now on."""
         with self.lock:
             self.exhausted.add((zone, accelerator, spot_only))
 
-    def quota_exceeded(self, zone: str, how: str = "operation") -> None:
-        """GPU quota is used up for ``zone``'s region: an operation error or an HTTP 403."""
+    def quota_exceeded(
+        self, zone: str, how: str = "operation", metric: str = "GPUS_ALL_REGIONS"
+    ) -> None:
+        """GPU quota is used up for ``zone``'s region: an operation error or an HTTP 403.
+
+        The operation error carries GCE's ``errorDetails[].quotaInfo`` (``metric``); the HTTP
+        403 names ``NVIDIA_T4_GPUS`` in its message, as GCE does.
+        """
         with self.lock:
             self.quota[zone] = how
+            self.quota_metric[zone] = metric
+
+    def fail(self, method: str, path: str, status: int = 503, times: int = 1) -> None:
+        """Answer the next ``times`` ``method`` requests whose path matches regex ``path`` with
+        an HTTP error: 503 ``backendError``, 429 ``rateLimitExceeded``, 500 ``internalError``."""
+        reason = {429: "rateLimitExceeded", 500: "internalError"}.get(status, "backendError")
+        with self.lock:
+            self.faults.append([method, re.compile(path), status, reason, times])
+
+    def add_foreign_instance(self, zone: str, name: str, labels: dict[str, str]) -> None:
+        """An instance someone else created (a colleague's cluster, another tool)."""
+        with self.lock:
+            self.instances[(zone, name)] = {
+                "kind": "compute#instance",
+                "id": str(next(self._ids)),
+                "name": name,
+                "status": "RUNNING",
+                "labels": dict(labels),
+                "machineType": f"zones/{zone}/machineTypes/n1-standard-4",
+                "zone": f"{BASE}/projects/{self.project}/zones/{zone}",
+                "selfLink": f"{BASE}/projects/{self.project}/zones/{zone}/instances/{name}",
+                "metadata": {"items": []},
+                "_zone": zone,
+                "_spot": False,
+            }
+
+    def add_foreign_firewall(self, name: str, description: str = "someone else's") -> None:
+        """A firewall rule someone else created."""
+        with self.lock:
+            self.firewalls[name] = {
+                "kind": "compute#firewall",
+                "name": name,
+                "description": description,
+                "selfLink": f"{BASE}/projects/{self.project}/global/firewalls/{name}",
+            }
 
     def preempt(self, name: str) -> None:
         """Preempt a Spot VM as GCE does: notice in the metadata, stop ``notice_s`` later."""
@@ -288,7 +348,8 @@ class FakeGCE:
 
     # -- HTTP ------------------------------------------------------------------------------------------
     def _send(self, h: BaseHTTPRequestHandler, code: int, body: dict[str, Any]) -> None:
-        data = json.dumps(body).encode()
+        # Keys starting with "_" are the fake's own bookkeeping, never on the wire.
+        data = json.dumps({k: v for k, v in body.items() if not k.startswith("_")}).encode()
         h.send_response(code)
         h.send_header("Content-Type", "application/json; charset=UTF-8")
         h.send_header("Content-Length", str(len(data)))
@@ -316,8 +377,27 @@ class FakeGCE:
         body = json.loads(raw) if raw.strip() else None
         with self.lock:
             self.requests.append((method, url.path, body))
+            fault = next(
+                (f for f in self.faults if f[0] == method and f[1].search(url.path) and f[4] > 0),
+                None,
+            )
+            if fault is not None:
+                fault[4] -= 1
+        if fault is not None:
+            status, reason = fault[2], fault[3]
+            self._send(h, status, self._error(status, f"injected {reason}", reason))
+            return
+        rid = query.get("requestId")
+        with self.lock:
+            if rid and rid in self.request_ids:
+                # GCE: a request it already took, sent again, gets the first one's operation.
+                self._send(h, 200, dict(self.request_ids[rid]))
+                return
         try:
             code, out = self._route(method, url.path, query, body)
+            if rid and code == 200 and out.get("kind") == "compute#operation":
+                with self.lock:
+                    self.request_ids[rid] = out
         except Exception as e:  # a bug in the fake shows up as a 500 the test will see
             code, out = 500, self._error(500, f"fake GCE: {e!r}", "backendError")
         self._send(h, code, out)
@@ -338,7 +418,8 @@ class FakeGCE:
         if m := re.fullmatch(r"/zones/([^/]+)(/.*)?", rest):
             zone, sub = m[1], m[2] or ""
             if zone not in self.zones:
-                return self._not_found(f"projects/{project}/zones/{zone}")
+                # GCE answers 400 (not 404) for a zone it does not know.
+                return self._invalid("zone", f"'{zone}'. Unknown zone.")
             return self._zone(method, zone, sub, query, body)
         if m := re.fullmatch(r"/global/firewalls(?:/([^/]+))?", rest):
             return self._firewall(method, m[1], query, body)
@@ -379,7 +460,7 @@ class FakeGCE:
         if sub == "/instances":
             if method == "POST":
                 return self._insert(zone, body)
-            return 200, self._list(zone, query.get("filter", ""))
+            return 200, self._list(zone, query.get("filter", ""), query)
         if m := re.fullmatch(r"/instances/([^/]+)(/simulateMaintenanceEvent)?", sub):
             key = (zone, m[1])
             with self.lock:
@@ -399,7 +480,7 @@ class FakeGCE:
         kind: str,
         target: str,
         zone: str | None,
-        error: tuple[str, str, int] | None = None,
+        error: tuple[Any, ...] | None = None,
         done_after: float = 0.05,
     ) -> dict[str, Any]:
         name = f"operation-{next(self._ids)}-{os.urandom(4).hex()}"
@@ -412,50 +493,96 @@ class FakeGCE:
             "name": name,
             "operationType": kind,
             "targetLink": target,
-            "status": "RUNNING",
+            "status": "PENDING",
             "progress": 0,
             "insertTime": time.strftime("%Y-%m-%dT%H:%M:%S.000-00:00", time.gmtime()),
             "selfLink": f"{BASE}/{where}/operations/{name}",
+            "user": "someone@example.com",
+            "_polls": 0,
+            "_time_done": False,
         }
         if zone:
             op["zone"] = f"{BASE}/projects/{self.project}/zones/{zone}"
         if error is not None:
-            code, message, http = error
-            op["error"] = {"errors": [{"code": code, "message": message}]}
-            op["httpErrorStatusCode"] = http
-            op["httpErrorMessage"] = "SERVICE UNAVAILABLE" if http == 503 else "FORBIDDEN"
+            code, message, http = error[:3]
+            err: dict[str, Any] = {"code": code, "message": message}
+            if len(error) > 3:
+                err["errorDetails"] = error[3]
+            # As on GCE, the error shows once the operation is DONE.
+            op["_error"] = {"errors": [err]}
+            op["_http"] = http
         with self.lock:
             self.operations[name] = op
         # Operations finish a moment later, as on GCE, so that clients must wait on them.
         self._later(done_after, self._finish_operation, name)
         return op
 
-    def _finish_operation(self, name: str) -> None:
-        with self.lock:
-            op = self.operations[name]
+    def _update_operation(self, op: dict[str, Any]) -> None:
+        if op["status"] == "DONE":
+            return
+        if op["_polls"] > 0:
+            op["status"] = "RUNNING"
+        if op["_time_done"] and op["_polls"] >= self.polls_to_done:
             op["status"] = "DONE"
             op["progress"] = 100
             op["endTime"] = time.strftime("%Y-%m-%dT%H:%M:%S.000-00:00", time.gmtime())
+            if "_error" in op:
+                op["error"] = op["_error"]
+                op["httpErrorStatusCode"] = op["_http"]
+                op["httpErrorMessage"] = {503: "SERVICE UNAVAILABLE", 500: "INTERNAL"}.get(
+                    op["_http"], "FORBIDDEN"
+                )
+
+    def _finish_operation(self, name: str) -> None:
+        with self.lock:
+            op = self.operations[name]
+            op["_time_done"] = True
+            self._update_operation(op)
             self.cond.notify_all()
 
     def _operation(self, name: str, wait: bool) -> tuple[int, dict[str, Any]]:
         with self.lock:
             if name not in self.operations:
                 return self._not_found(f"projects/{self.project}/operations/{name}")
+            op = self.operations[name]
+            op["_polls"] += 1
+            self._update_operation(op)
+            if op["_polls"] < self.polls_to_done:
+                # GCE's wait may answer before DONE: clients must poll again.
+                return 200, dict(op)
             end = time.monotonic() + WAIT_S
-            while wait and self.operations[name]["status"] != "DONE" and not self.closed:
+            while wait and op["status"] != "DONE" and not self.closed:
                 left = end - time.monotonic()
                 if left <= 0:
                     break
                 self.cond.wait(left)
-            return 200, dict(self.operations[name])
+                self._update_operation(op)
+            return 200, dict(op)
 
     # -- instances -----------------------------------------------------------------------------------
-    @staticmethod
-    def _public(inst: dict[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in inst.items() if not k.startswith("_")}
+    def _public(self, inst: dict[str, Any]) -> dict[str, Any]:
+        # As GCE reads back an instance: full URLs where the request had partial ones, and
+        # fields the request never had.
+        out = {k: v for k, v in inst.items() if not k.startswith("_")}
+        mt = str(out.get("machineType", ""))
+        if mt and not mt.startswith("https://"):
+            out["machineType"] = f"{BASE}/projects/{self.project}/{mt}"
+        out.setdefault("cpuPlatform", "Intel Broadwell")
+        out.setdefault("fingerprint", "a1b2c3d4e5f6=")
+        out.setdefault("labelFingerprint", "42WmSpB8rSM=")
+        out.setdefault("startRestricted", False)
+        out.setdefault("deletionProtection", False)
+        return out
 
-    def _list(self, zone: str, filter: str) -> dict[str, Any]:
+    def _page(self, kind: str, items: list[Any], query: dict[str, str]) -> dict[str, Any]:
+        start = int(query.get("pageToken") or 0)
+        size = min(int(query.get("maxResults") or self.page_size), self.page_size)
+        out: dict[str, Any] = {"kind": kind, "items": items[start : start + size]}
+        if start + size < len(items):
+            out["nextPageToken"] = str(start + size)
+        return out
+
+    def _list(self, zone: str, filter: str, query: dict[str, str]) -> dict[str, Any]:
         wanted = dict(re.findall(r'labels\.([\w-]+)\s*=\s*"?([\w-]+)"?', filter))
         with self.lock:
             items = [
@@ -463,7 +590,7 @@ class FakeGCE:
                 for (z, _), i in sorted(self.instances.items())
                 if z == zone and all(i.get("labels", {}).get(k) == v for k, v in wanted.items())
             ]
-        return {"kind": "compute#instanceList", "items": items}
+        return self._page("compute#instanceList", items, query)
 
     def _invalid(self, field: str, message: str) -> tuple[int, dict[str, Any]]:
         text = f"Invalid value for field '{field}': {message}"
@@ -524,19 +651,29 @@ class FakeGCE:
                 text = f"Quota 'NVIDIA_T4_GPUS' exceeded.  Limit: 0.0 in region {region}."
                 return 403, self._error(403, text, "quotaExceeded")
             if quota == "operation":
+                metric = self.quota_metric.get(zone, "GPUS_ALL_REGIONS")
+                where = "global" if metric == "GPUS_ALL_REGIONS" else region
+                text = f"Quota '{metric}' exceeded.  Limit: 0.0 " + (
+                    "globally." if where == "global" else f"in region {region}."
+                )
+                details = [
+                    {
+                        "quotaInfo": {
+                            "metricName": f"compute.googleapis.com/{metric.lower()}",
+                            "limitName": f"{metric.replace('_', '-')}-per-project",
+                            "dimensions": {"region": where},
+                            "limit": 0,
+                        }
+                    }
+                ]
                 op = self._new_operation(
-                    "insert",
-                    target,
-                    zone,
-                    (
-                        "QUOTA_EXCEEDED",
-                        "Quota 'GPUS_ALL_REGIONS' exceeded.  Limit: 0.0 globally.",
-                        403,
-                    ),
+                    "insert", target, zone, ("QUOTA_EXCEEDED", text, 403, details)
                 )
                 return 200, op
-            if gpu_vm and any(
-                z == zone and a in (None, accel) and (spot or not spot_only)
+            if any(
+                z == zone
+                and (a == accel if a not in (None, "cpu") else (gpu_vm == (a is None)))
+                and (spot or not spot_only)
                 for z, a, spot_only in self.exhausted
             ):
                 message = (
@@ -702,7 +839,7 @@ class FakeGCE:
                 m = re.fullmatch(r'name eq "?([^"]*)"?', query.get("filter", ""))
                 pattern = m[1] if m else ".*"
                 items = [f for n, f in sorted(self.firewalls.items()) if re.fullmatch(pattern, n)]
-                return 200, {"kind": "compute#firewallList", "items": items}
+                return 200, self._page("compute#firewallList", items, query)
             if name not in self.firewalls:
                 return self._not_found(f"projects/{self.project}/global/firewalls/{name}")
             if method == "DELETE":

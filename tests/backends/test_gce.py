@@ -21,7 +21,7 @@ import dask.config
 import psutil
 import pytest
 from conftest import alive, index_of, kinds, of_kind, wait_for, wait_for_sync
-from fake_gce import FakeGCE, FakeMetadata
+from fake_gce import DEFAULT_ZONES, FakeGCE, FakeMetadata
 
 from transient_nb import TransientCluster, registry
 from transient_nb.backends import gce as gce_mod
@@ -203,32 +203,66 @@ def test_bad_settings_are_named_with_how_to_list_valid_ones(
 
 
 # -- capacity: fallbacks, stock-outs, nothing left behind ----------------------------------------
-def test_exhausted_zone_and_quota_errors_fall_back_to_the_next_zone(fake: FakeGCE) -> None:
-    fake.exhaust("us-central1-a")  # no GPU at all
-    fake.quota_exceeded("us-central1-b", how="http")  # a 403 on the insert call itself
-    fake.quota_exceeded("us-central1-c", how="operation")  # a failed insert operation
-    zones = ["us-central1-b", "us-central1-c", "us-central1-f"]
+def test_stockouts_fall_back_and_a_regional_quota_skips_its_region(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    zones = {**DEFAULT_ZONES, "us-east1-b": {T4}}
+    fake = FakeGCE(str(tmp_path / "vms"), project=PROJECT, zones=zones)
+    try:
+        fake.exhaust("us-central1-a")  # no GPU at all: a stock-out
+        fake.quota_exceeded("us-central1-b", how="http")  # NVIDIA_T4_GPUS of us-central1: a 403
+        fallback = ["us-central1-b", "us-central1-c", "us-east1-b"]
+        with TransientCluster(
+            **options(fake, workers=1, fallback_zones=fallback), name="fall"
+        ) as cluster:
+            wait_for_sync(lambda: len(of_kind(events(cluster), "running")) == 2, timeout=30)
+            log = events(cluster)
+            assert [(e["zone"], e["reason"]) for e in of_kind(log, "stockout")] == [
+                ("us-central1-a", "ZONE_RESOURCE_POOL_EXHAUSTED")
+            ]
+            quota = of_kind(log, "quota-exceeded")
+            assert [(q["quota"], q["region"], q["zone"]) for q in quota] == [
+                ("NVIDIA_T4_GPUS", "us-central1", "us-central1-b")
+            ]
+            # The quota is the region's: us-central1-c shares it and is not asked.
+            asked = [
+                b["machineType"].split("/")[1]
+                for b in fake.inserted()
+                if b["labels"]["transient-nb-role"] == "worker"
+            ]
+            assert asked == ["us-central1-a", "us-central1-b", "us-east1-b"]
+            running = of_kind(log, "running", role="worker")
+            assert [(e["gpu"], e["zone"]) for e in running] == [("t4", "us-east1-b")]
+            assert fake.instance_names() == ["fall-ps-0", running[0]["instance"]]
+        assert fake.instance_names() == []
+        out = capsys.readouterr().out
+        assert "NVIDIA_T4_GPUS" in out and "gcloud compute regions describe us-central1" in out
+    finally:
+        fake.close()
+
+
+def test_a_global_gpu_quota_is_named_with_how_to_raise_it_and_is_not_a_stockout(
+    fake: FakeGCE, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # GPUS_ALL_REGIONS is 0 on every new project: the most common first error.
+    fake.quota_exceeded("us-central1-a", how="operation")
     with TransientCluster(
-        **options(fake, workers=1, fallback_zones=zones, fallback_gpus=["v100"]), name="fall"
+        **options(fake, fallback_zones=["us-central1-b"], fallback_gpus=["v100"]), name="quota"
     ) as cluster:
-        wait_for_sync(lambda: len(of_kind(events(cluster), "running")) == 2, timeout=30)
-        stockouts = [
-            (e["gpu"], e["zone"], e["reason"]) for e in of_kind(events(cluster), "stockout")
-        ]
-        assert stockouts == [
-            ("t4", "us-central1-a", "ZONE_RESOURCE_POOL_EXHAUSTED"),
-            ("t4", "us-central1-b", "quotaExceeded"),
-            ("t4", "us-central1-c", "QUOTA_EXCEEDED"),
-            # GCE offers no T4 in us-central1-f (nor V100 in -b): skipped without asking.
-            ("t4", "us-central1-f", "GPU_NOT_OFFERED_IN_ZONE"),
-            ("v100", "us-central1-a", "ZONE_RESOURCE_POOL_EXHAUSTED"),
-            ("v100", "us-central1-b", "GPU_NOT_OFFERED_IN_ZONE"),
-            ("v100", "us-central1-c", "QUOTA_EXCEEDED"),
-        ]
-        running = of_kind(events(cluster), "running", role="worker")
-        assert [(e["gpu"], e["zone"]) for e in running] == [("v100", "us-central1-f")]
-        # Failed requests leave nothing behind: the PS and the one worker only.
-        assert fake.instance_names() == ["fall-ps-0", running[0]["instance"]]
+        e = wait_for_sync(lambda: of_kind(events(cluster), "capacity-exhausted"), timeout=30)
+        log = events(cluster)
+        assert of_kind(log, "stockout") == []
+        (q,) = of_kind(log, "quota-exceeded")
+        assert (q["quota"], q["region"], q["limit"]) == ("GPUS_ALL_REGIONS", "global", 0)
+        assert "GPUS_ALL_REGIONS" in e[0]["reason"]
+        # A global quota: no other zone or GPU type is tried.
+        assert [b["name"] for b in fake.inserted()] == ["quota-ps-0", "quota-w-0"]
+        assert cluster.policy.stocked_out() == []
+    out = capsys.readouterr().out
+    assert "Quota GPUS_ALL_REGIONS (all regions) is used up" in out
+    assert f"gcloud compute project-info describe --project {PROJECT}" in out
+    assert "console.cloud.google.com/iam-admin/quotas" in out
+    assert "no t4 capacity" not in out
     assert fake.instance_names() == []
 
 
@@ -257,21 +291,24 @@ def test_every_zone_exhausted_tells_the_user_and_leaves_nothing(
 
 def test_repeated_preemptions_move_workers_to_the_next_zone(fake: FakeGCE) -> None:
     # No worker process runs (run_vms=False): the fallback signal (the VM's state) sees the stop.
-    with TransientCluster(
-        **options(fake, preemption_limit=1, fallback_zones=["us-central1-b"]), name="again"
-    ) as cluster:
+    # The policy (not the backend) counts the preemption and tries the zone last.
+    with (
+        dask.config.set({"transient.replacement.preemption-limit": 1}),
+        TransientCluster(
+            **options(fake, fallback_zones=["us-central1-b"], join_timeout="1h"), name="again"
+        ) as cluster,
+    ):
         wait_for_sync(lambda: of_kind(events(cluster), "running", worker="w-0"), timeout=30)
         fake.preempt("again-w-0")
         e = wait_for_sync(
             lambda: of_kind(events(cluster), "running", role="worker", zone="us-central1-b"),
             timeout=30,
         )
-        assert e[0]["worker"] == "w-2"  # w-1 was the attempt in the avoided zone
+        assert e[0]["worker"] == "w-1"  # straight to the next zone: no attempt in the avoided one
         log = events(cluster)
         assert of_kind(log, "preempted", worker="w-0")[0]["source"] == "lost"
-        assert of_kind(log, "stockout", zone="us-central1-a")[0]["reason"] == (
-            "REPEATED_PREEMPTIONS"
-        )
+        assert of_kind(log, "stockout") == []
+        assert cluster.policy.preempting("t4", "us-central1-a")
         assert "again-w-0" not in fake.instance_names()
 
 

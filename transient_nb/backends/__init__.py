@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from transient_nb.backends.base import Backend, CapacityError, TransientVM, VMSpec
+from transient_nb.backends.base import Backend, CapacityError, QuotaError, TransientVM, VMSpec
 
-__all__ = ["Backend", "CapacityError", "TransientVM", "VMSpec", "get_backend"]
+__all__ = ["Backend", "CapacityError", "QuotaError", "TransientVM", "VMSpec", "get_backend"]
 
 
 def get_backend(name: str, **options: object) -> Backend:

@@ -64,6 +64,36 @@ class CapacityError(RuntimeError):
         self.reason = reason
 
 
+class QuotaError(CapacityError):
+    """A quota is used up (``GPUS_ALL_REGIONS``, ``NVIDIA_T4_GPUS``): raising it is the fix.
+
+    Unlike a stock-out, waiting does not help, and every zone of ``region`` (every region, for
+    a ``global`` quota) shares it. The message names the quota and how to see and raise it.
+    """
+
+    def __init__(
+        self,
+        zone: str,
+        gpu: str | None,
+        quota: str,
+        region: str,
+        limit: float | None,
+        how: str,
+    ):
+        RuntimeError.__init__(
+            self,
+            f"Quota {quota} ({'all regions' if region == 'global' else region}) is used up"
+            f"{'' if limit is None else f' (limit {limit:g})'}: GCE refused a "
+            f"{gpu or 'CPU'} VM in {zone}. {how}",
+        )
+        self.zone = zone
+        self.gpu = gpu
+        self.reason = "QUOTA_EXCEEDED"
+        self.quota = quota
+        self.region = region
+        self.limit = limit
+
+
 class TransientVM(ProcessInterface):
     """One VM of a transient cluster; subclasses implement the ``_`` methods.
 
@@ -180,10 +210,6 @@ class Backend:
     """
 
     name = "base"
-    #: Stop the cluster when it has spent this many dollars (None: no budget).
-    budget: float | None = None
-    #: Stop the cluster after this many wall-clock seconds (None: no deadline).
-    deadline_s: float | None = None
 
     @property
     def security(self) -> Any:
@@ -203,8 +229,13 @@ class Backend:
         machine_type: str,
         ps_machine_type: str,
         notice_s: float,
+        cluster_id: str = "",
     ) -> None:
-        """Check the cluster's settings against the provider; called before anything starts."""
+        """Check the cluster's settings against the provider; called before anything starts.
+
+        ``cluster_id`` is unique to the cluster: what it creates carries it, so that it never
+        takes (or deletes) a resource of someone else's that happens to have the same name.
+        """
 
     async def start(self, scheduler_address: str) -> None:
         """Create cluster-wide resources once the scheduler runs, before any VM."""

@@ -51,6 +51,7 @@ import shlex
 import socket
 import sys
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -60,8 +61,8 @@ from distributed.security import Security
 
 import transient_nb
 from transient_nb import config, registry
-from transient_nb.backends.base import Backend, CapacityError, TransientVM, VMSpec
-from transient_nb.backends.gce_api import ComputeAPI, GCEError, call_async
+from transient_nb.backends.base import Backend, CapacityError, QuotaError, TransientVM, VMSpec
+from transient_nb.backends.gce_api import ComputeAPI, GCEError, backoff_delays, call_async
 from transient_nb.backends.local import WORKER_PRE_SPAWN_ENVIRON
 
 logger = logging.getLogger(__name__)
@@ -93,6 +94,8 @@ LABEL_CLUSTER = "transient-nb-cluster"
 LABEL_ROLE = "transient-nb-role"
 LABEL_HOST = "transient-nb-host"
 LABEL_PID = "transient-nb-pid"
+#: The per-cluster unique id: close() and sweep delete only what carries the right one.
+LABEL_ID = "transient-nb-id"
 #: Metadata keys through which a VM gets the cluster's TLS certificate and key.
 TLS_CERT_KEY = "transient-nb-tls-cert"
 TLS_KEY_KEY = "transient-nb-tls-key"
@@ -154,9 +157,9 @@ def startup_script(
 
     Nothing is installed at boot: the image has the driver and the environment. No credential is
     in the script; the cluster's TLS certificate and key come from the instance metadata, into a
-    folder only root can read. When the worker ends, the VM powers itself off
-    (``TRANSIENT_NB_POWEROFF`` overrides the command, for images that manage that themselves and
-    for tests).
+    folder only root can read. When the script ends for any reason (the worker's exit, or any
+    failed step, through ``trap ... EXIT``), the VM powers itself off (``TRANSIENT_NB_POWEROFF``
+    overrides the command, for images that manage that themselves and for tests).
 
     Parameters
     ----------
@@ -227,6 +230,9 @@ def startup_script(
 # The image already holds the GPU driver and the Python environment: nothing is installed here,
 # so a replacement VM joins seconds after it boots.
 set -euo pipefail
+# Whatever ends this script (a failed curl, a missing driver, the worker's exit), the VM powers
+# off, so that a GPU VM whose worker cannot run stops billing.
+trap '${{TRANSIENT_NB_POWEROFF:-poweroff}}' EXIT
 MD="http://${{GCE_METADATA_HOST:-metadata.google.internal}}/computeMetadata/v1/instance/attributes"
 # The cluster's TLS certificate and key, from the instance metadata into a folder only we can read.
 TLS="$(mktemp -d)"
@@ -236,8 +242,8 @@ chmod 600 "$TLS/key.pem"
 {gpu_check}{exports}
 {command}{tls} || echo "transient_nb: the Dask worker exited with status $?" >&2
 # The worker is gone (drained after a notice, its scheduler lost for --death-timeout, a crash):
-# power off, so that a VM whose cluster is gone stops billing its GPU; sweep deletes the rest.
-${{TRANSIENT_NB_POWEROFF:-poweroff}}
+# the EXIT trap powers off, so that a VM whose cluster is gone stops billing its GPU; sweep
+# deletes the rest.
 """
 
 
@@ -261,6 +267,8 @@ class GCEVM(TransientVM):
         self._watch_task: Any = None
         self._gone = False
         self._was_running = False
+        #: GCE took our insert: the instance of this name is ours to delete.
+        self._inserted = False
 
     async def post(self, kind: str, **fields: Any) -> None:
         """Log a lifecycle event; GCE's events also name the instance."""
@@ -274,25 +282,55 @@ class GCEVM(TransientVM):
             if reason:
                 raise CapacityError(self.zone, self.spec.gpu, reason)
         body = backend.instance_body(self.spec, backend.scheduler_address or self.scheduler_address)
-        api = backend.api
         # Known as ours before the request goes out: whatever happens next (an error, the
-        # cluster closing mid-request, the kernel exiting), close() and the exit hook delete it.
+        # cluster closing mid-request, the kernel exiting), close() and the exit hook delete it,
+        # after checking its cluster-id label (a name clash never deletes someone else's VM).
         backend.live.add((self.zone, self.instance))
+        delays = backoff_delays(backend.retries, backend.retry_backoff_s, backend.retry_max_s)
+        attempt = 0
         try:
-            op = await call_async(api.insert_instance, self.zone, body)
-            await call_async(api.wait_zone_operation, self.zone, op, backend.operation_timeout)
-        except GCEError as e:
-            # Nothing of a failed request may stay behind (GCE can leave a TERMINATED record).
-            await self._remove()
-            if not e.capacity:
-                raise RuntimeError(
-                    f"GCE refused VM {self.instance} in {self.zone}: {e} ({e.code})"
-                ) from e
-            raise CapacityError(self.zone, self.spec.gpu, e.code) from e
+            while True:
+                try:
+                    await self._insert(body)
+                    break
+                except GCEError as e:
+                    if e.conflict and not self._inserted:
+                        # The name is taken and not by this request (its requestId would have
+                        # got our own operation back): someone else's VM. Never delete it.
+                        backend.live.discard((self.zone, self.instance))
+                        raise RuntimeError(
+                            f"GCE instance {self.instance} already exists in {self.zone} and "
+                            f"is not this cluster's: pick another cluster name (name=...)."
+                        ) from e
+                    if self._inserted:
+                        # Ours, failed: nothing of it may stay (GCE can leave a record behind).
+                        await self._remove()
+                    if e.quota_exceeded:
+                        raise backend.quota_error(self.zone, self.spec.gpu, e) from e
+                    if e.capacity:
+                        raise CapacityError(self.zone, self.spec.gpu, e.code) from e
+                    if e.transient and attempt < len(delays):
+                        logger.info("Insert of %s failed (%s); asking again", self.instance, e)
+                        await asyncio.sleep(delays[attempt])
+                        attempt += 1
+                        self._inserted = False
+                        backend.live.add((self.zone, self.instance))
+                        continue
+                    backend.live.discard((self.zone, self.instance))
+                    raise RuntimeError(
+                        f"GCE refused VM {self.instance} in {self.zone}: {e} ({e.code})"
+                    ) from e
         except asyncio.CancelledError:
             await asyncio.shield(self._remove())
             raise
         self._watch_task = backend.spawn(self._watch())
+
+    async def _insert(self, body: dict[str, Any]) -> None:
+        """One insert (its own requestId: ComputeAPI's retries of it are idempotent) and wait."""
+        api = self.backend.api
+        op = await call_async(api.insert_instance, self.zone, body, str(uuid.uuid4()))
+        self._inserted = True
+        await call_async(api.wait_zone_operation, self.zone, op, self.backend.operation_timeout)
 
     async def _watch(self) -> None:
         # Booting: billing starts when GCE says RUNNING. Afterwards this is the fallback signal of
@@ -310,8 +348,6 @@ class GCEVM(TransientVM):
             elif status is None or status in STOPPED_STATES:
                 if not self.stopped:
                     self._gone = True
-                    if self.spec.spot:
-                        self.backend.record_preemption(self.spec)
                     await self._remove()  # a STOPped Spot VM keeps billing for its disk
                     self.exited_by_itself()
                 return
@@ -359,18 +395,23 @@ class GCEVM(TransientVM):
             await self.backend.sleep_poll(short=True)
 
     async def _kill(self) -> None:
-        if self.provider_notice:
-            self.backend.record_preemption(self.spec)
         await self._remove()
 
     async def _delete(self) -> None:
         await self._remove()
 
     async def _remove(self) -> None:
-        """Delete the instance and wait until GCE has done so (nothing left running)."""
+        """Delete the instance and wait until GCE has done so (nothing left running).
+
+        Only an instance that is ours: one whose insert GCE took, or, when that is unknown (the
+        request was cut off), one that carries this cluster's id label.
+        """
         if self._watch_task is not None and self._watch_task is not _current_task():
             self._watch_task.cancel()
         api = self.backend.api
+        if not self._inserted and not await call_async(self.backend.owns, self.zone, self.instance):
+            self.backend.live.discard((self.zone, self.instance))
+            return
         try:
             op = await call_async(api.delete_instance, self.zone, self.instance)
             if op is not None:
@@ -426,10 +467,9 @@ class GCEBackend(Backend):
         Dask worker settings.
     poll_interval, operation_timeout
         How often VM states are read; how long one operation may take.
-    preemption_limit, preemption_window
-        Provider preemptions of a GPU type in a zone after which that zone is avoided.
-    budget, deadline
-        Stop the cluster at this many dollars spent / after this long.
+    retries, retry_backoff, retry_backoff_max
+        Transient API errors (5xx, 429, time-outs) are asked again this many times, with
+        exponential backoff and jitter.
     api_endpoint, credentials
         Another API endpoint (a fake server in tests) and ``google.auth`` credentials.
 
@@ -471,10 +511,9 @@ class GCEBackend(Backend):
         death_timeout: str | float | None = None,
         poll_interval: str | float | None = None,
         operation_timeout: str | float | None = None,
-        preemption_limit: int | None = None,
-        preemption_window: str | float | None = None,
-        budget: float | None = None,
-        deadline: str | float | None = None,
+        retries: int | None = None,
+        retry_backoff: str | float | None = None,
+        retry_backoff_max: str | float | None = None,
         api_endpoint: str | None = None,
         credentials: Any = None,
     ):
@@ -522,35 +561,37 @@ class GCEBackend(Backend):
         self.death_timeout_s = float(parse_timedelta(get("death-timeout", death_timeout)))
         self.poll_s = float(parse_timedelta(get("poll-interval", poll_interval)))
         self.operation_timeout = float(parse_timedelta(get("operation-timeout", operation_timeout)))
-        self.preemption_limit = int(get("preemption-limit", preemption_limit))
-        self.preemption_window_s = float(
-            parse_timedelta(get("preemption-window", preemption_window))
+        self.retries = int(get("retries", retries))
+        if self.retries < 0:
+            raise ValueError(f"retries={self.retries} must be 0 or more.")
+        self.retry_backoff_s = float(
+            parse_timedelta(get("retry-backoff", retry_backoff), default="seconds")
         )
-        budget = get("budget", budget)
-        self.budget: float | None = None if budget is None else float(budget)
-        if self.budget is not None and not self.budget > 0:
-            raise ValueError(f"budget={budget!r} must be a positive number of dollars.")
-        deadline = get("deadline", deadline)
-        self.deadline_s: float | None = (
-            None if deadline is None else float(parse_timedelta(deadline, default="seconds"))
+        self.retry_max_s = float(
+            parse_timedelta(get("retry-backoff-max", retry_backoff_max), default="seconds")
         )
-        if self.deadline_s is not None and not self.deadline_s > 0:
-            raise ValueError(f"deadline={deadline!r} must be a positive duration such as '3h'.")
         api_endpoint = get("api-endpoint", api_endpoint)
         project = get("project", project)
         if project is None:
             project = _default_project(credentials)
         self.project = str(project)
         self.image_project = str(get("image-project", image_project) or self.project)
-        self.api = ComputeAPI(self.project, api_endpoint=api_endpoint, credentials=credentials)
+        self.api = ComputeAPI(
+            self.project,
+            api_endpoint=api_endpoint,
+            credentials=credentials,
+            retries=self.retries,
+            backoff_s=self.retry_backoff_s,
+            max_backoff_s=self.retry_max_s,
+        )
         # Certificates made for this cluster only, in memory: every connection (workers,
         # scheduler, clients) is TLS with mutual authentication.
         self._security = Security.temporary()
         self.cluster_name = "transient"
+        self.cluster_id = ""
         self.notice_s = 30.0
         self.live: set[tuple[str, str]] = set()
         self._not_offered: set[tuple[str, str]] = set()
-        self._preemptions: dict[tuple[str, str], list[float]] = {}
         self._tasks: set[Any] = set()
         self._atexit_registered = False
         self._close_lock = asyncio.Lock()
@@ -595,6 +636,7 @@ class GCEBackend(Backend):
         machine_type: str,
         ps_machine_type: str,
         notice_s: float,
+        cluster_id: str = "",
     ) -> None:
         """Check project, zones, machine types, GPU types and image against the API.
 
@@ -605,6 +647,7 @@ class GCEBackend(Backend):
         before the scheduler or any VM exists.
         """
         self.cluster_name = cluster_name
+        self.cluster_id = cluster_id or uuid.uuid4().hex[:12]
         self.notice_s = notice_s
         if not _NAME_RE.match(self.instance_name("w-999")):
             raise ValueError(f"Cluster name {cluster_name!r} is too long for GCE instance names.")
@@ -625,7 +668,8 @@ class GCEBackend(Backend):
                     f"Zone {zone!r} does not exist in project {self.project!r} ({e}). List the "
                     "zones with `gcloud compute zones list`."
                 ) from e
-        checks = [(ps_machine_type, zones[0])] + [(machine_type, z) for z in zones]
+        # The PS host may go to any of the zones too (its fallback), so both types are checked.
+        checks = [(ps_machine_type, z) for z in zones] + [(machine_type, z) for z in zones]
         for mt, zone in checks:
             try:
                 api.get_machine_type(zone, mt)
@@ -710,6 +754,9 @@ class GCEBackend(Backend):
                 self._atexit_registered = False
 
     async def _delete_and_wait(self, zone: str, name: str) -> None:
+        if not await call_async(self.owns, zone, name):
+            self.live.discard((zone, name))
+            return
         try:
             op = await call_async(self.api.delete_instance, zone, name)
             if op is not None:
@@ -728,7 +775,8 @@ class GCEBackend(Backend):
         """
         for zone, name in list(self.live):
             try:
-                self.api.delete_instance(zone, name)
+                if self.owns(zone, name):
+                    self.api.delete_instance(zone, name)
                 logger.warning("Deleted %s in %s at exit", name, zone)
             except Exception as e:  # at exit, report and go on with the others
                 logger.warning("Could not delete %s in %s at exit: %s", name, zone, e)
@@ -751,7 +799,8 @@ class GCEBackend(Backend):
             "name": f"{self.cluster_name}-dask",
             "description": (
                 f"transient_nb cluster {self.cluster_name} (host {this_host()}, pid "
-                f"{os.getpid()}): Dask worker and nanny ports between the cluster's VMs"
+                f"{os.getpid()}, id {self.cluster_id}): Dask worker and nanny ports between "
+                "the cluster's VMs"
             ),
             "network": self._network_url(),
             "direction": "INGRESS",
@@ -767,12 +816,52 @@ class GCEBackend(Backend):
     async def _create_firewall(self, scheduler_address: str) -> None:
         body = self.firewall_body(scheduler_address)
         try:
-            op = await call_async(self.api.insert_firewall, body)
+            op = await call_async(self.api.insert_firewall, body, str(uuid.uuid4()))
             await call_async(self.api.wait_global_operation, op, self.operation_timeout)
         except GCEError as e:
-            if "alreadyExists" not in e.codes and e.status != 409:
+            if not e.conflict:
                 raise RuntimeError(f"Could not create firewall rule {body['name']}: {e}") from e
+            # Adopted only if it carries our id (an earlier attempt of ours); someone else's
+            # rule of the same name is neither used nor, later, deleted.
+            rule = await call_async(self.api.get_firewall, body["name"])
+            if rule is None or _firewall_id(rule) != self.cluster_id:
+                raise RuntimeError(
+                    f"Firewall rule {body['name']} already exists and is not this cluster's: "
+                    "pick another cluster name (name=...), or set gce.firewall: false and let "
+                    "your own rules admit the Dask ports."
+                ) from e
         self.firewall_name = body["name"]
+
+    def owns(self, zone: str, name: str) -> bool:
+        """Whether instance ``name`` carries this cluster's id (blocking; True if gone)."""
+        try:
+            inst = self.api.get_instance(zone, name)
+        except GCEError as e:
+            logger.warning("Could not read %s in %s: %s", name, zone, e)
+            return False
+        if inst is None:
+            return True  # nothing there: deleting it is a no-op
+        return (inst.get("labels") or {}).get(LABEL_ID) == self.cluster_id
+
+    def quota_error(self, zone: str, gpu: str | None, e: GCEError) -> QuotaError:
+        """A :class:`QuotaError` that names the quota, its region and how to raise it."""
+        q = e.quota or {}
+        metric = str(q.get("metric") or e.code)
+        region = str(q.get("region") or zone.rsplit("-", 1)[0])
+        limit = q.get("limit")
+        console = (
+            f"https://console.cloud.google.com/iam-admin/quotas?project={self.project}"
+            f"&metric=compute.googleapis.com%2F{metric.lower()}"
+        )
+        if region == "global":
+            show = f"gcloud compute project-info describe --project {self.project}"
+        else:
+            show = f"gcloud compute regions describe {region} --project {self.project}"
+        how = (
+            f"See it with `{show}` and ask for more at {console} (IAM & Admin > Quotas; "
+            "new projects start with GPUS_ALL_REGIONS = 0)."
+        )
+        return QuotaError(zone, gpu, metric, region, None if limit is None else float(limit), how)
 
     # -- the request body --------------------------------------------------------------------------
     def _network_url(self) -> str:
@@ -786,6 +875,7 @@ class GCEBackend(Backend):
             LABEL_ROLE: spec.role,
             LABEL_HOST: this_host(),
             LABEL_PID: str(os.getpid()),
+            LABEL_ID: self.cluster_id,
         }
 
     def instance_body(self, spec: VMSpec, scheduler_address: str) -> dict[str, Any]:
@@ -883,26 +973,15 @@ class GCEBackend(Backend):
             ]
         return body
 
-    # -- where not to go ------------------------------------------------------------------------------
-    def record_preemption(self, spec: VMSpec) -> None:
-        """Count a preemption by the provider of a GPU type in a zone."""
-        if spec.gpu:
-            self._preemptions.setdefault((spec.gpu, spec.zone), []).append(time.monotonic())
-
+    # -- where GCE cannot go ------------------------------------------------------------------------
     def avoid(self, gpu: str, zone: str, spot: bool) -> str | None:
-        """Why a (GPU, zone) should not be asked for now, or ``None``."""
+        """Why a (GPU, zone) cannot be asked for (GCE does not offer it there), or ``None``.
+
+        Zones that keep preempting are the replacement policy's business
+        (:class:`~transient_nb.replacement.ReplacementPolicy`), not the backend's.
+        """
         if (gpu, zone) in self._not_offered:
             return "GPU_NOT_OFFERED_IN_ZONE"
-        if spot:
-            now = time.monotonic()
-            recent = [
-                t
-                for t in self._preemptions.get((gpu, zone), [])
-                if now - t < self.preemption_window_s
-            ]
-            self._preemptions[(gpu, zone)] = recent
-            if self.preemption_limit > 0 and len(recent) >= self.preemption_limit:
-                return "REPEATED_PREEMPTIONS"
         return None
 
     # -- helpers of the VMs ------------------------------------------------------------------------
@@ -945,6 +1024,17 @@ def _default_project(credentials: Any) -> str:
 
 
 # -- sweep ---------------------------------------------------------------------------------------
+_FIREWALL_DESC = re.compile(
+    r"transient_nb cluster (\S+) \(host (\S+), pid (\d+)(?:, id ([0-9a-f]+))?\)"
+)
+
+
+def _firewall_id(rule: dict[str, Any]) -> str | None:
+    """The cluster id written in a firewall rule's description (rules have no labels)."""
+    m = _FIREWALL_DESC.match(str(rule.get("description", "")))
+    return m[4] if m else None
+
+
 def _owner_alive(labels: dict[str, str], registry_path: str | None) -> tuple[bool | None, str]:
     """Whether the owning cluster still runs (None: cannot tell from here), and why."""
     if labels.get(LABEL_HOST) != this_host():
@@ -954,11 +1044,14 @@ def _owner_alive(labels: dict[str, str], registry_path: str | None) -> tuple[boo
     except ValueError:
         pid = -1
     cluster = labels.get(LABEL_CLUSTER)
+    cid = labels.get(LABEL_ID)
     for entry in registry.entries(registry_path):
         if (
             _label_value(str(entry["name"])) == cluster
             and int(entry.get("pid", -2)) == pid
             and not entry["stale"]
+            # A new cluster of the same name in a recycled pid is not the owner.
+            and (cid is None or entry.get("cluster_id") in (None, cid))
         ):
             return True, f"cluster {cluster} is running (pid {pid})"
     return False, f"cluster {cluster} is gone (pid {pid})"
@@ -1025,7 +1118,7 @@ def sweep(
         try:
             instances = api.list_instances(zone, filter=f'labels.{LABEL} = "true"')
         except GCEError as e:
-            if e.not_found:
+            if e.not_found or e.status == 400:
                 raise ValueError(
                     f"Zone {zone!r} or project {project!r} does not exist ({e}); list zones with "
                     "`gcloud compute zones list`."
@@ -1042,28 +1135,33 @@ def sweep(
                     "name": inst["name"],
                     "zone": zone,
                     "cluster": labels.get(LABEL_CLUSTER),
+                    "id": labels.get(LABEL_ID),
                     "status": inst.get("status"),
                     "alive": alive,
                     "reason": reason,
                     "deleted": False,
                 }
             )
-    gone_clusters = {f["cluster"] for f in found if f["alive"] is False}
+    # A rule goes with the VMs of its cluster: matched by the cluster's unique id, never by name
+    # (another owner's cluster may have the same name).
+    gone_ids = {f["id"] for f in found if f["alive"] is False and f["id"]}
     for rule in api.list_firewalls(filter='name eq ".*-dask"'):
-        desc = str(rule.get("description", ""))
-        m = re.match(r"transient_nb cluster (\S+) \(host (\S+), pid (\d+)\)", desc)
+        m = _FIREWALL_DESC.match(str(rule.get("description", "")))
         if not m:
             continue
         labels = {LABEL_CLUSTER: _label_value(m[1]), LABEL_HOST: m[2], LABEL_PID: m[3]}
+        if m[4]:
+            labels[LABEL_ID] = m[4]
         alive, reason = _owner_alive(labels, registry_path)
-        if labels[LABEL_CLUSTER] in gone_clusters:
-            alive = False
+        if m[4] and m[4] in gone_ids:
+            alive, reason = False, f"its cluster's VMs are being swept (id {m[4]})"
         found.append(
             {
                 "kind": "firewall",
                 "name": rule["name"],
                 "zone": "global",
                 "cluster": labels[LABEL_CLUSTER],
+                "id": m[4],
                 "status": "",
                 "alive": alive,
                 "reason": reason,

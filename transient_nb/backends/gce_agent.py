@@ -5,7 +5,8 @@ transient_nb.backends.gce_agent``). It watches ``computeMetadata/v1/instance/pre
 VM's metadata server with a hanging GET (``wait_for_change=true``); when it turns ``TRUE`` (about
 30 s before GCE stops the VM) it
 
-1. tells the cluster (a ``provider-notice`` control request on the scheduler), which posts the
+1. tells the cluster (a ``transient-provider-notice`` message on its stream to the scheduler,
+   honoured only for this worker's own VM), which posts the
    ``notice`` event and asks for a replacement at once, since a new VM takes 80-100 s to boot;
 2. runs the same drain path as the local backend: the ``transient_notice`` handler of
    :mod:`transient_nb.agent` runs the drain hooks (the trainer pushes its last gradient), posts
@@ -27,7 +28,7 @@ from typing import Any
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
-from transient_nb.events import CONTROL_TOPIC
+from transient_nb.monitor import PROVIDER_NOTICE_OP
 
 logger = logging.getLogger(__name__)
 
@@ -101,16 +102,15 @@ async def on_preemption(worker: Any) -> None:
     notice_s = float(os.environ.get("TRANSIENT_NB_NOTICE_S", GCE_NOTICE_S))
     deadline = time.time() + notice_s
     logger.warning("GCE preemption notice: this VM stops by %.1f", deadline)
-    # The cluster may be asked under the worker's address (Dask stamps "worker" on worker events),
-    # so the VM's name travels as "vm".
-    worker.log_event(
-        CONTROL_TOPIC,
+    # Over the worker's own stream: the scheduler knows which worker sent it, and the cluster
+    # honours the notice only for that worker's VM (a posted control request could name any).
+    worker.batched_stream.send(
         {
-            "action": "provider-notice",
+            "op": PROVIDER_NOTICE_OP,
             "vm": _vm_name(worker),
             "deadline": deadline,
             "source": "gce-metadata",
-        },
+        }
     )
     handler = worker.handlers.get("transient_notice")
     if handler is None:  # pragma: no cover - the image lacks transient_nb.agent in --preload

@@ -16,7 +16,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import random
+import re
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -27,13 +30,27 @@ CAPACITY_CODES = frozenset(
     {
         "ZONE_RESOURCE_POOL_EXHAUSTED",
         "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS",
-        "QUOTA_EXCEEDED",
-        "quotaExceeded",
-        "rateLimitExceeded",
         "RESOURCE_EXHAUSTED",
         "resourceExhausted",
         "STOCKOUT",
     }
+)
+#: Codes of a quota that is used up: not a stock-out (waiting does not help; raising it does).
+QUOTA_CODES = frozenset({"QUOTA_EXCEEDED", "quotaExceeded"})
+#: Codes of errors that go away by themselves: asked again after a pause, never a stock-out.
+TRANSIENT_CODES = frozenset(
+    {
+        "backendError",
+        "internalError",
+        "rateLimitExceeded",
+        "userRateLimitExceeded",
+        "INTERNAL_ERROR",
+        "SERVICE_UNAVAILABLE",
+        "timeout",
+    }
+)
+_QUOTA_RE = re.compile(
+    r"Quota '([A-Z0-9_]+)' exceeded\.?\s*Limit:\s*([\d.]+)\s*(?:in region ([a-z0-9-]+)|globally)?"
 )
 
 
@@ -61,10 +78,19 @@ class GCEError(RuntimeError):
         (``notFound``, ``quotaExceeded``).
     """
 
-    def __init__(self, message: str, status: int | None = None, codes: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        message: str,
+        status: int | None = None,
+        codes: tuple[str, ...] = (),
+        quota: dict[str, Any] | None = None,
+    ):
         super().__init__(message)
         self.status = status
         self.codes = codes
+        #: For quota errors: ``metric`` (``GPUS_ALL_REGIONS``), ``region`` (``global`` or a
+        #: region), ``limit``; from the operation's ``quotaInfo`` or the HTTP error's message.
+        self.quota = quota if quota is not None else _quota_from_message(message, codes)
 
     @property
     def not_found(self) -> bool:
@@ -73,13 +99,50 @@ class GCEError(RuntimeError):
 
     @property
     def capacity(self) -> bool:
-        """No capacity or quota for this request here: another zone or GPU type may work."""
-        return any(c in CAPACITY_CODES for c in self.codes) or "Quota" in str(self)
+        """No capacity for this request here now (a stock-out): another zone or GPU type may work."""
+        return any(c in CAPACITY_CODES for c in self.codes) and not self.quota_exceeded
+
+    @property
+    def quota_exceeded(self) -> bool:
+        """A quota is used up (``GPUS_ALL_REGIONS``, ``NVIDIA_T4_GPUS``): raising it helps."""
+        return any(c in QUOTA_CODES for c in self.codes) or self.quota is not None
+
+    @property
+    def conflict(self) -> bool:
+        """The name is taken (HTTP 409 ``alreadyExists``), by us or by someone else."""
+        return self.status == 409 or "alreadyExists" in self.codes
+
+    @property
+    def transient(self) -> bool:
+        """An error that goes away by itself (5xx, ``backendError``, 429, a time-out).
+
+        Asked again after a pause (exponential backoff with jitter); never a stock-out.
+        """
+        if self.capacity or self.quota_exceeded:
+            return False
+        if any(c in TRANSIENT_CODES for c in self.codes):
+            return True
+        return self.status is not None and (self.status == 429 or 500 <= self.status < 600)
 
     @property
     def code(self) -> str:
         """The first error code, for events and messages."""
         return self.codes[0] if self.codes else str(self.status or "ERROR")
+
+
+class OperationError(GCEError):
+    """A request was accepted but its operation failed (stock-out, quota, internal error).
+
+    Not asked again by :class:`ComputeAPI`: the operation stays failed; the caller decides
+    whether to send the request again (the backend does, for transient codes).
+    """
+
+
+def _quota_from_message(message: str, codes: tuple[str, ...]) -> dict[str, Any] | None:
+    m = _QUOTA_RE.search(message)
+    if m is None:
+        return None
+    return {"metric": m[1], "limit": float(m[2]), "region": m[3] or "global"}
 
 
 def _from_sdk(e: Exception) -> GCEError:
@@ -90,16 +153,51 @@ def _from_sdk(e: Exception) -> GCEError:
     return GCEError(str(message), int(status) if isinstance(status, int) else None, codes)
 
 
+def backoff_delays(
+    attempts: int, base_s: float, max_s: float, rng: random.Random | None = None
+) -> list[float]:
+    """Pauses before each retry: exponential, capped, with full jitter.
+
+    Jitter spreads the retries of many VMs that failed at once (a zone's hiccup) so that they
+    do not come back as one burst and get throttled again.
+
+    Examples
+    --------
+    >>> d = backoff_delays(4, 1.0, 5.0, random.Random(0))
+    >>> len(d), all(0 <= x <= 5.0 for x in d)
+    (4, True)
+    """
+    rng = rng or random.Random()
+    return [rng.uniform(0, min(max_s, base_s * 2**i)) for i in range(attempts)]
+
+
 def _translate(fn: Callable[..., T]) -> Callable[..., T]:
-    """Turn the SDK's exceptions into :class:`GCEError`."""
+    """Turn the SDK's exceptions into :class:`GCEError`; retry the transient ones.
+
+    Every call of :class:`ComputeAPI` goes through here, so a 503 ``backendError``, a 429 or a
+    time-out is asked again ``retries`` times with exponential backoff and jitter before it
+    reaches the backend. Inserts and deletes carry a ``requestId``, so a retried request that
+    had in fact gone through is not done twice.
+    """
     from google.api_core import exceptions
 
     @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> T:
-        try:
-            return fn(*args, **kwargs)
-        except exceptions.GoogleAPIError as e:
-            raise _from_sdk(e) from e
+    def wrapper(self: ComputeAPI, *args: Any, **kwargs: Any) -> T:
+        delays = backoff_delays(self.retries, self.backoff_s, self.max_backoff_s, self._rng)
+        for attempt in range(self.retries + 1):
+            try:
+                try:
+                    return fn(self, *args, **kwargs)
+                except exceptions.GoogleAPIError as e:
+                    raise _from_sdk(e) from e
+                except (OSError, TimeoutError) as e:  # requests' connection errors and time-outs
+                    raise GCEError(f"{type(e).__name__}: {e}", None, ("timeout",)) from e
+            except GCEError as e:
+                if isinstance(e, OperationError) or not e.transient or attempt == self.retries:
+                    raise
+                self.retried.append(f"{fn.__name__}: {e.code}")
+                self.sleep(delays[attempt])
+        raise AssertionError("unreachable")  # pragma: no cover
 
     return wrapper
 
@@ -130,10 +228,29 @@ class ComputeAPI:
     'RUNNING'
     """
 
-    def __init__(self, project: str, api_endpoint: str | None = None, credentials: Any = None):
+    def __init__(
+        self,
+        project: str,
+        api_endpoint: str | None = None,
+        credentials: Any = None,
+        *,
+        retries: int = 5,
+        backoff_s: float = 1.0,
+        max_backoff_s: float = 30.0,
+        sleep: Callable[[float], None] = time.sleep,
+        seed: int | None = None,
+    ):
         from google.cloud import compute_v1
 
         self.project = project
+        #: Transient errors are asked again this many times, after ``backoff_delays`` pauses.
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.sleep = sleep
+        self._rng = random.Random(seed)
+        #: ``"method: code"`` of every retried call (for logs and tests).
+        self.retried: list[str] = []
         self._compute_v1 = compute_v1
         if credentials is None and api_endpoint and api_endpoint.startswith("http://"):
             # A plain-HTTP endpoint is a local fake: never send real credentials in clear text.
@@ -159,7 +276,18 @@ class ComputeAPI:
             codes = tuple(str(e.code) for e in op.error.errors)
             message = "; ".join(str(e.message) for e in op.error.errors)
             status = int(op.http_error_status_code) if op.http_error_status_code else None
-            raise GCEError(message, status, codes)
+            quota = None
+            for err in op.error.errors:
+                for detail in err.error_details:
+                    if "quota_info" in detail:
+                        info = detail.quota_info
+                        metric = str(info.metric_name).rsplit("/", 1)[-1].upper()
+                        quota = {
+                            "metric": metric,
+                            "limit": float(info.limit),
+                            "region": str(dict(info.dimensions).get("region", "global")),
+                        }
+            raise OperationError(message, status, codes, quota)
 
     @_translate
     def wait_zone_operation(self, zone: str, operation: str, timeout: float = 300) -> None:
@@ -193,13 +321,22 @@ class ComputeAPI:
                 raise GCEError(f"Operation {operation} still not done after {timeout}s")
 
     # -- instances ------------------------------------------------------------------------------------
+    def insert_instance(self, zone: str, body: dict[str, Any], request_id: str = "") -> str:
+        """Ask for a VM described by ``body`` (the REST ``Instance`` JSON); the operation's name.
+
+        ``request_id`` (a UUID; one is made if not given) makes retries idempotent: GCE answers
+        a repeat of an insert it already took with that insert's operation, so a retry after a
+        lost answer neither creates a second VM nor gets a 409 for our own.
+        """
+        return self._insert_instance(zone, body, request_id or str(uuid.uuid4()))
+
     @_translate
-    def insert_instance(self, zone: str, body: dict[str, Any]) -> str:
-        """Ask for a VM described by ``body`` (the REST ``Instance`` JSON); the operation's name."""
+    def _insert_instance(self, zone: str, body: dict[str, Any], request_id: str) -> str:
         instance = self._compute_v1.Instance.from_json(json.dumps(body))
-        op = self.instances.insert_unary(
-            project=self.project, zone=zone, instance_resource=instance
+        request = self._compute_v1.InsertInstanceRequest(
+            project=self.project, zone=zone, instance_resource=instance, request_id=request_id
         )
+        op = self.instances.insert_unary(request=request)
         self._raise_for_operation(op)
         return str(op.name)
 
@@ -241,11 +378,17 @@ class ComputeAPI:
         return str(op.name)
 
     # -- firewall rules ------------------------------------------------------------------------------
-    @_translate
-    def insert_firewall(self, body: dict[str, Any]) -> str:
+    def insert_firewall(self, body: dict[str, Any], request_id: str = "") -> str:
         """Create a firewall rule from its REST JSON; the (global) operation's name."""
+        return self._insert_firewall(body, request_id or str(uuid.uuid4()))
+
+    @_translate
+    def _insert_firewall(self, body: dict[str, Any], request_id: str) -> str:
         rule = self._compute_v1.Firewall.from_json(json.dumps(body))
-        op = self.firewalls.insert_unary(project=self.project, firewall_resource=rule)
+        request = self._compute_v1.InsertFirewallRequest(
+            project=self.project, firewall_resource=rule, request_id=request_id
+        )
+        op = self.firewalls.insert_unary(request=request)
         return str(op.name)
 
     @_translate
