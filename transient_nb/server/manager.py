@@ -94,9 +94,9 @@ def connect_code(name: str, scheduler_address: str | None) -> str:
 
     Examples
     --------
-    >>> print(connect_code("demo", "tcp://127.0.0.1:8786"))  # doctest: +SKIP
-    from distributed import Client
-    client = Client("tcp://127.0.0.1:8786")
+    >>> print(connect_code("demo", "tcp://127.0.0.1:8786"))
+    from transient_nb import connect
+    cluster = connect("demo")
     """
     import transient_nb
 
