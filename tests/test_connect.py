@@ -13,7 +13,7 @@ from distributed.core import Status
 
 from transient_nb import TransientCluster, connect, registry
 from transient_nb.connect import RemoteCluster
-from transient_nb.views.widgets import ClusterPanel
+from transient_nb.views.panel import ClusterPanel
 
 
 def test_unknown_and_stale_names() -> None:

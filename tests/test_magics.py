@@ -18,7 +18,9 @@ from IPython.utils.capture import capture_output
 
 from transient_nb import TransientCluster
 from transient_nb.magics import SUBCOMMANDS, TransientMagics
-from transient_nb.views.widgets import ClusterPanel, ClusterStatus
+from transient_nb.views.panel import ClusterPanel
+from transient_nb.views.progress import RunPanel
+from transient_nb.views.status import ClusterStatus
 
 
 @pytest.fixture
@@ -220,6 +222,35 @@ train:
     panel.update(force=True)
     assert panel.progress.value == panel.progress.max == 30
     assert "finished" in panel.run_info.value
+    with capture_output():
+        magic(ip, "down")
+
+
+@pytest.mark.slow
+def test_train_shows_the_run_not_a_second_cluster_panel(ip: InteractiveShell) -> None:
+    with capture_output() as up:
+        magic(ip, "up --workers 1 --provisioning-delay 0s --preemption none --name train-demo")
+    assert [o.data["text/plain"][:24] for o in widgets_shown(up)] == ["<ClusterPanel train-demo"]
+    with capture_output() as captured:
+        run = magic(
+            ip,
+            "train --model resnet8 --data digits --steps 20 --batch-size 16 --eval-every 10 "
+            "--wait --as run",
+        )
+    texts = [o.data["text/plain"] for o in widgets_shown(captured)]
+    # The run's progress and the live dashboard; the cluster's panel stays the one above.
+    assert len(texts) == 2 and texts[0].startswith(f"<RunPanel {run.id}")
+    assert texts[1].startswith("BokehModel(")
+    assert not any("ClusterPanel" in t for t in texts)
+    view = next(v for v in TransientMagics_views(ip) if isinstance(v, RunPanel))
+    view.update(force=True)
+    assert view.progress.value == view.progress.max == 20
+    assert "finished" in view.run_info.value
+    # Displaying the run later shows the same progress view, not a cluster panel.
+    ip.execution_count += 1
+    with capture_output() as later:
+        ip.display_formatter.format(run)
+    assert later.outputs[0].data["text/plain"].startswith(f"<RunPanel {run.id}")
     with capture_output():
         magic(ip, "down")
 

@@ -116,7 +116,9 @@ def test_quickstart(tmp_path: Path, kernel_env: dict[str, str]) -> None:
     train = shown(cell(nb, "train"))
     assert any("application/vnd.bokehjs_load.v0+json" in d for d in train)  # BokehJS, inline
     assert any(d.get("text/plain", "").startswith("BokehModel(") for d in train)
-    assert any(d.get("text/plain", "").startswith("<ClusterPanel quickstart") for d in train)
+    # The run's progress, not a second copy of the cluster's panel (shown by `up`).
+    assert any(d.get("text/plain", "").startswith("<RunPanel run-") for d in train)
+    assert not any(d.get("text/plain", "").startswith("<ClusterPanel") for d in train)
 
     preempt = cell(nb, "preempt")
     assert "quickstart: preempting w-" in stdout(preempt)

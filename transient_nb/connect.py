@@ -2,16 +2,19 @@
 
 Every running :class:`~transient_nb.TransientCluster` registers its name and scheduler address in
 the on-disk registry. :func:`connect` looks the name up and returns a :class:`RemoteCluster`: a
-Dask ``Client`` on that scheduler, a live mirror of the cluster's event log (so ``events()``,
-``cost()``, ``vms()``, the control panel and the dashboard work as for a local cluster), and
-control — ``scale``, ``preempt``, ``shutdown`` — sent as requests on the scheduler's
-``transient-control`` topic, which the owning cluster acts on and answers with a ``control`` event.
+Dask ``Client`` on that scheduler, a copy of the cluster's event log kept up to date through the
+scheduler's one documented RPC for remote readers (:data:`~transient_nb.events.EVENTS_RPC`), folded
+by :class:`~transient_nb.state.ClusterState` (so ``events()``, ``cost()``, ``vms()``, the control
+panel and the dashboard work as for a local cluster), and control — ``scale``, ``preempt``,
+``shutdown`` — sent as requests on the scheduler's ``transient-control`` topic, which the owning
+cluster acts on and answers with a ``control`` event.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Mapping
@@ -23,9 +26,11 @@ from distributed.core import Status
 from distributed.deploy.spec import SpecCluster
 
 from transient_nb import registry
-from transient_nb.cost import CostReport, compute_costs
-from transient_nb.events import CONTROL_TOPIC, events_frame, vm_states
+from transient_nb.cost import CostReport
+from transient_nb.events import CONTROL_TOPIC, EVENTS_RPC, events_frame
 from transient_nb.prices import PriceCatalog
+from transient_nb.state import ClusterState
+from transient_nb.ticker import Ticker
 
 logger = logging.getLogger(__name__)
 
@@ -33,11 +38,22 @@ logger = logging.getLogger(__name__)
 MAX_FAILURES = 8
 
 
-class _EventMirror:
-    """The owning scheduler's event log, copied here as it grows (same shape as the monitor)."""
+class RemoteEventLog:
+    """The owning scheduler's event log, copied here as it grows.
+
+    It has the monitor's shape (an append-only ``events`` list), so that
+    :func:`transient_nb.state.event_log` reads a local and a remote cluster alike.
+    """
 
     def __init__(self) -> None:
         self.events: list[dict[str, Any]] = []
+
+    async def fetch(self, scheduler: Any, timeout: float = 5.0) -> list[dict[str, Any]]:
+        """Append the events the scheduler has beyond ours; returns them."""
+        rpc = getattr(scheduler, EVENTS_RPC)
+        new = list(await asyncio.wait_for(rpc(since=len(self.events)), timeout))
+        self.events.extend(new)
+        return new
 
 
 class RemoteCluster:
@@ -75,14 +91,16 @@ class RemoteCluster:
         answer_timeout: float = 10.0,
         interval: float = 0.25,
     ):
-        from transient_nb.views.widgets import Ticker
-
         self.entry = dict(entry)
         self.name = str(entry["name"])
         self.scheduler_address = str(entry["scheduler_address"])
         self.dashboard_link = entry.get("dashboard_link")
         self.answer_timeout = answer_timeout
-        self.monitor = _EventMirror()
+        self.monitor = RemoteEventLog()
+        #: What the views show, folded from the log as it is copied (guarded by ``_lock``: the
+        #: copy grows on the client's loop, the user reads from the notebook's thread).
+        self.state = ClusterState()
+        self._lock = threading.Lock()
         self.status = Status.running
         self._failures = 0
         self._catalog: PriceCatalog | None = None
@@ -102,7 +120,7 @@ class RemoteCluster:
             return
         events = self.monitor.events
         try:
-            new = await asyncio.wait_for(self._scheduler.transient_events(since=len(events)), 5)
+            new = await self.monitor.fetch(self._scheduler)
         except Exception as e:
             self._failures += 1
             logger.debug("Reading the event log of %s failed: %r", self.name, e)
@@ -113,7 +131,10 @@ class RemoteCluster:
                 raise
             return
         self._failures = 0
-        events.extend(new)
+        with self._lock:
+            if not self.state.n_events and self.catalog is not None:
+                self.state = ClusterState(minimum_s=self.catalog.minimum_s)
+            self.state.feed(new)
         if events and events[-1].get("kind") == "closed":
             self.status = Status.closed
             self._ticker.stop()
@@ -164,14 +185,13 @@ class RemoteCluster:
 
     def cost(self) -> CostReport:
         """Money spent so far, per VM and in total, beside the on-demand counterfactual."""
-        catalog = self.catalog
-        return compute_costs(
-            list(self.monitor.events), minimum_s=catalog.minimum_s if catalog else 60.0
-        )
+        with self._lock:
+            return self.state.cost()
 
     def vms(self) -> pd.DataFrame:
         """Every VM of the cluster with its lifecycle state and time in state."""
-        return vm_states(list(self.monitor.events))
+        with self._lock:
+            return self.state.vms_frame()
 
     def get_client(self) -> Client:
         """The Dask client connected to the cluster's scheduler."""
@@ -181,11 +201,10 @@ class RemoteCluster:
         """Block until ``n_workers`` GPU workers have joined (by the event log)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            states = vm_states(list(self.monitor.events))
-            if not states.empty:
-                joined = states[(states["state"] == "joined") & (states["role"] == "worker")]
-                if len(joined) >= n_workers:
-                    return
+            with self._lock:
+                joined = self.state.counts().get("joined", 0)
+            if joined >= n_workers:
+                return
             if self.status != Status.running:
                 raise RuntimeError(
                     f"Cluster {self.name!r} closed before {n_workers} workers joined."
@@ -203,7 +222,7 @@ class RemoteCluster:
         deadline = time.monotonic() + self.answer_timeout
         while time.monotonic() < deadline:
             # Read the scheduler's log directly: the answer must not wait for the next mirror tick.
-            new = await self._scheduler.transient_events(since=since)
+            new = await getattr(self._scheduler, EVENTS_RPC)(since=since)
             for e in new:
                 if e.get("kind") == "control" and e.get("request") == request:
                     if not e.get("ok"):

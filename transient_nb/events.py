@@ -21,6 +21,27 @@ TOPIC = "transient"
 #: Topic of control requests (scale, preempt, stop) sent to the cluster that owns a scheduler.
 CONTROL_TOPIC = "transient-control"
 
+#: The scheduler RPC (a handler the monitor installs) that remote readers call for the log:
+#: ``transient_events(since=i)`` returns the events from index ``i`` on. In-process readers (the
+#: owning kernel's views) read the monitor's list instead; both go through
+#: :func:`transient_nb.state.event_log`. (Live subscribers of :data:`TOPIC` see events as posted,
+#: before the monitor names the worker that posted them: the RPC's copy is the one to show.)
+EVENTS_RPC = "transient_events"
+
+#: Fields every lifecycle event of a VM carries (``VMSpec.event_fields``); ``joined`` and
+#: ``left`` also carry the worker's ``address``.
+VM_EVENT_FIELDS = (
+    "worker",
+    "role",
+    "gpu",
+    "zone",
+    "spot",
+    "machine",
+    "price",
+    "price_on_demand",
+    "slot",
+)
+
 #: Lifecycle of a VM (worker or PS host), in the order it normally happens.
 LIFECYCLE = (
     "requested",  # the backend asked the provider for a VM
@@ -32,35 +53,141 @@ LIFECYCLE = (
     "preempted",  # the provider stopped the VM (billing ends)
     "deleted",  # we deleted the VM: scale-down or close (billing ends)
 )
+
+#: Every event kind that may be posted under :data:`TOPIC`, with the fields it carries beyond
+#: ``kind`` and ``time``. Posting a kind that is not here is a bug: :func:`make_event` refuses it
+#: when ``TRANSIENT_NB_STRICT_EVENTS=1`` (the test suite sets it), and a test reads the package's
+#: source for every kind it posts.
+EVENTS: dict[str, tuple[str, ...]] = {
+    # -- VM lifecycle (posted by the cluster for its VMs; joined/left by the monitor) --
+    "requested": VM_EVENT_FIELDS,
+    "provisioning": VM_EVENT_FIELDS,
+    "running": VM_EVENT_FIELDS,
+    "joined": (*VM_EVENT_FIELDS, "address"),
+    "notice": (*VM_EVENT_FIELDS, "deadline", "source"),
+    "left": (*VM_EVENT_FIELDS, "address"),
+    "preempted": (*VM_EVENT_FIELDS, "notice", "source"),
+    "deleted": VM_EVENT_FIELDS,
+    # -- the cluster --
+    "started": (
+        "cluster",
+        "backend",
+        "time_scale",
+        "catalog",
+        "catalog_date",
+        "preemption",
+        "gpu",
+        "zone",
+        "spot",
+        "workers",
+        "notice_s",
+        "run_record",
+        "scheduler_address",
+    ),
+    "replacement-requested": ("worker", "role", "slot"),
+    "stockout": ("worker", "gpu", "zone", "reason"),
+    "capacity-exhausted": ("role", "gpu", "zone"),
+    # The provider refused a VM for a quota (the cluster tries elsewhere or gives up).
+    "quota-exceeded": ("worker", "role", "gpu", "zone", "quota", "region", "limit", "message"),
+    "provision-failed": ("worker", "role", "zone", "error"),  # creating a VM failed otherwise
+    # VMs of one role failed in a row: the next attempt waits ``delay_s``.
+    "crash-loop": ("role", "failures", "delay_s", "reason"),
+    # A VM ran without its worker joining: it is deleted (``cost``: what it cost meanwhile).
+    "join-timeout": (*VM_EVENT_FIELDS, "waited_s", "cost"),
+    "scale": ("workers",),  # the number of GPU workers the cluster now keeps
+    # The owning cluster's answer to a control request (``request`` is the request's id).
+    "control": ("action", "ok", "error", "request"),
+    # A control message the monitor refused (e.g. a provider notice not sent by that VM itself).
+    "control-refused": ("action", "vm", "sender"),
+    # A cluster-level money or time limit stopped the cluster.
+    "limit-reached": ("reason", "cost", "budget", "deadline_s"),
+    "closed": ("cluster",),
+    # -- workers --
+    "drained": ("worker", "hooks", "seconds", "errors"),  # drain hooks ran after a notice
+    # -- the training run (every one also carries ``run``; the PS's also ``shard``) --
+    "train-started": (
+        "run",
+        "model",
+        "data",
+        "steps",
+        "batch_size",
+        "shards",
+        "parameters",
+        "hparams",
+        "checkpoint_url",
+        "target_accuracy",
+        "budget",
+    ),
+    "metrics": (
+        "run",
+        "shard",
+        "step",
+        "loss",
+        "lr",
+        "active_workers",
+        "staleness",
+        "img_per_s",
+        "steps_per_s",
+        "updates",
+    ),
+    "worker-metrics": ("run", "worker", "step", "img_per_s", "local_step"),
+    "eval": ("run", "step", "accuracy", "test_loss"),
+    "checkpoint": ("run", "shard", "step", "path"),
+    "checkpoint-written": ("run", "shard", "step", "url", "version"),
+    "ps-lost": ("run", "step", "address"),
+    "ps-recovered": ("run", "step", "steps_lost", "seconds", "generation"),
+    "ps-rejoined": ("run", "worker", "generation"),  # a trainer found a new PS generation
+    "trainer-ps-lost": ("run", "worker", "step", "error"),  # a trainer lost its PS mid-push
+    "gradient-lost": ("run", "worker", "step"),  # a worker died with a gradient in flight
+    "trainer-failed": ("run", "worker", "error", "attempt", "gave_up"),
+    "trainer-restarted": ("run", "worker", "attempt", "delay_s"),
+    "run-failed": ("run", "reason", "error"),
+    "train-finished": (
+        "run",
+        "reason",  # steps|accuracy|budget|deadline|stopped|error|trainer-failed
+        "step",
+        "accuracy",
+        "wall_s",
+        "lost_in_flight",
+        "gaps",
+        "accepted",
+        "trainers",
+        "error",
+    ),
+}
+
 #: Cluster-level events.
 CLUSTER_EVENTS = (
     "started",
     "replacement-requested",
     "stockout",
     "capacity-exhausted",
+    "quota-exceeded",
+    "provision-failed",
+    "crash-loop",
+    "join-timeout",
+    "scale",
+    "control",
+    "control-refused",
+    "limit-reached",
     "closed",
 )
-#: Events posted by workers and by the training run (same topic, same log):
-#:
-#: - ``drained``: a worker finished its drain hooks after a notice (``hooks``, ``seconds``, ``errors``)
-#: - ``train-started``: ``run``, ``model``, ``data``, ``steps`` (target), ``batch_size``, ``workers``
-#: - ``metrics``: ``run``, ``step`` (global), ``loss``, ``lr``, ``active_workers``, ``staleness``,
-#:   ``img_per_s`` (whole cluster), ``updates`` (accepted since the last one)
-#: - ``worker-metrics``: ``run``, ``worker``, ``step``, ``img_per_s`` (that worker's throughput)
-#: - ``eval``: ``run``, ``step``, ``accuracy`` (0..1), ``test_loss``
-#: - ``checkpoint``: ``run``, ``step``, ``path``
-#: - ``ps-lost`` / ``ps-recovered``: ``run``, ``step``, ``steps_lost``
-#: - ``train-finished``: ``run``, ``reason`` (steps|accuracy|budget|deadline|stopped|error), ``step``,
-#:   ``accuracy``, ``wall_s``
-#: - ``control``: the owning cluster's answer to a control request (``action``, ``ok``, ``error``)
+#: Events posted by workers and by the training run (same topic, same log).
 TRAINING_EVENTS = (
     "train-started",
     "metrics",
     "worker-metrics",
     "eval",
     "checkpoint",
+    "checkpoint-written",
     "ps-lost",
     "ps-recovered",
+    "ps-rejoined",
+    "trainer-ps-lost",
+    "gradient-lost",
+    "trainer-failed",
+    "trainer-restarted",
+    "run-failed",
     "train-finished",
 )
 
@@ -68,8 +195,40 @@ TRAINING_EVENTS = (
 BILLING_ENDS = ("preempted", "deleted")
 
 
+class UndeclaredEvent(ValueError):
+    """An event kind that :data:`EVENTS` does not declare."""
+
+
+def strict() -> bool:
+    """Whether posting an undeclared event kind raises (``TRANSIENT_NB_STRICT_EVENTS=1``).
+
+    An environment variable, not a config key, so that worker processes inherit it.
+    """
+    return os.environ.get("TRANSIENT_NB_STRICT_EVENTS", "") not in ("", "0")
+
+
+def check_kind(kind: str) -> None:
+    """Raise :class:`UndeclaredEvent` unless ``kind`` is declared in :data:`EVENTS`.
+
+    Examples
+    --------
+    >>> check_kind("notice")
+    >>> check_kind("notise")
+    Traceback (most recent call last):
+    ...
+    transient_nb.events.UndeclaredEvent: Event kind 'notise' is not declared in transient_nb.events.EVENTS: declare it with its fields there first.
+    """
+    if kind not in EVENTS:
+        raise UndeclaredEvent(
+            f"Event kind {kind!r} is not declared in transient_nb.events.EVENTS: declare it "
+            "with its fields there first."
+        )
+
+
 def make_event(kind: str, **fields: Any) -> dict[str, Any]:
     """An event dict with its ``kind`` and the current wall-clock ``time``.
+
+    In strict mode (:func:`strict`) an undeclared ``kind`` raises :class:`UndeclaredEvent`.
 
     Examples
     --------
@@ -77,6 +236,8 @@ def make_event(kind: str, **fields: Any) -> dict[str, Any]:
     >>> e["kind"], e["worker"]
     ('notice', 'w-1')
     """
+    if strict():
+        check_kind(kind)
     event: dict[str, Any] = {"kind": kind, "time": time.time()}
     event.update(fields)
     return event
@@ -123,35 +284,8 @@ def vm_states(events: Iterable[Mapping[str, Any]], now: float | None = None) -> 
     Returns a DataFrame indexed by VM name with its role, GPU, zone, spot flag, hourly price,
     lifecycle ``state``, ``since`` (UNIX seconds) and ``seconds_in_state`` (wall-clock).
     """
-    now = time.time() if now is None else now
-    vms: dict[str, dict[str, Any]] = {}
-    for e in events:
-        kind = e.get("kind")
-        name = e.get("worker")
-        if kind not in LIFECYCLE or not name:
-            continue
-        vm = vms.setdefault(name, {"name": name})
-        for key in (
-            "role",
-            "gpu",
-            "zone",
-            "spot",
-            "machine",
-            "price",
-            "price_on_demand",
-            "address",
-        ):
-            if e.get(key) is not None:
-                vm[key] = e[key]
-        # A late "left" after the VM was already preempted or deleted does not revive it.
-        if vm.get("state") in BILLING_ENDS and kind == "left":
-            continue
-        vm["state"] = kind
-        vm["since"] = e["time"]
-    df = pd.DataFrame(list(vms.values()))
-    if df.empty:
-        return pd.DataFrame(
-            columns=["role", "gpu", "zone", "spot", "price", "state", "since", "seconds_in_state"]
-        )
-    df["seconds_in_state"] = now - df["since"]
-    return df.set_index("name")
+    from transient_nb.state import ClusterState  # state builds on this module
+
+    state = ClusterState()
+    state.feed(events)
+    return state.vms_frame(now)

@@ -376,7 +376,7 @@ class TransientMagics(Magics):
             self.shell.user_ns[var] = obj
 
     def _adopt(self, cluster: Any, var: str | None, panel: bool) -> Any:
-        from transient_nb.views.widgets import panel_for
+        from transient_nb.views.panel import panel_for
 
         self.cluster = cluster
         self.clusters[cluster.name] = cluster
@@ -440,7 +440,7 @@ class TransientMagics(Magics):
         print(f"{self.cluster.name}: preempting {', '.join(map(str, names))} ({how}).")
 
     def _do_status(self, args: argparse.Namespace) -> Any:
-        from transient_nb.views.widgets import cluster_status
+        from transient_nb.views.status import cluster_status
 
         return cluster_status(self.cluster)
 
@@ -472,17 +472,25 @@ class TransientMagics(Magics):
         return self._start_run(kwargs, args.var, not args.no_dashboard, args.wait)
 
     def _start_run(
-        self, kwargs: dict[str, Any], var: str | None, dashboard: bool, wait: bool
+        self,
+        kwargs: dict[str, Any],
+        var: str | None,
+        dashboard: bool,
+        wait: bool,
+        with_cluster: bool = False,
     ) -> Any:
         from transient_nb.training.run import train
         from transient_nb.views.dashboard import Dashboard
-        from transient_nb.views.widgets import panel_for
+        from transient_nb.views.panel import ClusterPanel, panel_for
 
         with _usage_errors("%transient_cluster train: "):
             run = train(self.cluster, **kwargs)
         self.runs.append(run)
         self._bind(var, run)
-        self._show(run, panel_for(run), self.cluster.name)
+        # The cluster's panel was shown by `up`: the run shows its progress only. The cell form
+        # shows one panel for both, the cluster with its run.
+        view = ClusterPanel(self.cluster, run=run) if with_cluster else panel_for(run)
+        self._show(run, view, self.cluster.name)
         if dashboard:
             self._show(run, Dashboard(self.cluster, run), self.cluster.name)
         if wait:
@@ -603,7 +611,9 @@ class TransientMagics(Magics):
         # The run's panel shows the cluster too: one panel, not two.
         self._adopt(cluster, args.var, False)
         wait = bool(train_kwargs.pop("wait", False))
-        return self._start_run(train_kwargs, args.run_var, not args.no_dashboard, wait)
+        return self._start_run(
+            train_kwargs, args.run_var, not args.no_dashboard, wait, with_cluster=not args.no_panel
+        )
 
 
 def _help() -> str:
@@ -632,6 +642,6 @@ def display_view(obj: Any) -> None:
     count = shell.execution_count if shell is not None else None
     if _shown.pop(id(obj), None) == count and count is not None:
         return
-    from transient_nb.views.widgets import panel_for
+    from transient_nb.views.panel import panel_for
 
     display(panel_for(obj))

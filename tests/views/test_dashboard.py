@@ -6,30 +6,14 @@ from typing import Any
 
 import pytest
 from conftest import wait_for_sync
-from distributed.core import Status
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.utils.capture import capture_output
 from jupyter_bokeh import BokehModel
-from tornado.ioloop import IOLoop
+from views_logs import T0, FakeCluster, vm
 
 from transient_nb import TransientCluster
 from transient_nb.views import dashboard as dashboard_module
 from transient_nb.views.dashboard import Dashboard, load_bokehjs, sources
-
-T0 = 1_800_000_000.0
-
-
-def vm(kind: str, name: str, t: float, **fields: Any) -> dict[str, Any]:
-    base = {"role": "worker", "gpu": "t4", "zone": "us-central1-a", "spot": True}
-    return {"kind": kind, "time": T0 + t, "worker": name, **base, **fields}
-
-
-class FakeCluster:
-    def __init__(self, events: list[dict[str, Any]]):
-        self.name = "fake"
-        self.monitor = type("M", (), {"events": events})()
-        self.loop = IOLoop.current(instance=False)
-        self.status = Status.running
 
 
 def base_events() -> list[dict[str, Any]]:

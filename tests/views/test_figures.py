@@ -9,7 +9,7 @@ from bokeh.document import Document
 from bokeh.document.events import ColumnDataChangedEvent, ColumnsStreamedEvent
 
 from transient_nb.cost import compute_costs
-from transient_nb.views.figures import BILLING_KINDS, RunFigures, Workers
+from transient_nb.views.figures import RunFigures, Workers
 from transient_nb.views.report import report_html
 
 T0 = 1_800_000_000.0
@@ -126,8 +126,10 @@ def test_cost_curve_matches_the_cost_meter_and_ticks() -> None:
     assert cost["cost"][-1] == pytest.approx(final.total)
     assert cost["on_demand"][-1] == pytest.approx(final.total_on_demand)
     assert all(b >= a for a, b in zip(cost["cost"], cost["cost"][1:], strict=False))
-    # Only billing events are kept for the curve (runs have thousands of metrics events).
-    assert {e["kind"] for e in figs.cost._billing} <= BILLING_KINDS
+    # Each point is the bill as it stood then, the same as a fresh one over the log so far.
+    for t, c in zip(cost["time"], cost["cost"], strict=True):
+        upto = [e for e in events if e["time"] - figs.t0 <= t]
+        assert c == pytest.approx(compute_costs(upto, now=figs.t0 + t, minimum_s=60).total)
     n = len(cost["time"])
     figs.tick(events, T0 + 100)
     assert len(figs.cost.source.data["time"]) == n + 1

@@ -57,3 +57,15 @@ def test_report_is_standalone_and_shows_the_run(tmp_path):
     assert re.search(r"accuracy.{1,60}0\.8", page)  # the summary table (inside the document JSON)
     path = save_report(str(tmp_path / "r.html"), _events())
     assert open(path).read().startswith("<!DOCTYPE html>")
+
+
+def test_report_summarizes_the_log_by_itself() -> None:
+    from transient_nb.state import summarize
+
+    events = _events()
+    page = report_html(events)
+    s = summarize(events)
+    assert s["steps"] == 40
+    # The table (inside the document JSON) is the state's summary of the same events.
+    assert re.search(r"steps.{1,60}40", page)
+    assert "saved_fraction" in page and "speedup_over_one_worker" in page

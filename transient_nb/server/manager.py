@@ -30,18 +30,13 @@ from distributed.core import ConnectionPool, Status
 
 from transient_nb import config, registry
 from transient_nb.cluster import TransientCluster
-from transient_nb.cost import compute_costs
-from transient_nb.events import CONTROL_TOPIC, read_run_record, vm_states
+from transient_nb.events import CONTROL_TOPIC, read_run_record
 from transient_nb.prices import PriceCatalog, shipped_catalogs
+from transient_nb.state import MAX_GONE_ROWS, ClusterState, RunProgress
 
 logger = logging.getLogger(__name__)
 
-#: Lifecycle states after which a VM is gone (shown for a while, greyed out, then dropped).
-GONE_STATES = ("preempted", "deleted")
-#: How many gone VMs a model keeps: enough to see the last preemptions, bounded for long runs.
-MAX_GONE_ROWS = 8
-#: Window over which the training speed (and so the ETA) is measured, in seconds.
-ETA_WINDOW_S = 60.0
+__all__ = ["MAX_GONE_ROWS", "ClusterManager", "fingerprint", "make_cluster_model"]
 
 #: Parameters the panel's "new cluster" form may send, with the JSON types each accepts.
 CREATE_PARAMETERS: dict[str, tuple[type, ...]] = {
@@ -105,60 +100,26 @@ def connect_code(name: str, scheduler_address: str | None) -> str:
     return f'from distributed import Client\nclient = Client("{scheduler_address}")'
 
 
-def _training_model(events: Sequence[Mapping[str, Any]], now: float) -> dict[str, Any] | None:
-    """Step, accuracy and ETA of the latest training run in ``events``; None without one."""
-    start = None
-    for i in range(len(events) - 1, -1, -1):
-        if events[i].get("kind") == "train-started":
-            start = i
-            break
-    if start is None:
+def training_model(p: RunProgress | None) -> dict[str, Any] | None:
+    """Step, accuracy and ETA of a run's progress (from :mod:`transient_nb.state`); None without
+    one."""
+    if p is None:
         return None
-    started = events[start]
-    run = started.get("run")
-    metrics: list[Mapping[str, Any]] = []
-    last_eval: Mapping[str, Any] | None = None
-    finished: Mapping[str, Any] | None = None
-    for e in events[start:]:
-        if e.get("run") != run:
-            continue
-        kind = e.get("kind")
-        if kind == "metrics":
-            metrics.append(e)
-        elif kind == "eval":
-            last_eval = e
-        elif kind == "train-finished":
-            finished = e
-    step = int(metrics[-1]["step"]) if metrics else 0
-    target = started.get("steps")
-    accuracy = last_eval.get("accuracy") if last_eval else None
-    eta_s = None
-    if finished is not None:
-        step = int(finished.get("step", step))
-        accuracy = finished.get("accuracy", accuracy)
-        eta_s = 0.0
-    elif target and len(metrics) >= 2:
-        # Speed over the last minute, not since the start: preemptions change it a lot.
-        recent = [m for m in metrics if m["time"] >= metrics[-1]["time"] - ETA_WINDOW_S]
-        first, last = (recent[0], recent[-1]) if len(recent) >= 2 else (metrics[-2], metrics[-1])
-        dt = float(last["time"]) - float(first["time"])
-        ds = float(last["step"]) - float(first["step"])
-        if dt > 0 and ds > 0:
-            eta_s = max(0.0, (float(target) - step) / (ds / dt))
-    latest = metrics[-1] if metrics else {}
     return {
-        "run": _plain(run),
-        "model": _plain(started.get("model")),
-        "step": step,
-        "steps": _plain(target),
-        "accuracy": _plain(accuracy),
-        "loss": _plain(latest.get("loss")),
-        "img_per_s": _plain(latest.get("img_per_s")),
-        "active_workers": _plain(latest.get("active_workers")),
-        "eta_s": _plain(eta_s),
-        "finished": finished is not None,
-        "reason": _plain(finished.get("reason")) if finished else None,
-        "updated": _plain(latest.get("time", started.get("time"))),
+        "run": _plain(p.run),
+        "model": _plain(p.model),
+        "step": p.step,
+        "steps": _plain(p.target or None),
+        "accuracy": _plain(p.accuracy),
+        "loss": _plain(p.loss),
+        "img_per_s": _plain(p.img_per_s),
+        "active_workers": _plain(p.active_workers),
+        "eta_s": _plain(p.eta_s),
+        "finished": p.finished,
+        "reason": _plain(p.state) if p.finished else None,
+        "error": _plain(p.error),
+        "preemptions": p.preemptions,
+        "updated": _plain(p.updated),
     }
 
 
@@ -170,6 +131,7 @@ def make_cluster_model(
     owner: str = "kernel",
     now: float | None = None,
     minimum_s: float = 60.0,
+    state: ClusterState | None = None,
 ) -> dict[str, Any]:
     """The JSON model of one cluster that the panel shows.
 
@@ -190,6 +152,10 @@ def make_cluster_model(
         event for stale and closed clusters, whose VMs stopped costing money when they died.
     minimum_s
         The price catalog's minimum billed seconds per VM.
+    state
+        The :class:`~transient_nb.state.ClusterState` already fed with ``events`` (the manager
+        keeps one per cluster, so that a refresh reads only the new events); by default one is
+        folded from ``events`` here.
 
     Returns
     -------
@@ -208,49 +174,18 @@ def make_cluster_model(
     if now is None:
         # A stale or closed cluster's VMs stopped costing money with its last event.
         now = float(events[-1]["time"]) if status in ("stale", "closed") and events else time.time()
-    started: Mapping[str, Any] = next((e for e in events if e.get("kind") == "started"), {})
-    target = started.get("workers")
-    for e in events:
-        if e.get("kind") == "scale":
-            target = e.get("workers")
-    if status == "running" and any(e.get("kind") == "closed" for e in events):
+    if state is None:
+        state = ClusterState(minimum_s=minimum_s)
+        state.feed(events)
+    started: Mapping[str, Any] = state.started
+    if status == "running" and state.closed:
         status = "closed"
-
-    vms = vm_states(events, now=now)
-    rows: list[dict[str, Any]] = []
-    for name, vm in vms.iterrows():
-        rows.append(
-            {
-                "name": str(name),
-                "role": _plain(vm.get("role")) or "worker",
-                "state": _plain(vm.get("state")),
-                "gpu": _plain(vm.get("gpu")),
-                "zone": _plain(vm.get("zone")),
-                "spot": None if _plain(vm.get("spot")) is None else bool(vm.get("spot")),
-                "price": _plain(vm.get("price")),
-                "since": _plain(vm.get("since")),
-                "seconds_in_state": _plain(vm.get("seconds_in_state")),
-            }
-        )
-    live = [r for r in rows if r["state"] not in GONE_STATES]
-    gone = sorted(
-        (r for r in rows if r["state"] in GONE_STATES), key=lambda r: r["since"] or 0, reverse=True
-    )
-    # PS host first, then workers by number (w-2 before w-10), then the latest gone ones.
-    live.sort(key=lambda r: (r["role"] != "ps", len(r["name"]), r["name"]))
-    counts: dict[str, int] = {}
-    for r in live:
-        if r["role"] == "worker":
-            counts[r["state"]] = counts.get(r["state"], 0) + 1
-
+    # The same rows, in the same order, as the notebook panel's.
+    rows = [{k: _plain(v) for k, v in r.items()} for r in state.rows(now)]
+    counts = state.counts()
+    cost = state.cost_totals(now)
+    control = state.last_control
     time_scale = started.get("time_scale")
-    report = compute_costs(
-        list(events),
-        now=now,
-        minimum_s=minimum_s,
-        time_scale=float(time_scale) if time_scale else 1.0,  # 1: a log cut before "started"
-    )
-    control = next((e for e in reversed(events) if e.get("kind") == "control"), None)
     name = str(entry.get("name", started.get("cluster", "")))
     address = entry.get("scheduler_address") or started.get("scheduler_address")
     return {
@@ -269,12 +204,12 @@ def make_cluster_model(
         "time_scale": _plain(time_scale),
         "catalog": _plain(started.get("catalog")),
         "started": _plain(started.get("time")),
-        "target_workers": _plain(target),
-        "workers": live + gone[:MAX_GONE_ROWS],
+        "target_workers": _plain(state.target_workers),
+        "workers": rows,
         "counts": counts,
-        "cost": {k: _plain(v) for k, v in report.to_dict().items()},
-        "preemptions": sum(1 for e in events if e.get("kind") == "preempted"),
-        "training": _training_model(events, now),
+        "cost": {k: _plain(v) for k, v in cost.items()},
+        "preemptions": state.preemptions,
+        "training": training_model(state.progress),
         "last_control": (
             {k: _plain(control.get(k)) for k in ("action", "ok", "error", "request", "time")}
             if control
@@ -319,6 +254,9 @@ class _Tracked:
     built_at: float = 0.0
     built_from: tuple[int, str] = (-1, "")
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    #: The fold of ``events`` so far (refreshed with the new events only), and the list it folds.
+    state: ClusterState | None = None
+    state_of: list[dict[str, Any]] | None = None
 
 
 class ClusterManager:
@@ -408,12 +346,18 @@ class ClusterManager:
         key = (len(tracked.events), status)
         # Rebuild on news, and every second while VMs bill (the $ figures move).
         if tracked.model is None or key != tracked.built_from or time.time() - tracked.built_at > 1:
+            state = tracked.state
+            if state is None or tracked.state_of is not tracked.events:
+                # First build, or the log was replaced (read again from the scheduler): refold.
+                state = tracked.state = ClusterState(minimum_s=_minimum_s(entry, tracked.events))
+                tracked.state_of = tracked.events
+            state.follow(tracked.events)
             tracked.model = make_cluster_model(
                 entry,
                 tracked.events,
                 status=status,
                 owner="panel" if name in self._owned else "kernel",
-                minimum_s=_minimum_s(entry, tracked.events),
+                state=state,
             )
             tracked.built_at, tracked.built_from = time.time(), key
 

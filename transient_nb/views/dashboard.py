@@ -16,8 +16,9 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from transient_nb.state import event_log, is_closed, minimum_s_of
+from transient_nb.ticker import Ticker
 from transient_nb.views.figures import RunFigures
-from transient_nb.views.widgets import Ticker, event_log, is_closed
 
 Event = Mapping[str, Any]
 
@@ -73,7 +74,7 @@ class Dashboard:
     def __init__(self, cluster: Any, run: Any = None, interval: float = 0.5, start: bool = True):
         self.cluster = cluster
         self.run_id: str | None = run if isinstance(run, str) or run is None else run.id
-        minimum_s = float(getattr(getattr(cluster, "catalog", None), "minimum_s", 60.0))
+        minimum_s = minimum_s_of(cluster)
         events = event_log(cluster)
         # One time axis for the whole cluster, so that workers joining before the run show.
         t0 = float(events[0]["time"]) if events else None

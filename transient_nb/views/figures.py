@@ -16,10 +16,10 @@ from bokeh.layouts import column, row
 from bokeh.models import ColumnDataSource, HoverTool, Range1d
 from bokeh.plotting import figure
 
-from transient_nb.cost import compute_costs
+from transient_nb.state import Bill
 
 ROLLOVER = 100_000
-#: Most cost points one update adds (each costs a pass over the billing events).
+#: Most cost points one update adds (a whole run fed at once stays a readable curve).
 MAX_COST_POINTS = 200
 Event = Mapping[str, Any]
 
@@ -30,8 +30,7 @@ MARKERS = {
     "replacement-requested": ("square", "#17becf"),
     "joined": ("circle", "#2ca02c"),
 }
-#: Events that compute_costs reads: the cost curve keeps only these (a run has thousands of
-#: metrics events, and the curve recomputes the bill at every point).
+#: Events that change the bill (the others cost the cost curve nothing).
 BILLING_KINDS = frozenset({"started", "requested", "running", "preempted", "deleted", "closed"})
 GPU_COLORS = ["#1f77b4", "#ff7f0e", "#9467bd", "#8c564b", "#17becf", "#7f7f7f"]
 
@@ -124,8 +123,9 @@ class Cost(Component):
     ):
         super().__init__(t0)
         self.minimum_s = minimum_s
-        self._billing: list[Event] = []
-        self._billing_seen = 0
+        # The bill, kept event by event (transient_nb.state): a point costs a walk over the VMs
+        # running then, not over the log.
+        self.bill = Bill(minimum_s)
         self.source = ColumnDataSource({"time": [], "cost": [], "on_demand": []}, name="cost")
         fig = figure(
             title="Cost (USD)",
@@ -152,42 +152,38 @@ class Cost(Component):
         )
         self.root = fig
 
-    def _billing_events(self, events: Sequence[Event]) -> list[Event]:
-        """The billing events of ``events`` (kept incrementally: ``events`` only grows)."""
-        if len(events) < self._billing_seen:  # a different, shorter log: start afresh
-            self._billing, self._billing_seen = [], 0
-        self._billing.extend(
-            e for e in events[self._billing_seen :] if e.get("kind") in BILLING_KINDS
-        )
-        self._billing_seen = len(events)
-        return self._billing
-
     def _update(self, events: Sequence[Event], new: Sequence[Event]) -> None:
-        billing = self._billing_events(events)
         times = sorted({float(e["time"]) for e in new})
         # A point per new event time (enough for a step-wise cumulative curve), thinned to at most
-        # MAX_COST_POINTS evenly spread ones so that a whole run fed at once stays cheap.
+        # MAX_COST_POINTS evenly spread ones so that a whole run fed at once stays light.
         if len(times) > MAX_COST_POINTS:
             stride = len(times) / MAX_COST_POINTS
             times = [times[int(i * stride)] for i in range(MAX_COST_POINTS)] + [times[-1]]
-        rows: dict[str, Any] = {"time": [], "cost": [], "on_demand": []}
-        for t in times:
-            upto = [e for e in billing if float(e["time"]) <= t]
-            report = compute_costs(upto, now=t, minimum_s=self.minimum_s)
-            rows["time"].append(self._t({"time": t}))
-            rows["cost"].append(report.total)
-            rows["on_demand"].append(report.total_on_demand)
-        self.source.stream(rows, rollover=ROLLOVER)
+        wanted = set(times)
+        points: list[tuple[float, float, float]] = []
+        for e in new:
+            if e.get("kind") in BILLING_KINDS:
+                self.bill.feed(e)
+            t = float(e["time"])
+            if t in wanted:  # the bill as it stood when this event happened
+                wanted.discard(t)
+                total, on_demand, _, _ = self.bill.totals(now=t)
+                points.append((t, total, on_demand))
+        points.sort()
+        self.source.stream(
+            {
+                "time": [self._t({"time": t}) for t, _, _ in points],
+                "cost": [c for _, c, _ in points],
+                "on_demand": [od for _, _, od in points],
+            },
+            rollover=ROLLOVER,
+        )
 
     def tick(self, events: Sequence[Event], now: float) -> None:
         """Add a point at ``now`` (costs grow between events too)."""
-        report = compute_costs(self._billing_events(events), now=now, minimum_s=self.minimum_s)
+        total, on_demand, _, _ = self.bill.totals(now=now)
         self.source.stream(
-            {
-                "time": [self._t({"time": now})],
-                "cost": [report.total],
-                "on_demand": [report.total_on_demand],
-            },
+            {"time": [self._t({"time": now})], "cost": [total], "on_demand": [on_demand]},
             rollover=ROLLOVER,
         )
 

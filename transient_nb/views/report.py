@@ -1,4 +1,5 @@
-"""The standalone HTML report of a run: the dashboard's figures, BokehJS inline (works offline)."""
+"""The standalone HTML report of a run: its summary and the dashboard's figures, BokehJS inline
+(works offline). Both are computed from the event log alone (a run record will do)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from bokeh.layouts import column
 from bokeh.models.widgets import Div
 from bokeh.resources import INLINE
 
+from transient_nb.state import summarize
 from transient_nb.views.figures import RunFigures
 
 
@@ -19,11 +21,32 @@ def report_html(
     events: Sequence[Mapping[str, Any]],
     summary: Mapping[str, Any] | None = None,
     title: str = "transient_nb run",
+    minimum_s: float = 60.0,
 ) -> str:
-    """A complete HTML page of a run's figures (and its summary table, if given)."""
+    """A complete HTML page of a run's summary table and figures.
+
+    Parameters
+    ----------
+    events
+        The run's events, in order.
+    summary
+        The table at the top; by default :func:`transient_nb.state.summarize` of ``events``.
+    title
+        The page's title and heading.
+    minimum_s
+        Minimum billed seconds per VM, for the default summary and the cost curve.
+
+    Examples
+    --------
+    >>> page = report_html([])
+    >>> page.startswith("<!DOCTYPE html>")
+    True
+    """
     events = list(events)
+    if summary is None:
+        summary = summarize(events, minimum_s)
     t0 = next((float(e["time"]) for e in events if e.get("kind") == "train-started"), None)
-    figs = RunFigures(t0=t0)
+    figs = RunFigures(t0=t0, minimum_s=minimum_s)
     figs.update(events)
     parts: list[Any] = [Div(text=f"<h2>{html.escape(title)}</h2>")]
     if summary:

@@ -1,0 +1,213 @@
+"""Tests for transient_nb.state: one fold of the event log for every view.
+
+A run record of a real run (``data/run-record.jsonl``: 2 workers, 21 preemptions and replacements,
+400 steps of ResNet-8 on digits, 10x time compression) is the input throughout.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+from views.views_logs import FakeCluster
+
+from transient_nb.cost import compute_costs
+from transient_nb.events import LIFECYCLE, read_run_record
+from transient_nb.server.manager import make_cluster_model
+from transient_nb.state import (
+    MAX_GONE_ROWS,
+    Bill,
+    ClusterState,
+    RunTracker,
+    history,
+    summarize,
+)
+from transient_nb.views.panel import ClusterPanel
+
+RECORD = Path(__file__).parent / "data" / "run-record.jsonl"
+
+
+@pytest.fixture(scope="module")
+def log() -> list[dict[str, Any]]:
+    return read_run_record(RECORD)
+
+
+def cuts(log: list[dict[str, Any]], n: int = 12) -> list[int]:
+    """``n`` prefix lengths spread over the log, the whole log last."""
+    return sorted({max(1, len(log) * i // n) for i in range(1, n + 1)})
+
+
+# -- money -------------------------------------------------------------------------------------------
+def test_bill_matches_compute_costs_at_every_point(log: list[dict[str, Any]]) -> None:
+    bill = Bill(minimum_s=60)
+    for i, e in enumerate(log, 1):
+        bill.feed(e)
+        if i % 5 and i != len(log):
+            continue
+        t = float(e["time"]) + 3.0  # between events too: running VMs keep billing
+        want = compute_costs(log[:i], now=t, minimum_s=60)
+        total, total_od, rate, rate_od = bill.totals(now=t)
+        assert total == pytest.approx(want.total, rel=1e-12, abs=1e-15)
+        assert total_od == pytest.approx(want.total_on_demand, rel=1e-12, abs=1e-15)
+        assert (rate, rate_od) == pytest.approx((want.rate, want.rate_on_demand))
+    got = bill.report(now=t).per_vm
+    assert got.index.tolist() == want.per_vm.index.tolist()
+    pd.testing.assert_series_equal(got["cost"], want.per_vm["cost"], rtol=1e-12)
+
+
+def test_a_closed_cluster_stops_billing_at_its_close(log: list[dict[str, Any]]) -> None:
+    state = ClusterState(minimum_s=60)
+    state.feed(log)
+    assert state.closed
+    assert state.cost(now=log[-1]["time"] + 3600).total == state.cost().total
+    assert state.cost().total == pytest.approx(compute_costs(log, minimum_s=60).total)
+
+
+# -- the VM table -------------------------------------------------------------------------------------
+def test_vm_table_keeps_live_vms_and_the_latest_gone_ones(log: list[dict[str, Any]]) -> None:
+    state = ClusterState()
+    state.feed(log[: len(log) // 2])
+    now = log[len(log) // 2]["time"]
+    rows = state.rows(now)
+    live = [r for r in rows if not r["gone"]]
+    gone = [r for r in rows if r["gone"]]
+    assert live[0]["name"] == "ps-0" and live[0]["role"] == "ps"
+    assert len(gone) == MAX_GONE_ROWS  # far more went by the middle of this run
+    assert [r["since"] for r in gone] == sorted((r["since"] for r in gone), reverse=True)
+    # Every row's state is its VM's last lifecycle event (a late "left" aside).
+    for r in rows:
+        last = [e for e in log[: len(log) // 2] if e.get("worker") == r["name"]]
+        last = [e for e in last if e["kind"] in LIFECYCLE and e["time"] <= r["since"]]
+        assert r["state"] == last[-1]["kind"] and r["seconds_in_state"] == now - r["since"]
+    workers = [r["state"] for r in live if r["role"] == "worker"]
+    assert state.counts() == {s: workers.count(s) for s in workers}
+
+
+def test_a_late_left_does_not_revive_a_preempted_vm() -> None:
+    state = ClusterState()
+    base = {"worker": "w-0", "role": "worker"}
+    state.feed(
+        [
+            {"kind": "requested", "time": 0.0, **base},
+            {"kind": "preempted", "time": 1.0, **base},
+            {"kind": "left", "time": 2.0, **base},
+        ]
+    )
+    assert [(r["state"], r["gone"]) for r in state.rows(now=3.0)] == [("preempted", True)]
+
+
+# -- progress, summary, history ---------------------------------------------------------------------
+def test_progress_follows_the_latest_run_with_a_windowed_pace() -> None:
+    t = RunTracker(pace_window_s=10)
+    t.feed(
+        [
+            {"kind": "train-started", "time": 0.0, "run": "a", "steps": 1000},
+            {"kind": "metrics", "time": 1.0, "run": "a", "step": 10},
+            {"kind": "metrics", "time": 21.0, "run": "a", "step": 20},  # a slow spell...
+            {"kind": "metrics", "time": 25.0, "run": "a", "step": 100},  # ...then fast again
+            {"kind": "metrics", "time": 30.0, "run": "a", "step": 200},
+        ]
+    )
+    p = t.progress
+    assert p is not None and p.steps_per_s == pytest.approx(20)  # the last 10 s only
+    assert p.eta_s == pytest.approx(40)
+    t.feed([{"kind": "run-failed", "time": 31.0, "run": "a", "reason": "x", "error": "PS gone"}])
+    assert (p.state, p.error, p.finished, p.eta_s) == ("error", "PS gone", True, 0.0)
+    t.feed([{"kind": "train-started", "time": 40.0, "run": "b", "steps": 5}])
+    assert t.progress is not None and t.progress.run == "b" and t.progress.step == 0
+
+
+def test_summary_is_the_runs(log: list[dict[str, Any]]) -> None:
+    s = summarize(log, minimum_s=60)
+    # What training.run.summarize said of this record when the run ended.
+    assert s["run"] == "run-ade2ef1d" and s["reason"] == "steps" and s["steps"] == 400
+    assert (s["preemptions"], s["replacements"], s["ps_recoveries"]) == (21, 21, 0)
+    assert s["lost_in_flight"] == 3 and s["speedup_over_one_worker"] is None
+    assert s["wall_s"] == pytest.approx(45.94508504867554)
+    assert s["accuracy"] == pytest.approx(0.9722222222222222)
+    assert s["cost"] == pytest.approx(0.11144500942362681)
+    assert s["cost_on_demand"] == pytest.approx(0.30964690899186664)
+    assert s["img_per_s"] == pytest.approx(278.593455348691)
+    # The live fold gives the same summary.
+    state = ClusterState(minimum_s=60)
+    state.feed(log)
+    assert state.summary() == s
+
+
+def test_history_prices_each_row_like_a_fresh_bill(log: list[dict[str, Any]]) -> None:
+    t0 = next(e["time"] for e in log if e["kind"] == "train-started")
+    h = history(log, t0=t0, minimum_s=60)
+    metrics = [(i, e) for i, e in enumerate(log) if e["kind"] == "metrics"]
+    assert len(h) == len(metrics) and list(h["step"]) == [e["step"] for _, e in metrics]
+    for row, (i, e) in zip(h.itertuples(), metrics, strict=True):
+        ref = compute_costs(log[: i + 1], now=e["time"], minimum_s=60)
+        assert row.cost == pytest.approx(ref.total) and row.time == e["time"] - t0
+    assert h["accuracy"].iloc[-1] is not None and not math.isnan(h["accuracy"].iloc[-1])
+
+
+def test_folding_keeps_no_copy_of_the_log(log: list[dict[str, Any]]) -> None:
+    # Incremental: what a state holds grows with the VMs and the rare events, not the metrics.
+    many = [*log[:-1]]
+    t = log[-2]["time"]
+    many += [
+        {"kind": "metrics", "time": t + k * 0.01, "run": "run-ade2ef1d", "step": 400 + k}
+        for k in range(5000)
+    ]
+    state = ClusterState()
+    state.feed(many)
+    sizes = [len(v) for v in vars(state.summary_fold).values() if isinstance(v, list)]
+    assert max(sizes) < 100
+    assert len(state.tracker._pace) < 100 * 60  # bounded by the pace window
+    assert state.n_events == len(many)
+
+
+# -- one fold, every view -------------------------------------------------------------------------------
+def panel_figures(panel: ClusterPanel) -> dict[str, Any]:
+    p = panel.state.progress
+    assert panel.cost is not None
+    return {
+        "rows": [(r["name"], r["state"], r["gone"], round(r["cost"], 9)) for r in panel.rows],
+        "cost": round(panel.cost.total, 9),
+        "on_demand": round(panel.cost.total_on_demand, 9),
+        "rate": round(panel.cost.rate, 9),
+        "target": panel.target,
+        "step": p.step if p else None,
+        "accuracy": p.accuracy if p else None,
+        "eta_s": p.eta_s if p else None,
+        "finished": p.finished if p else None,
+    }
+
+
+def lab_figures(model: dict[str, Any]) -> dict[str, Any]:
+    t = model["training"]
+    return {
+        "rows": [(r["name"], r["state"], r["gone"], round(r["cost"], 9)) for r in model["workers"]],
+        "cost": round(model["cost"]["cost"], 9),
+        "on_demand": round(model["cost"]["cost_on_demand"], 9),
+        "rate": round(model["cost"]["rate_per_hour"], 9),
+        "target": model["target_workers"],
+        "step": t["step"] if t else None,
+        "accuracy": t["accuracy"] if t else None,
+        "eta_s": t["eta_s"] if t else None,
+        "finished": t["finished"] if t else None,
+    }
+
+
+def test_notebook_and_lab_panels_show_the_same_figures(log: list[dict[str, Any]]) -> None:
+    shown: list[dict[str, Any]] = []
+    cluster = FakeCluster(shown)
+    panel = ClusterPanel(cluster, start=False)
+    entry = {"name": "fake", "backend": "local"}
+    etas = 0
+    for n in cuts(log, 16):
+        shown[:] = log[:n]
+        now = float(log[n - 1]["time"]) + 1.5
+        panel.update(force=True, now=now)
+        lab = make_cluster_model(entry, log[:n], now=now, minimum_s=60)
+        assert panel_figures(panel) == lab_figures(lab), f"after {n} events"
+        etas += lab["training"] is not None and lab["training"]["eta_s"] not in (None, 0.0)
+    assert etas >= 3  # the comparison covered the ETA while the run went on
+    assert lab["status"] == "closed" and "closed" in panel.header.value
