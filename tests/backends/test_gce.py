@@ -542,3 +542,234 @@ def test_end_to_end_notice_drain_and_replacement_in_the_next_zone(tmp_path: Path
         wait_for_sync(lambda: not alive(pids), timeout=30)
     finally:
         fake.close()
+
+
+# -- issue 11: ownership ------------------------------------------------------------------------------
+def test_a_name_clash_never_deletes_someone_elses_vm_or_firewall(fake: FakeGCE) -> None:
+    # A colleague's cluster "demo" already runs in the project.
+    fake.add_foreign_instance("us-central1-a", "demo-ps-0", {"team": "colleague"})
+    with pytest.raises(RuntimeError, match=r"demo-ps-0 already exists.*pick another cluster name"):
+        TransientCluster(**options(fake), name="demo")
+    assert fake.instance_names() == ["demo-ps-0"]  # still there
+    assert not [c for c in fake.calls("/instances/demo-ps-0") if c.startswith("DELETE")]
+    assert fake.firewalls == {}  # ours went with the refused start
+    # A rule of the same name that does not carry our id is neither adopted nor deleted.
+    fake.add_foreign_firewall("other-dask")
+    with pytest.raises(RuntimeError, match=r"Firewall rule other-dask already exists"):
+        TransientCluster(**options(fake), name="other")
+    assert "other-dask" in fake.firewalls
+    assert not fake.calls("/global/firewalls/other-dask") or all(
+        not c.startswith("DELETE") for c in fake.calls("/global/firewalls/other-dask")
+    )
+    assert fake.instance_names() == ["demo-ps-0"]
+
+
+def test_every_resource_carries_the_clusters_unique_id(fake: FakeGCE) -> None:
+    with TransientCluster(**options(fake), name="ids") as cluster:
+        wait_for_sync(lambda: len(of_kind(events(cluster), "running")) == 2, timeout=30)
+        assert {b["labels"]["transient-nb-id"] for b in fake.inserted()} == {cluster.cluster_id}
+        assert f"id {cluster.cluster_id}" in fake.firewalls["ids-dask"]["description"]
+        assert len(cluster.cluster_id) == 12
+        # A worker name someone else took meanwhile: refused without a DELETE, and replaced
+        # under the next name.
+        fake.add_foreign_instance("us-central1-a", "ids-w-1", {"team": "colleague"})
+        cluster.preempt("w-0", notice=False)
+        wait_for_sync(lambda: of_kind(events(cluster), "running", worker="w-2"), timeout=30)
+        assert of_kind(events(cluster), "provision-failed", worker="w-1")
+        assert not [c for c in fake.calls("/instances/ids-w-1") if c.startswith("DELETE")]
+    assert fake.instance_names() == ["ids-w-1"]  # close() deleted ours only
+
+
+def test_sweep_matches_firewall_rules_by_cluster_id_not_by_name(fake: FakeGCE) -> None:
+    api = ComputeAPI(PROJECT, api_endpoint=fake.url)
+    finished = subprocess.Popen([sys.executable, "-c", "pass"])
+    finished.wait()
+    host = gce_mod.this_host()
+    labels = {**_labels("demo", host, finished.pid), "transient-nb-id": "aaaaaaaaaaaa"}
+    zone = "us-central1-a"
+    api.wait_zone_operation(zone, api.insert_instance(zone, _vm_body("demo-w-0", zone, labels)))
+    # Same cluster name, another owner (another host, another id): not swept with ours.
+    desc = "transient_nb cluster demo (host far-away, pid 7, id bbbbbbbbbbbb): Dask ports"
+    fake.add_foreign_firewall("demo-dask", desc)
+    found = sweep(PROJECT, [zone], api_endpoint=fake.url, quiet=True)
+    assert [f["name"] for f in found if f["deleted"]] == ["demo-w-0"]
+    assert "demo-dask" in fake.firewalls
+
+
+# -- issue 11: provisioning failures --------------------------------------------------------------------
+def test_transient_errors_are_retried_with_backoff_and_are_not_stockouts(fake: FakeGCE) -> None:
+    # A 503 backendError and a 429 rateLimitExceeded on the insert, a 503 on a read: each
+    # goes away when asked again.
+    fake.fail("POST", r"/zones/us-central1-a/instances$", 503)
+    fake.fail("POST", r"/zones/us-central1-a/instances$", 429)
+    fake.fail("GET", r"/operations/", 503, times=2)
+    with TransientCluster(
+        **options(fake, fallback_zones=["us-central1-b"], retry_backoff=0.01), name="retry"
+    ) as cluster:
+        wait_for_sync(lambda: len(of_kind(events(cluster), "running")) == 2, timeout=30)
+        log = events(cluster)
+        assert of_kind(log, "stockout") == [] and of_kind(log, "provision-failed") == []
+        assert [e["zone"] for e in of_kind(log, "running")] == ["us-central1-a"] * 2
+        assert cluster.policy.stocked_out() == []  # us-central1-a is not avoided
+        retried = cluster.backend.api.retried
+        assert any("backendError" in r for r in retried)
+        assert any("rateLimitExceeded" in r for r in retried)
+    assert fake.instance_names() == []
+
+
+def test_a_failed_request_releases_its_slot_and_is_asked_again(fake: FakeGCE) -> None:
+    with (
+        dask.config.set({"transient.replacement.crash-backoff": "0.2s"}),
+        TransientCluster(**options(fake, retries=1, retry_backoff=0.01), name="slot") as cluster,
+    ):
+        wait_for_sync(lambda: of_kind(events(cluster), "running", worker="w-0"), timeout=30)
+        # More 503s than the API retries (1): the next insert fails for good.
+        fake.fail("POST", r"/zones/us-central1-a/instances$", 503, times=2)
+        cluster.scale(2)
+        wait_for_sync(lambda: of_kind(events(cluster), "provision-failed"), timeout=30)
+        # The slot was released and asked for again after the backoff: two workers in the end.
+        wait_for_sync(lambda: len(of_kind(events(cluster), "running", role="worker")) == 2, 30)
+        log = events(cluster)
+        assert of_kind(log, "stockout") == []
+        assert "backendError" in of_kind(log, "provision-failed")[0]["error"] or (
+            "injected" in of_kind(log, "provision-failed")[0]["error"]
+        )
+        workers = {e["worker"] for e in of_kind(log, "running", role="worker")}
+        assert set(cluster._slots.values()) == workers
+    assert fake.instance_names() == []
+
+
+def test_a_vm_whose_worker_never_joins_is_deleted_and_replaced_with_its_cost_shown(
+    fake: FakeGCE, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # run_vms=False: the VMs run (for GCE) but no worker ever joins.
+    with (
+        dask.config.set({"transient.replacement.crash-backoff": "0.1s"}),
+        TransientCluster(**options(fake, join_timeout="1s"), name="nojoin") as cluster,
+    ):
+        e = wait_for_sync(
+            lambda: of_kind(events(cluster), "join-timeout", worker="w-0"), timeout=30
+        )
+        assert e[0]["cost"] > 0 and e[0]["waited_s"] >= 1
+        wait_for_sync(lambda: "nojoin-w-0" not in fake.instance_names(), timeout=30)
+        wait_for_sync(
+            lambda: of_kind(events(cluster), "requested", role="worker", worker="w-1"), 30
+        )
+    out = capsys.readouterr().out
+    assert "without its worker joining" in out and "$" in out
+    assert fake.instance_names() == []
+
+
+def test_the_startup_script_powers_off_on_any_failure(tmp_path: Path) -> None:
+    script = gce_mod.startup_script(
+        python=sys.executable,
+        scheduler_address="tls://127.0.0.1:1",
+        vm={"name": "w-0", "role": "worker", "gpu": None, "zone": "z", "spot": True},
+        resources={"gpu": 1},
+        nthreads=1,
+        death_timeout_s=1,
+        worker_ports="41000:41099",
+        nanny_ports="41100:41199",
+        notice_s=2,
+    )
+    assert "trap " in script and "EXIT" in script
+    path = tmp_path / "startup.sh"
+    path.write_text(script)
+    marker = tmp_path / "powered-off"
+    # No metadata server answers: the first curl fails under `set -e`.
+    env = {
+        "PATH": os.environ["PATH"],
+        "GCE_METADATA_HOST": "127.0.0.1:9",
+        "TRANSIENT_NB_POWEROFF": f"touch {marker}",
+    }
+    out = subprocess.run(["bash", str(path)], env=env, capture_output=True, timeout=60)
+    assert out.returncode != 0
+    assert marker.exists(), out.stderr.decode()[-2000:]
+
+
+@pytest.mark.slow
+def test_workers_that_crash_on_start_back_off_and_the_user_is_told(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # An image whose Python is broken: every VM's worker exits at once, the script powers off.
+    fake = FakeGCE(str(tmp_path / "vms"), project=PROJECT, run_vms=True)
+    try:
+        with (
+            dask.config.set({"transient.replacement.crash-backoff": "0.5s"}),
+            TransientCluster(**options(fake, python="/bin/false"), name="crash") as cluster,
+        ):
+            loops = wait_for_sync(
+                lambda: [e for e in of_kind(events(cluster), "crash-loop") if e["failures"] >= 3],
+                timeout=60,
+            )
+            delays = [e["delay_s"] for e in of_kind(events(cluster), "crash-loop")]
+            assert delays == sorted(delays) and delays[-1] > delays[0]  # backs off
+            assert loops[0]["reason"] == "worker crashed on start"
+        assert "failed (worker crashed on start); the next attempt is in" in capsys.readouterr().out
+        wait_for_sync(lambda: fake.instance_names() == [], timeout=30)
+    finally:
+        fake.close()
+
+
+# -- issue 11: PS placement --------------------------------------------------------------------------
+def test_the_ps_host_uses_the_fallback_zones(fake: FakeGCE) -> None:
+    fake.exhaust("us-central1-a", "cpu")  # no room for the (GPU-less) PS host
+    with TransientCluster(**options(fake, fallback_zones=["us-central1-b"]), name="psz") as c:
+        e = wait_for_sync(lambda: of_kind(events(c), "running", role="ps"), timeout=30)
+        assert e[0]["zone"] == "us-central1-b"
+        (s,) = of_kind(events(c), "stockout")
+        assert s["worker"] == "ps-0" and s["gpu"] is None
+    assert fake.instance_names() == []
+
+
+def test_a_cluster_whose_ps_cannot_be_placed_refuses_to_start_and_leaves_nothing(
+    fake: FakeGCE,
+) -> None:
+    for zone in ("us-central1-a", "us-central1-b"):
+        fake.exhaust(zone, "cpu")
+    with pytest.raises(RuntimeError, match=r"no zone could place its PS host.*n1-standard-4"):
+        TransientCluster(**options(fake, fallback_zones=["us-central1-b"]), name="nops")
+    assert fake.instance_names() == [] and fake.firewalls == {}
+    assert registry.entries() == [] or all(e["name"] != "nops" for e in registry.entries())
+
+
+# -- issue 11: input checked before spend --------------------------------------------------------------
+def test_time_scale_is_refused_on_gce_before_anything_is_created(fake: FakeGCE) -> None:
+    with pytest.raises(ValueError, match=r"time_scale=120 is only for the local backend"):
+        TransientCluster(**options(fake, time_scale=120), name="scaled")
+    assert fake.requests == []
+
+
+def test_worker_count_and_hourly_cost_limits_are_refused_before_anything_is_created(
+    fake: FakeGCE,
+) -> None:
+    with pytest.raises(ValueError, match=r"65 workers is above max_workers=64"):
+        TransientCluster(**options(fake, workers=65), name="big")
+    with pytest.raises(ValueError, match=r"above max_hourly_cost=\$0.50/h: ask for at most"):
+        TransientCluster(**options(fake, workers=4, max_hourly_cost=0.5), name="dear")
+    assert fake.requests == []
+
+
+# -- the fake behaves like the REST reference ---------------------------------------------------------
+def test_the_fake_pages_lists_and_operations_take_several_polls(fake: FakeGCE) -> None:
+    api = ComputeAPI(PROJECT, api_endpoint=fake.url)
+    zone = "us-central1-a"
+    ops = [
+        api.insert_instance(zone, _vm_body(f"page-{i}", zone, {"transient-nb": "true"}))
+        for i in range(5)
+    ]
+    for op in ops:
+        api.wait_zone_operation(zone, op)
+    names = [i["name"] for i in api.list_instances(zone, 'labels.transient-nb = "true"')]
+    assert names == [f"page-{i}" for i in range(5)]  # 3 pages of 2
+    assert len(fake.calls("/zones/us-central1-a/instances")) >= 5 + 3
+    polls = [c for c in fake.calls("/wait") if ops[0] in c]
+    assert len(polls) >= 3  # PENDING -> RUNNING -> DONE
+    inst = api.get_instance(zone, "page-0")
+    assert inst is not None and inst["machineType"].startswith("https://")
+    # A repeated insert with the same requestId gets the first one's operation, no 409.
+    body = _vm_body("page-x", zone, {})
+    assert api.insert_instance(zone, body, "req-1") == api.insert_instance(zone, body, "req-1")
+    with pytest.raises(gce_mod.GCEError) as e:
+        api.get_zone("us-central1-x")
+    assert e.value.status == 400

@@ -62,7 +62,13 @@ from distributed.security import Security
 import transient_nb
 from transient_nb import config, registry
 from transient_nb.backends.base import Backend, CapacityError, QuotaError, TransientVM, VMSpec
-from transient_nb.backends.gce_api import ComputeAPI, GCEError, backoff_delays, call_async
+from transient_nb.backends.gce_api import (
+    ComputeAPI,
+    GCEError,
+    OperationError,
+    backoff_delays,
+    call_async,
+)
 from transient_nb.backends.local import WORKER_PRE_SPAWN_ENVIRON
 
 logger = logging.getLogger(__name__)
@@ -309,7 +315,9 @@ class GCEVM(TransientVM):
                         raise backend.quota_error(self.zone, self.spec.gpu, e) from e
                     if e.capacity:
                         raise CapacityError(self.zone, self.spec.gpu, e.code) from e
-                    if e.transient and attempt < len(delays):
+                    # ComputeAPI already asked again for HTTP errors; an operation that failed
+                    # for a passing reason (INTERNAL_ERROR) needs a new insert.
+                    if isinstance(e, OperationError) and e.transient and attempt < len(delays):
                         logger.info("Insert of %s failed (%s); asking again", self.instance, e)
                         await asyncio.sleep(delays[attempt])
                         attempt += 1
