@@ -107,3 +107,29 @@ async def test_appends_to_an_existing_record(c: Any, s: Any, a: Worker, tmp_path
     await wait_for(lambda: len(monitor.events) == 2, timeout=30)
     assert monitor.events[1]["worker"] == a.address
     assert kinds(read_run_record(path)) == ["started", "scale", "metrics"]
+
+
+@gen_cluster(client=True, nthreads=[])
+async def test_a_provider_notice_is_honoured_only_from_the_worker_of_the_vm_it_names(
+    c: Any, s: Any, tmp_path: Path
+) -> None:
+    monitor = await _install(c, s, tmp_path / "events.jsonl")
+    asked: list[dict[str, Any]] = []
+    monitor.on_control = asked.append
+    from transient_nb.monitor import PROVIDER_NOTICE_OP
+
+    async with Worker(s.address, name="w-0", nthreads=1) as w0:
+        await wait_for(lambda: "joined" in kinds(monitor.events), timeout=30)
+        # Worker w-0 claims that another VM got its notice: refused.
+        w0.batched_stream.send({"op": PROVIDER_NOTICE_OP, "vm": "w-1", "source": "gce-metadata"})
+        await wait_for(lambda: "control-refused" in kinds(monitor.events), timeout=30)
+        assert asked == []
+        # A client (or any process with a connection) posting the request: refused too.
+        await c.log_event(CONTROL_TOPIC, {"action": "provider-notice", "vm": "w-0"})
+        await wait_for(lambda: kinds(monitor.events).count("control-refused") == 2, timeout=30)
+        assert asked == []
+        # Its own VM: honoured, under the name the scheduler knows the sender by.
+        w0.batched_stream.send({"op": PROVIDER_NOTICE_OP, "vm": "w-0", "source": "gce-metadata"})
+        await wait_for(lambda: asked, timeout=30)
+        assert asked[0]["action"] == "provider-notice" and asked[0]["vm"] == "w-0"
+        assert asked[0]["source"] == "gce-metadata"

@@ -96,8 +96,9 @@ class TransientMonitor(SchedulerPlugin):
         if topic == CONTROL_TOPIC and isinstance(msg, dict) and self.on_control is not None:
             if msg.get("action") == "provider-notice":
                 # Only through provider_notice (the sender checked); never as a posted request.
-                self.events.append(
-                    make_event("control-refused", action="provider-notice", vm=msg.get("vm"))
+                self.scheduler.log_event(
+                    TOPIC,
+                    make_event("control-refused", action="provider-notice", vm=msg.get("vm")),
                 )
                 return
             self.on_control(msg)
