@@ -126,6 +126,7 @@ def test_summary_is_the_runs(log: list[dict[str, Any]]) -> None:
     assert s["run"] == "run-ade2ef1d" and s["reason"] == "steps" and s["steps"] == 400
     assert (s["preemptions"], s["replacements"], s["ps_recoveries"]) == (21, 21, 0)
     assert s["lost_in_flight"] == 3 and s["speedup_over_one_worker"] is None
+    assert s["error"] is None and s["trainer_failures"] == 0
     assert s["wall_s"] == pytest.approx(45.94508504867554)
     assert s["accuracy"] == pytest.approx(0.9722222222222222)
     assert s["cost"] == pytest.approx(0.11144500942362681)

@@ -421,6 +421,7 @@ class RunSummary:
         self._preempted: list[float] = []
         self._replacements: list[float] = []
         self._recoveries: list[tuple[float, int]] = []
+        self._trainer_failures: list[float] = []
         self._rates: list[float] = []
 
     def feed_one(self, e: Event) -> None:
@@ -445,6 +446,8 @@ class RunSummary:
             self._replacements.append(tw)
         elif kind == "ps-recovered":
             self._recoveries.append((tw, int(e.get("steps_lost", 0))))
+        elif kind == "trainer-failed":
+            self._trainer_failures.append(tw)
         elif kind == "worker-metrics" and e.get("img_per_s"):
             self._rates.append(e["img_per_s"])
         elif kind == "metrics":
@@ -475,6 +478,8 @@ class RunSummary:
             "model": started.get("model") if started else None,
             "data": started.get("data") if started else None,
             "reason": finished.get("reason") if finished else None,
+            "error": finished.get("error") if finished else None,
+            "trainer_failures": len(within(self._trainer_failures)),
             "steps": steps,
             "wall_s": wall,
             "accuracy": self.accuracy,
@@ -497,8 +502,8 @@ class RunSummary:
 def summarize(events: Iterable[Event], minimum_s: float = 60.0) -> dict[str, Any]:
     """The summary of a run, from its event log alone (a run record will do).
 
-    Same output as ``transient_nb.training.run.summarize``: run, model, data, reason, steps,
-    wall_s, accuracy, preemptions, replacements, ps_recoveries, steps_lost, lost_in_flight, cost,
+    Same output as ``transient_nb.training.run.summarize``: run, model, data, reason, error,
+    trainer_failures, steps, wall_s, accuracy, preemptions, replacements, ps_recoveries, steps_lost, lost_in_flight, cost,
     cost_on_demand, saved, saved_fraction, img_per_s, speedup_over_one_worker.
 
     Examples
