@@ -75,3 +75,15 @@ def test_bad_input_is_reported_before_anything_starts(argv, word, capsys, tmp_pa
     assert main([*argv, "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert word in err and "error" in err
+
+
+def test_run_refuses_worker_counts_and_hourly_costs_above_the_limits(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["run", "--workers", "1000", "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "1000 workers is above max_workers=64" in err
+    assert main(["run", "--workers", "3", "--max-workers", "2", "--out", str(out)]) == 2
+    assert "3 workers is above max_workers=2" in capsys.readouterr().err
+    assert main(["run", "--workers", "4", "--max-hourly-cost", "0.5", "--out", str(out)]) == 2
+    assert "above max_hourly_cost=$0.50/h" in capsys.readouterr().err
+    assert not (out / "events.jsonl").exists() and list(out.glob("*/events.jsonl")) == []

@@ -587,6 +587,15 @@ BAD_INPUT = [
     ({"nthreads": 0}, ValueError, r"nthreads=0 must be at least 1"),
     ({"cuda": "sometimes"}, ValueError, r"Bad cuda='sometimes'"),
     ({"wokers": 3}, TypeError, r"wokers"),
+    # Limits (transient_nb.limits), refused before any spend.
+    ({"workers": 65}, ValueError, r"65 workers is above max_workers=64.*max_workers=65"),
+    ({"workers": 5, "max_workers": 4}, ValueError, r"5 workers is above max_workers=4"),
+    ({"max_workers": 0}, ValueError, r"max_workers=0 must be a whole number"),
+    ({"workers": 8, "max_hourly_cost": 1.0}, ValueError, r"above max_hourly_cost=\$1.00/h"),
+    ({"max_hourly_cost": -2}, ValueError, r"max_hourly_cost=-2 must be a positive number"),
+    ({"budget": 0}, ValueError, r"budget=0 must be a positive number of dollars"),
+    ({"deadline": "soon"}, ValueError, r"deadline='soon' must be a positive duration"),
+    ({"join_timeout": "-1s"}, ValueError, r"join_timeout='-1s' must be a positive duration"),
 ]
 
 
@@ -604,6 +613,22 @@ def test_bad_input_starts_nothing(kwargs: Any, exc: type, match: str, tmp_path: 
     assert child_pids() - before == set()
     assert registry.entries() == []
     assert not (tmp_path / "runs").exists()
+
+
+def test_scaling_above_the_limits_is_refused_from_every_client(cleanup: None) -> None:
+    with TransientCluster(
+        workers=1, provisioning_delay=0, max_workers=2, max_hourly_cost=5.0, name="capped"
+    ) as cluster, Client(cluster) as client:  # fmt: skip
+        with pytest.raises(ValueError, match=r"3 workers is above max_workers=2"):
+            cluster.scale(3)
+        # The JupyterLab panel's (and connect()'s) scale is a control request: refused alike.
+        client.log_event(CONTROL_TOPIC, {"action": "scale", "workers": 1000, "id": 1})
+        reply = wait_for_sync(lambda: of_kind(snapshot(cluster), "control", request=1), timeout=60)[
+            0
+        ]
+        assert reply["ok"] is False and "above max_workers=2" in reply["error"]
+        assert cluster._target == 1
+        assert of_kind(snapshot(cluster), "scale") == []
 
 
 def test_name_of_a_running_cluster_is_taken(tmp_path: Path) -> None:

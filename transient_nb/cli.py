@@ -28,6 +28,18 @@ def _parser() -> argparse.ArgumentParser:
         "run", help="train on a transient cluster and report speed, accuracy and cost"
     )
     r.add_argument("--workers", type=int, default=4, help="preemptible GPU workers (default 4)")
+    r.add_argument(
+        "--max-workers",
+        type=int,
+        default=None,
+        help="refuse more workers than this (default: transient.limits.max-workers, 64)",
+    )
+    r.add_argument(
+        "--max-hourly-cost",
+        type=float,
+        default=None,
+        help="refuse workers that could cost more dollars per hour than this (with the PS host)",
+    )
     r.add_argument("--gpu", default=None, help="GPU type (price catalog key), e.g. t4, k80")
     r.add_argument("--zone", default=None, help="zone of the workers, e.g. us-central1-a")
     r.add_argument("--on-demand", action="store_true", help="on-demand workers instead of Spot")
@@ -153,6 +165,8 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.time()
     with TransientCluster(
         workers=args.workers,
+        max_workers=args.max_workers,
+        max_hourly_cost=args.max_hourly_cost,
         gpu=args.gpu,
         zone=args.zone,
         spot=False if args.on_demand else None,
