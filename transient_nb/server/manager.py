@@ -3,7 +3,9 @@
 One :class:`ClusterManager` lives in the Jupyter server. It finds clusters through the on-disk
 registry (so clusters created by magics or the Python API in any kernel show up, and those of
 crashed kernels show up as stale), reads each live cluster's event log from its scheduler over Dask
-RPC, and turns it into one JSON model per cluster with :func:`make_cluster_model`. Control actions
+RPC (:data:`~transient_nb.events.EVENTS_RPC`), folds it with :class:`~transient_nb.state.ClusterState`
+(the notebook panel's fold, so both panels show the same figures) and turns that into one JSON model
+per cluster with :func:`make_cluster_model`. Control actions
 (scale, preempt, stop) travel to the cluster that owns a scheduler as events on the
 ``transient-control`` topic; the owning kernel's cluster acts on them and answers with a
 ``control`` event. Clusters started from the panel are created here, in the server process, and
@@ -30,7 +32,7 @@ from distributed.core import ConnectionPool, Status
 
 from transient_nb import config, registry
 from transient_nb.cluster import TransientCluster
-from transient_nb.events import CONTROL_TOPIC, read_run_record
+from transient_nb.events import CONTROL_TOPIC, EVENTS_RPC, read_run_record
 from transient_nb.prices import PriceCatalog, shipped_catalogs
 from transient_nb.state import MAX_GONE_ROWS, ClusterState, RunProgress
 
@@ -318,7 +320,7 @@ class ClusterManager:
                     tracked.events, tracked.from_record = [], False
                 rpc = await self._rpc(address)
                 new = await asyncio.wait_for(
-                    rpc.transient_events(since=len(tracked.events)), self.rpc_timeout
+                    getattr(rpc, EVENTS_RPC)(since=len(tracked.events)), self.rpc_timeout
                 )
             except Exception as e:
                 # Busy, dead, or firewalled: show what we last knew and say so.
