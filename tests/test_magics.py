@@ -16,7 +16,7 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.utils.capture import capture_output
 
-from transient_nb import TransientCluster
+from transient_nb import TransientCluster, registry
 from transient_nb.magics import SUBCOMMANDS, TransientMagics
 from transient_nb.views.panel import ClusterPanel
 from transient_nb.views.progress import RunPanel
@@ -93,12 +93,22 @@ def test_mistakes_say_what_to_type(ip: InteractiveShell, line: str, message: str
         ("cluster: {}\ntrain:\n  model: vgg", "Unknown model 'vgg': use one of"),
         ("cluster: {}\ntrain:\n  data: mnist", "train: "),
         ("cluster: {}\ntrain:\n  stepz: 3", "Unknown train setting 'stepz'"),
+        # Issue 11: the whole train: block is checked before the cluster is created.
+        ("cluster: {}\ntrain:\n  steps: 0", "train: steps=0"),
+        ("cluster: {}\ntrain:\n  lr: -1", "train: lr=-1"),
+        ("cluster: {}\ntrain:\n  batch_size: 0", "train: batch_size=0"),
+        ("cluster: {}\ntrain:\n  shards: 0", "train: shards=0"),
+        ("cluster: {}\ntrain:\n  target_accuracy: 2", "train: target_accuracy=2"),
+        ("cluster: {}\ntrain:\n  budget: -1", "train: budget=-1"),
+        ("cluster:\n  workers: 1000", "1000 workers is above max_workers=64"),
     ],
 )
 def test_cell_mistakes(ip: InteractiveShell, cell: str, message: str) -> None:
+    before = len(registry.entries())
     with pytest.raises(UsageError) as info:
         ip.run_cell_magic("transient_cluster", "", cell)
     assert message in str(info.value)
+    assert len(registry.entries()) == before  # nothing was started
 
 
 def test_help_is_the_docstring_with_every_subcommand(ip: InteractiveShell) -> None:

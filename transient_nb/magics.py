@@ -9,6 +9,7 @@ sentence says what to type instead.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import inspect
 import keyword
 import logging
@@ -592,18 +593,33 @@ class TransientMagics(Magics):
         train_kwargs: dict[str, Any] | None = None
         if spec.get("train") is not None or "train" in spec:
             from transient_nb.training.data import check_data_spec
+            from transient_nb.training.hparams import HParams
             from transient_nb.training.models import MODELS
-            from transient_nb.training.run import train
+            from transient_nb.training.run import check_train_args, train
 
+            # train()'s own arguments and, through its **hparams, every HParams field.
+            hparam_names = [f.name for f in dataclasses.fields(HParams)]
             train_kwargs = _settings(
-                spec.get("train") or {}, "train", _signature_names(train, ("cluster",))
+                spec.get("train") or {},
+                "train",
+                [*_signature_names(train, ("cluster",)), *hparam_names],
             )
-            # Checked before anything starts: a typo costs nothing.
+            # Checked before anything starts, as train() checks it (hyperparameters included,
+            # through HParams.validate): a typo costs nothing.
             model = train_kwargs.get("model", "resnet32")
             if model not in MODELS:
                 raise UsageError(f"Unknown model {model!r}: use one of {', '.join(MODELS)}.")
             with _usage_errors("train: "):
                 check_data_spec(train_kwargs.get("data", "synthetic"))
+                not_checked = ("budget", "checkpoint_url", "seed", "device", "wait")
+                check_train_args(**{k: v for k, v in train_kwargs.items() if k not in not_checked})
+                budget = train_kwargs.get("budget")
+                if budget is not None and (
+                    isinstance(budget, bool)
+                    or not isinstance(budget, (int, float))
+                    or not budget > 0
+                ):
+                    raise ValueError(f"budget={budget!r} must be a positive number of dollars.")
         with _usage_errors("cluster: "):
             cluster = TransientCluster(**cluster_kwargs)
         if train_kwargs is None:
