@@ -118,9 +118,12 @@ def test_losing_the_ps_recovers_from_its_checkpoint():
     lost = kinds(run, "ps-lost")
     recovered = kinds(run, "ps-recovered")
     assert len(lost) == 1 and len(recovered) == 1
-    assert recovered[0]["step"] % 100 == 0  # resumed from a checkpoint boundary
+    # Resumed from the newest complete checkpoint written before the loss, all shards at one step.
+    events = run.events()
+    written = [e["step"] for e in events[: events.index(lost[0])] if e["kind"] == "checkpoint"]
+    assert recovered[0]["step"] == written[-1] and recovered[0]["source"] == "checkpoint"
     assert recovered[0]["steps_lost"] == lost[0]["step"] - recovered[0]["step"]
-    assert 0 <= recovered[0]["steps_lost"] <= 200
+    assert 0 <= recovered[0]["steps_lost"] <= 250
     assert summary["ps_recoveries"] == 1 and summary["steps_lost"] == recovered[0]["steps_lost"]
     assert summary["reason"] == "steps" and summary["steps"] >= 600
     assert summary["accuracy"] > 0.5

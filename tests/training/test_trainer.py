@@ -158,7 +158,7 @@ def test_trains_until_the_run_has_its_steps(loop, tmp_path):
     trainer = _trainer(Published(double))
     thread, box = _start(trainer)
     thread.join(120)
-    assert box["result"]["state"] == "stopped" and box["result"]["accepted"] == HP.steps
+    assert box["result"]["state"] == "finished" and box["result"]["accepted"] == HP.steps
     assert double.ps.version == HP.steps and double.ps.accepted == {"w-0": HP.steps}
     assert double.ps.gaps == 0 and trainer.rejoins == 0
 

@@ -45,6 +45,8 @@ POLL_S = 0.25
 #: First and longest pause before a failed trainer is restarted (seconds; doubled each time).
 TRAINER_BACKOFF_S = 1.0
 TRAINER_BACKOFF_MAX_S = 30.0
+#: Bound of setting things up: creating an actor, the first checkpoint (seconds).
+SETUP_TIMEOUT_S = 120.0
 #: Complete checkpoints kept under the run's URL (older ones are deleted).
 CHECKPOINTS_KEPT = 2
 HISTORY_COLUMNS = [
@@ -420,8 +422,10 @@ class TrainingRun:
             try:
                 self._status_future = self._ps[0].status()
                 self._status_sent = now
-            except Exception as e:  # the actor's worker is gone: the handle refuses calls
+            except Exception as e:
+                # The scheduler marked the actor's task erred: its worker is gone for sure.
                 logger.info("PS status not sent: %r", e)
+                self._ps_left = True
 
     def _ps_lost(self) -> bool:
         """Lost means gone: its host left the cluster, or it answered nothing for a while."""
@@ -478,7 +482,9 @@ class TrainingRun:
             for i, (st, (a, b)) in enumerate(zip(states, self._bounds, strict=True))
         ]
         old = self._ps_futures
-        self._ps = [f.result(timeout=self.hp.call_timeout_s) for f in futures]
+        # Creating an actor ships its arrays and waits for the scheduler: a setup bound, not a
+        # call's.
+        self._ps = [f.result(timeout=SETUP_TIMEOUT_S) for f in futures]
         self._ps_futures = futures
         for f in old:  # the previous generation's actors are released from their worker
             f.release()
@@ -552,12 +558,13 @@ class TrainingRun:
         ) * self.hp.checkpoint_interval
 
     # -- checkpoints: every shard at one agreed version, the manifest last --------------------------
-    def _start_checkpoint(self) -> None:
+    def _start_checkpoint(self, timeout: float | None = None) -> None:
+        timeout = timeout or self.hp.call_timeout_s
         try:
-            first = self._ps[0].snapshot().result(timeout=self.hp.call_timeout_s)
+            first = self._ps[0].snapshot().result(timeout=timeout)
             step = int(first["step"])
             for ps in self._ps[1:]:
-                ps.snapshot(step).result(timeout=self.hp.call_timeout_s)
+                ps.snapshot(step).result(timeout=timeout)
         except Exception as e:
             logger.info("Checkpoint snapshot failed: %r", e)
             return
@@ -634,7 +641,7 @@ class TrainingRun:
     def _checkpoint_now(self) -> None:
         if self._inflight is not None:
             self._poll_checkpoint(block=True)
-        self._start_checkpoint()
+        self._start_checkpoint(timeout=max(self.hp.call_timeout_s, SETUP_TIMEOUT_S / 4))
         self._poll_checkpoint(block=True)
 
     # -- trainers -------------------------------------------------------------------------------------
@@ -686,7 +693,7 @@ class TrainingRun:
                 continue
             if result.get("state") == "drained":
                 self._slots.pop(name, None)  # its worker is leaving: the replacement gets one
-            elif self.step < self.hp.steps and not self._stop.is_set():
+            elif result.get("state") != "finished" and not self._stop.is_set():
                 self._trainer_failed(
                     name, slot, RuntimeError(f"trainer ended early ({result.get('state')})")
                 )
@@ -737,7 +744,11 @@ class TrainingRun:
                     self._released.append(slot.future)
                 if slot.started and self._ps:
                     # Did its worker die holding weights it was computing on? The PS knows.
-                    futures = [ps.unregister(name, False) for ps in self._ps]
+                    try:
+                        futures = [ps.unregister(name, False) for ps in self._ps]
+                    except Exception as ex:  # the PS went too: its recovery counts nothing
+                        logger.info("Could not unregister %s: %r", name, ex)
+                        continue
                     self._unregistering.append((str(name), futures, time.monotonic()))
 
     def _poll_unregistering(self) -> None:
@@ -790,7 +801,7 @@ class TrainingRun:
                 except Exception:
                     pass
         # One deadline for all: a trainer whose worker just died never answers.
-        deadline = time.monotonic() + self.hp.call_timeout_s
+        deadline = time.monotonic() + max(self.hp.call_timeout_s, 15.0)
         results = []
         for name, slot in list(self._slots.items()):
             if not slot.started:

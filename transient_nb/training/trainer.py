@@ -12,6 +12,7 @@ bounded, backed-off retries, and go on from its weights; only a PS that answers 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import logging
 import os
@@ -215,7 +216,29 @@ class Trainer:
         Raises what the loop raised (no data, out of memory, :class:`PSLost`): the driver
         watches this call, posts ``trainer-failed`` and restarts the trainer with backoff.
         """
-        return await asyncio.to_thread(self.train)
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[dict[str, Any]] = loop.create_future()
+        context = contextvars.copy_context()  # get_worker() and get_client() work in the thread
+
+        def settle(result: Any, error: BaseException | None) -> None:
+            if done.cancelled():
+                return
+            if error is not None:
+                done.set_exception(error)
+            else:
+                done.set_result(result)
+
+        def target() -> None:
+            try:
+                result = context.run(self.train)
+            except BaseException as e:
+                loop.call_soon_threadsafe(settle, None, e)
+            else:
+                loop.call_soon_threadsafe(settle, result, None)
+
+        # A named thread of its own (not the loop's shared pool): easy to find, gone when done.
+        threading.Thread(target=target, name=f"transient-trainer-{self.run_id}", daemon=True).start()
+        return await done
 
     async def _drain(self, deadline: float) -> None:
         # Preemption notice: finish this step, push its gradient, leave; then the worker goes.
@@ -439,8 +462,11 @@ class Trainer:
                         local_step=self.local_step,
                     )
                     t_report, imgs = now, 0
-                if final or version >= self.hp.steps:
-                    break  # drained, or the run has all its steps: no more pushes
+                if final:
+                    break  # drained: no more pushes
+                if version >= self.hp.steps:
+                    self.state = "finished"  # the run has all its steps
+                    break
                 if self.generation >= 0 and now - self._t_generation >= GENERATION_CHECK_S:
                     # The driver may have re-created the PS while the old one still answers.
                     self._t_generation = now
@@ -451,7 +477,7 @@ class Trainer:
         finally:
             if self._draining.is_set():
                 self.state = "drained"
-            elif self.state != "failed":
+            elif self.state not in ("failed", "finished"):
                 self.state = "stopped"
             if not self._draining.is_set() and shards:
                 try:  # best effort, bounded: the PS may be the reason we stop

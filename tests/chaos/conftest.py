@@ -1,0 +1,163 @@
+"""The chaos suite's tools: a small cluster, a training run on it, and the checks every fault
+test makes (the run's outcome, the accounting of updates, the story the events tell, and that
+nothing of the run is left behind)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psutil
+import pytest
+
+from transient_nb import TransientCluster, train
+from transient_nb.training.run import TrainingRun
+
+pytestmark = [pytest.mark.slow]
+
+#: The bounds the suite trains with: a slow call is noticed in 2 s, a silent PS is lost at 30 s.
+CALL_TIMEOUT_S = 2.0
+PS_LOST_AFTER_S = 30.0
+
+
+def until(predicate: Any, timeout: float = 180, what: str = "condition") -> Any:
+    """Poll ``predicate`` until it is truthy (every wait here has a bound)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.05)
+
+
+@contextmanager
+def chaos_cluster(workers: int = 3, **kwargs: Any) -> Iterator[TransientCluster]:
+    """A local cluster whose every VM process is checked to be gone afterwards."""
+    seen: set[int] = set()
+    with TransientCluster(
+        workers=workers, preemption="none", notice="3s", provisioning_delay=0, **kwargs
+    ) as cluster:
+        cluster.wait_for_workers(timeout=180)
+        try:
+            yield cluster
+        finally:
+            seen |= set(cluster.backend.live_pids)
+    # No VM process of the cluster outlives it.
+    until(
+        lambda: (
+            not [
+                p
+                for p in seen
+                if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+            ]
+        ),
+        60,
+        "VM processes to exit",
+    )
+
+
+def start(cluster: TransientCluster, steps: int = 600, **kwargs: Any) -> TrainingRun:
+    params = dict(
+        model="resnet8",
+        data="digits",
+        steps=steps,
+        batch_size=32,
+        checkpoint_every=100,
+        eval_every=steps,
+        call_timeout_s=CALL_TIMEOUT_S,
+        ps_lost_after_s=PS_LOST_AFTER_S,
+    )
+    params.update(kwargs)
+    return train(cluster, **params)
+
+
+def vm(cluster: TransientCluster, name: str) -> Any:
+    return cluster.workers[name]
+
+
+def ps_vm(cluster: TransientCluster) -> Any:
+    return next(v for n, v in cluster.workers.items() if n.startswith("ps-"))
+
+
+def signal_vm(v: Any, sig: int) -> None:
+    """Send ``sig`` to the whole process group of a VM (nanny and worker), as a hypervisor
+    freezing or killing the machine would."""
+    os.killpg(v.pid, sig)
+
+
+def accepted(run: TrainingRun, worker: str) -> int:
+    return int(run.status.get("accepted", {}).get(worker, 0))
+
+
+def kinds(run: TrainingRun, kind: str, **match: Any) -> list[dict[str, Any]]:
+    return [
+        e
+        for e in run.events()
+        if e.get("kind") == kind and all(e.get(k) == v for k, v in match.items())
+    ]
+
+
+def assert_story(run: TrainingRun, *steps: tuple[str, dict[str, Any]]) -> None:
+    """The run's events contain these (kind, fields) in this order."""
+    events = run.events()
+    i = 0
+    for kind, fields in steps:
+        while i < len(events) and not (
+            events[i].get("kind") == kind and all(events[i].get(k) == v for k, v in fields.items())
+        ):
+            i += 1
+        assert i < len(events), f"missing, or out of order: {kind} {fields}"
+        i += 1
+
+
+def assert_finished(run: TrainingRun, steps: int, lost_at_most: int) -> dict[str, Any]:
+    """The run has its steps, every accepted update is a recorded step, and it lost at most
+    ``lost_at_most`` gradients (one per hard kill)."""
+    finished = kinds(run, "train-finished")[-1]
+    assert finished["reason"] == "steps", finished
+    assert finished["step"] >= steps
+    status = run.status
+    assert sum(status["accepted"].values()) == status["step"] == finished["step"]
+    assert finished["lost_in_flight"] <= lost_at_most
+    return finished
+
+
+def assert_nothing_left(cluster: TransientCluster, run: TrainingRun) -> None:
+    """No actor of the run on any worker, no trainer thread, and no Variable of it."""
+    client = cluster.get_client()
+
+    def leftovers(dask_worker: Any) -> list[str]:
+        import threading
+
+        actors = [str(k) for k in dask_worker.state.actors if run_id in str(k)]
+        threads = [t.name for t in threading.enumerate() if run_id in t.name]
+        return actors + [f"thread:{n}" for n in threads]
+
+    run_id = run.id
+    until(
+        lambda: not any(client.run(leftovers).values()),
+        60,
+        "the run's actors and trainer threads to go",
+    )
+    variables = client.run_on_scheduler(
+        lambda dask_scheduler: list(dask_scheduler.extensions["variables"].variables)
+    )
+    assert run.variable not in variables
+
+
+@pytest.fixture
+def sigcont() -> Iterator[list[Any]]:
+    """VMs a test froze: resumed whatever happens, so that no frozen process is left."""
+    frozen: list[Any] = []
+    yield frozen
+    for v in frozen:
+        try:
+            signal_vm(v, signal.SIGCONT)
+        except (ProcessLookupError, TypeError):
+            pass

@@ -1,0 +1,266 @@
+"""The fault matrix: real training runs (resnet8 on digits) on the local backend, one fault or
+fault sequence per test, each checking the outcome, the accounting, the story and the clean-up."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import cloudpickle
+import pytest
+
+from transient_nb.training.run import TrainingRun
+
+from .conftest import (
+    CALL_TIMEOUT_S,
+    accepted,
+    assert_finished,
+    assert_nothing_left,
+    assert_story,
+    chaos_cluster,
+    kinds,
+    ps_vm,
+    signal_vm,
+    start,
+    until,
+    vm,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+# The faults injected with client.run travel by value: the workers cannot import this module.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+#: Every run must end within this (wall seconds, on the 2-core CI machine).
+RUN_BOUND_S = 300
+
+
+def test_worker_hard_killed_in_the_middle_of_a_push():
+    with chaos_cluster(workers=3) as cluster:
+        run = start(cluster, steps=2000)
+        until(lambda: accepted(run, "w-1") >= 20, what="w-1 pushing")
+        # Freeze the PS so that every trainer is inside a push, then kill w-1 there.
+        ps = ps_vm(cluster)
+        signal_vm(ps, signal.SIGSTOP)
+        try:
+            time.sleep(0.5)  # the fault's shape: the push is on the wire while the PS is frozen
+            cluster.preempt("w-1", notice=False)
+        finally:
+            signal_vm(ps, signal.SIGCONT)
+        until(lambda: accepted(run, "w-3") > 0, 120, "the replacement contributing")
+        run.wait(timeout=RUN_BOUND_S)
+        assert_finished(run, 2000, lost_at_most=1)
+        assert_story(
+            run,
+            ("preempted", {"worker": "w-1"}),
+            ("replacement-requested", {}),
+            ("joined", {"worker": "w-3"}),
+            ("train-finished", {"reason": "steps"}),
+        )
+        assert len(kinds(run, "gradient-lost")) <= 1
+        assert_nothing_left(cluster, run)
+
+
+def test_preemption_notice_drains_the_last_gradient():
+    with chaos_cluster(workers=3) as cluster:
+        run = start(cluster, steps=800)
+        until(lambda: accepted(run, "w-0") >= 20, what="w-0 pushing")
+        cluster.preempt("w-0", notice=True)
+        run.wait(timeout=RUN_BOUND_S)
+        assert_finished(run, 800, lost_at_most=0)
+        assert "w-0" in run.status["drained"]
+        assert kinds(run, "gradient-lost") == [] and run.status["gaps"] == 0
+        assert_story(
+            run,
+            ("notice", {"worker": "w-0"}),
+            ("drained", {"worker": "w-0"}),
+            ("left", {"worker": "w-0"}),
+            ("joined", {"worker": "w-3"}),
+            ("train-finished", {"reason": "steps"}),
+        )
+        assert_nothing_left(cluster, run)
+
+
+def test_ps_host_killed_in_the_middle_of_a_checkpoint(tmp_path):
+    marker = tmp_path / "writing"
+    with chaos_cluster(workers=2) as cluster:
+        client = cluster.get_client()
+        ps = ps_vm(cluster)
+        ps_address = next(
+            a for a, w in client.scheduler_info()["workers"].items() if w["name"] == ps.name
+        )
+
+        def slow_writes(path=str(marker)):
+            # The PS host's disk becomes slow: each shard file takes 3 s, announced by a marker.
+            from transient_nb.training import checkpoint
+
+            original = checkpoint.write_shard
+
+            def write_shard(url, step, shard, arrays):
+                if step > 0:
+                    open(path, "w").write(str(step))
+                    time.sleep(3)
+                return original(url, step, shard, arrays)
+
+            checkpoint.write_shard = write_shard
+
+        client.run(slow_writes, workers=[ps_address])
+        run = start(cluster, steps=600, shards=2, checkpoint_every=150)
+        until(
+            lambda: marker.exists() and run.checkpoint_step >= 0, what="a checkpoint being written"
+        )
+        torn_step = int(marker.read_text())
+        signal_vm(ps, signal.SIGKILL)  # the host dies while the shard files are being written
+        run.wait(timeout=RUN_BOUND_S)
+        assert_finished(run, 600, lost_at_most=2)
+        (lost,) = kinds(run, "ps-lost")
+        (recovered,) = kinds(run, "ps-recovered")
+        # The half-written checkpoint has no manifest: recovery took the previous complete one.
+        events = run.events()
+        complete = [e["step"] for e in events[: events.index(lost)] if e["kind"] == "checkpoint"]
+        assert recovered["step"] == complete[-1] < torn_step
+        assert recovered["source"] == "checkpoint"
+        assert recovered["steps_lost"] == lost["step"] - recovered["step"] >= 0
+        assert_story(
+            run,
+            ("checkpoint", {"step": 0}),
+            ("ps-lost", {}),
+            ("joined", {"worker": "ps-1"}),
+            ("ps-recovered", {"generation": 1}),
+            ("train-finished", {"reason": "steps"}),
+        )
+        assert_nothing_left(cluster, run)
+
+
+def test_trainer_worker_frozen_past_the_call_timeout_then_resumed(sigcont):
+    with chaos_cluster(workers=2) as cluster:
+        run = start(cluster, steps=1200)
+        until(lambda: accepted(run, "w-1") >= 20, what="w-1 pushing")
+        frozen = vm(cluster, "w-1")
+        signal_vm(frozen, signal.SIGSTOP)
+        sigcont.append(frozen)
+        # While it is frozen it stops counting as active (the LR follows the workers that push).
+        until(lambda: run.status.get("active") == ["w-0"], 60, "w-1 no longer active")
+        time.sleep(CALL_TIMEOUT_S)  # the fault: frozen well past the call timeout
+        before = accepted(run, "w-1")
+        signal_vm(frozen, signal.SIGCONT)
+        until(lambda: accepted(run, "w-1") >= before + 10, 120, "w-1 contributing again")
+        run.wait(timeout=RUN_BOUND_S)
+        assert_finished(run, 1200, lost_at_most=0)
+        assert kinds(run, "ps-lost") == []  # a frozen trainer is not a lost PS
+        assert kinds(run, "preempted") == []
+        assert_nothing_left(cluster, run)
+
+
+def test_ps_host_frozen_past_the_call_timeout_then_resumed(sigcont):
+    with chaos_cluster(workers=2) as cluster:
+        run = start(cluster, steps=800)
+        until(lambda: run.step >= 100, what="step 100")
+        ps = ps_vm(cluster)
+        signal_vm(ps, signal.SIGSTOP)
+        sigcont.append(ps)
+        until(lambda: len(kinds(run, "trainer-ps-lost")) >= 2, 60, "both trainers to notice")
+        time.sleep(CALL_TIMEOUT_S)  # the fault: frozen past the timeout, short of ps_lost_after_s
+        signal_vm(ps, signal.SIGCONT)
+        run.wait(timeout=RUN_BOUND_S)
+        assert_finished(run, 800, lost_at_most=0)
+        # Slow is not dead: the same PS goes on, no recovery, nothing thrown away.
+        assert kinds(run, "ps-lost") == [] and kinds(run, "ps-recovered") == []
+        rejoined = {e["worker"] for e in kinds(run, "ps-rejoined")}
+        assert rejoined == {"w-0", "w-1"}
+        assert all(e["generation"] == 0 for e in kinds(run, "ps-rejoined"))
+        assert_story(
+            run,
+            ("trainer-ps-lost", {}),
+            ("ps-rejoined", {}),
+            ("train-finished", {"reason": "steps"}),
+        )
+        assert_nothing_left(cluster, run)
+
+
+def _break_data(dask_worker=None):
+    # This worker's disk lost the data set: loading it raises.
+    from transient_nb.training import trainer
+
+    def load_dataset(spec, train=True):
+        raise OSError(f"cannot read {spec}: disk unreadable")
+
+    trainer.load_dataset = load_dataset
+
+
+def test_trainer_that_raises_on_one_worker_only():
+    with chaos_cluster(workers=2) as cluster:
+        client = cluster.get_client()
+        bad = next(a for a, w in client.scheduler_info()["workers"].items() if w["name"] == "w-1")
+        client.run(_break_data, workers=[bad])
+        run = start(cluster, steps=500, trainer_restarts=2)
+        run.wait(timeout=RUN_BOUND_S)
+        assert_finished(run, 500, lost_at_most=0)
+        failed = kinds(run, "trainer-failed", worker="w-1")
+        assert [e["attempt"] for e in failed] == [1, 2, 3]
+        assert all("disk unreadable" in e["error"] for e in failed)
+        assert [e["gave_up"] for e in failed] == [False, False, True]
+        restarted = kinds(run, "trainer-restarted", worker="w-1")
+        assert [e["delay_s"] for e in restarted] == [1.0, 2.0]  # backoff
+        assert kinds(run, "trainer-failed", worker="w-0") == []
+        assert_nothing_left(cluster, run)
+
+
+def test_trainers_that_all_keep_failing_stop_the_run_with_their_error():
+    with chaos_cluster(workers=2) as cluster:
+        client = cluster.get_client()
+        client.run(_break_data)
+        t0 = time.monotonic()
+        run = start(cluster, steps=500, trainer_restarts=1)
+        with pytest.raises(RuntimeError, match="disk unreadable"):
+            run.wait(timeout=RUN_BOUND_S)
+        assert time.monotonic() - t0 < 120
+        assert run.reason == "trainer-failed"
+        summary = run.summary()
+        assert summary["reason"] == "trainer-failed" and "disk unreadable" in summary["error"]
+        assert summary["trainer_failures"] == 4  # two workers, one restart each
+        assert_nothing_left(cluster, run)
+
+
+def test_driver_exception_stops_everything_and_a_later_run_starts(monkeypatch):
+    with chaos_cluster(workers=2) as cluster:
+
+        def broken(self):
+            raise ZeroDivisionError("evaluation blew up")
+
+        monkeypatch.setattr(TrainingRun, "_evaluate", broken)
+        first = start(cluster, steps=100_000, eval_every=150)
+        with pytest.raises(RuntimeError, match="evaluation blew up"):
+            first.wait(timeout=RUN_BOUND_S)
+        finished = kinds(first, "train-finished")[-1]
+        assert finished["reason"] == "error" and "evaluation blew up" in finished["error"]
+        assert_nothing_left(cluster, first)
+        monkeypatch.undo()
+        # The same workers take a new run at once: no zombie trainer holds them.
+        second = start(cluster, steps=300)
+        second.wait(timeout=RUN_BOUND_S)
+        assert_finished(second, 300, lost_at_most=0)
+        assert accepted(second, "w-0") > 0 and accepted(second, "w-1") > 0
+        assert_nothing_left(cluster, second)
+
+
+def test_two_faults_at_once_ps_host_and_a_worker_killed():
+    with chaos_cluster(workers=3) as cluster:
+        run = start(cluster, steps=2000)
+        until(lambda: run.checkpoint_step >= 100, what="a checkpoint after step 100")
+        ps = ps_vm(cluster)
+        cluster.preempt("w-2", notice=False)
+        os.killpg(ps.pid, signal.SIGKILL)
+        until(lambda: accepted(run, "w-3") > 0, 180, "the replacement contributing")
+        run.wait(timeout=RUN_BOUND_S)
+        assert_finished(run, 2000, lost_at_most=1)
+        (recovered,) = kinds(run, "ps-recovered")
+        assert recovered["source"] == "checkpoint" and recovered["step"] >= 100
+        assert_story(
+            run, ("ps-lost", {}), ("ps-recovered", {}), ("train-finished", {"reason": "steps"})
+        )
+        joined = {e["worker"] for e in kinds(run, "joined")}
+        assert "ps-1" in joined and "w-3" in joined
+        assert_nothing_left(cluster, run)
