@@ -120,7 +120,7 @@ def test_unknown_format_is_refused_with_what_to_do(tmp_path):
     manifest = json.load(open(path))
     manifest["format"] = 999
     json.dump(manifest, open(path, "w"))
-    with pytest.raises(ValueError, match="format 999.*checkpoint_url"):
+    with pytest.raises(ValueError, match=r"format 999.*checkpoint_url"):
         checkpoint.load_latest(url)
 
 

@@ -197,7 +197,7 @@ def test_a_new_generation_is_followed(loop, tmp_path):
     old = _double(loop, tmp_path, hp=hp)
     published = Published(old)
     trainer = _trainer(published, hp=hp)
-    thread, box = _start(trainer)
+    thread, _ = _start(trainer)
     _until(lambda: old.ps.version >= 5)
     new = _double(loop, tmp_path, generation=1, hp=hp)
     published.generation, published.shards = 1, [new]

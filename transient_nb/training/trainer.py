@@ -237,7 +237,9 @@ class Trainer:
                 loop.call_soon_threadsafe(settle, result, None)
 
         # A named thread of its own (not the loop's shared pool): easy to find, gone when done.
-        threading.Thread(target=target, name=f"transient-trainer-{self.run_id}", daemon=True).start()
+        threading.Thread(
+            target=target, name=f"transient-trainer-{self.run_id}", daemon=True
+        ).start()
         return await done
 
     async def _drain(self, deadline: float) -> None:
