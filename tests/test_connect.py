@@ -67,3 +67,15 @@ def test_remote_handle_reads_and_controls(cleanup: None) -> None:
             assert remote.status == Status.closed
         finally:
             remote.close()
+
+
+def test_the_core_handle_does_not_depend_on_the_views() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, transient_nb.connect; "
+        "print(sorted(m for m in sys.modules if m.startswith(('transient_nb.views', 'ipywidgets'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
