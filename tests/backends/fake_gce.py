@@ -78,6 +78,9 @@ class FakeMetadata:
             def do_GET(self) -> None:
                 fake._get(self)
 
+            def do_PUT(self) -> None:
+                fake._put(self)
+
         self.server = _Quiet(("127.0.0.1", 0), Handler)
         self.host = f"127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -109,6 +112,26 @@ class FakeMetadata:
         h.send_header("Content-Length", str(len(data)))
         h.end_headers()
         h.wfile.write(data)
+
+    def _put(self, h: BaseHTTPRequestHandler) -> None:
+        # Guest attributes: written from inside the VM only, read through the API.
+        n = int(h.headers.get("Content-Length") or 0)
+        data = h.rfile.read(n).decode() if n else ""
+        self.requests.append(f"PUT {h.path}")
+        if h.headers.get("Metadata-Flavor") != "Google":
+            self._answer(h, 403, "Missing Metadata-Flavor:Google header.")
+            return
+        path = urlparse(h.path).path.removeprefix("/computeMetadata/v1/")
+        items = {i["key"]: i["value"] for i in self.instance["metadata"]["items"]}
+        if not path.startswith("instance/guest-attributes/") or path.count("/") != 3:
+            self._answer(h, 404, "Not Found")
+        elif str(items.get("enable-guest-attributes", "")).upper() != "TRUE":
+            self._answer(h, 403, "Guest attributes endpoint access is disabled.")
+        else:
+            self.instance.setdefault("_guest", {})[
+                path.removeprefix("instance/guest-attributes/")
+            ] = data
+            self._answer(h, 200, "")
 
     def _get(self, h: BaseHTTPRequestHandler) -> None:
         url = urlparse(h.path)
@@ -461,14 +484,21 @@ class FakeGCE:
             if method == "POST":
                 return self._insert(zone, body)
             return 200, self._list(zone, query.get("filter", ""), query)
-        if m := re.fullmatch(r"/instances/([^/]+)(/simulateMaintenanceEvent)?", sub):
+        if m := re.fullmatch(
+            r"/instances/([^/]+)(/simulateMaintenanceEvent|/getGuestAttributes|/setMetadata)?",
+            sub,
+        ):
             key = (zone, m[1])
             with self.lock:
                 inst = self.instances.get(key)
                 if inst is None:
                     return self._not_found(f"projects/{self.project}/zones/{zone}/instances/{m[1]}")
-                if m[2] and method == "POST":
+                if m[2] == "/simulateMaintenanceEvent" and method == "POST":
                     return self._simulate_maintenance(key)
+                if m[2] == "/getGuestAttributes":
+                    return self._guest_attributes(inst, query.get("queryPath", ""))
+                if m[2] == "/setMetadata" and method == "POST":
+                    return self._set_metadata(key, body)
                 if method == "DELETE":
                     return self._delete(key)
                 return 200, self._public(inst)
@@ -686,6 +716,7 @@ class FakeGCE:
                 )
                 return 200, op
             inst = json.loads(json.dumps(body))
+            inst.setdefault("metadata", {"items": []})["fingerprint"] = os.urandom(6).hex()
             inst.update(
                 {
                     "kind": "compute#instance",
@@ -703,6 +734,34 @@ class FakeGCE:
             self._later(self.boot_s / 2, self._set_status, (zone, name), "STAGING")
             self._later(self.boot_s, self._boot, (zone, name))
             return 200, op
+
+    def _guest_attributes(
+        self, inst: dict[str, Any], query_path: str
+    ) -> tuple[int, dict[str, Any]]:
+        found = [
+            {"namespace": k.split("/", 1)[0], "key": k.split("/", 1)[1], "value": v}
+            for k, v in sorted(inst.get("_guest", {}).items())
+            if k.startswith(query_path)
+        ]
+        if not found:
+            return self._not_found(f"guest attributes {query_path} of {inst['name']}")
+        return 200, {
+            "kind": "compute#guestAttributes",
+            "queryPath": query_path,
+            "queryValue": {"items": found},
+            "selfLink": f"{inst['selfLink']}/getGuestAttributes",
+        }
+
+    def _set_metadata(self, key: tuple[str, str], body: Any) -> tuple[int, dict[str, Any]]:
+        inst = self.instances[key]
+        md = inst.setdefault("metadata", {"items": []})
+        current = md.get("fingerprint", "")
+        if (body or {}).get("fingerprint", "") != current:
+            text = "Supplied fingerprint does not match current metadata fingerprint."
+            return 412, self._error(412, text, "conditionNotMet")
+        md["items"] = list((body or {}).get("items") or [])
+        md["fingerprint"] = os.urandom(6).hex()
+        return 200, self._new_operation("setMetadata", inst["selfLink"], key[0])
 
     def _set_status(self, key: tuple[str, str], status: str) -> None:
         with self.lock:

@@ -9,6 +9,7 @@ end-to-end test boots them for real: the fake runs each VM's generated startup s
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -120,13 +121,17 @@ def test_request_bodies_of_a_spot_gpu_worker_and_the_on_demand_ps(fake: FakeGCE)
         # and the VM acts with its service account.
         for secret in ("PRIVATE KEY", "BEGIN CERTIFICATE", "token", "client_secret", "password"):
             assert secret not in script
+        assert "transient_nb.backends.gce_enroll" in script and "body-w-0" in script
         assert "--resources gpu=1" in script and "--name w-0" in script
         assert '"gpu": "t4"' in script and '"zone": "us-central1-a"' in script
         assert f"dask worker {cluster.scheduler_address}" in script
         assert cluster.scheduler_address.startswith("tls://")
         assert "pip install" not in script and "apt-get" not in script  # baked image
-        assert "PRIVATE KEY" in items["transient-nb-tls-key"]
-        assert set(items) == {"startup-script", "transient-nb-tls-cert", "transient-nb-tls-key"}
+        # No private key anywhere the Compute API can read: the CA's certificate only (public);
+        # the VM makes its own key and asks for a certificate at boot.
+        assert set(items) == {"startup-script", "transient-nb-tls-ca", "enable-guest-attributes"}
+        assert not any("PRIVATE KEY" in v for v in items.values())
+        assert "BEGIN CERTIFICATE" in items["transient-nb-tls-ca"]
         # The PS host: on demand, no GPU, live-migrates.
         assert ps["name"] == "body-ps-0"
         assert ps["machineType"] == "zones/us-central1-a/machineTypes/n1-standard-4"
@@ -773,3 +778,88 @@ def test_the_fake_pages_lists_and_operations_take_several_polls(fake: FakeGCE) -
     with pytest.raises(gce_mod.GCEError) as e:
         api.get_zone("us-central1-x")
     assert e.value.status == 400
+
+
+# -- issue 11: keys ------------------------------------------------------------------------------------
+def _ca_only(ca: str) -> Any:
+    import ssl
+
+    ctx = ssl.create_default_context(cadata=ca)
+    ctx.check_hostname = False  # as Dask's own TLS contexts: the CA is what is checked
+    return ctx
+
+
+def _connects(address: str, security: Any) -> bool:
+    """Whether a client with ``security`` gets an answer from the scheduler at ``address``."""
+    from distributed.core import rpc
+
+    async def identity() -> None:
+        args = security if isinstance(security, dict) else security.get_connection_args("client")
+        async with rpc(address, connection_args=args, timeout=5) as scheduler:
+            await asyncio.wait_for(scheduler.identity(), 5)
+
+    try:
+        asyncio.run(identity())
+        return True
+    except (OSError, asyncio.TimeoutError, ValueError, TypeError) as e:
+        # TypeError: Dask cannot even build a TLS context without a client certificate.
+        print("refused:", repr(e)[:200])
+        return False
+
+
+def test_what_instances_get_returns_cannot_connect_to_the_scheduler(fake: FakeGCE) -> None:
+    from distributed.security import Security
+
+    from transient_nb.backends.tls import ClusterCA, common_name, make_csr
+
+    with TransientCluster(**options(fake, join_timeout="1h"), name="keys") as cluster:
+        wait_for_sync(lambda: len(of_kind(events(cluster), "running")) == 2, timeout=30)
+        # Two VMs publish certificate requests as guest attributes (as gce_enroll does): w-0
+        # for its own name, ps-0 for the client's. Only the first is signed.
+        _, csr = make_csr("keys-w-0")
+        _, bad_csr = make_csr("transient-client")
+        with fake.lock:
+            fake.instance("keys-w-0").setdefault("_guest", {})["transient-nb/csr"] = csr
+            fake.instance("keys-ps-0").setdefault("_guest", {})["transient-nb/csr"] = bad_csr
+        api = ComputeAPI(PROJECT, api_endpoint=fake.url)
+
+        def signed() -> dict[str, str]:
+            inst = api.get_instance("us-central1-a", "keys-w-0")
+            return metadata_items(inst) if "transient-nb-tls-cert" in metadata_items(inst) else {}
+
+        items = wait_for_sync(signed, timeout=30)
+        assert common_name(items["transient-nb-tls-cert"]) == "keys-w-0"
+        refused = wait_for_sync(
+            lambda: of_kind(events(cluster), "control-refused", action="sign-certificate"), 30
+        )
+        assert refused[0]["vm"] == "ps-0" and refused[0]["sender"] == "keys-ps-0"
+        ps_items = metadata_items(api.get_instance("us-central1-a", "keys-ps-0"))
+        assert "transient-nb-tls-cert" not in ps_items
+        # Everything instances.get returns: no private key, in any field.
+        for name in ("keys-w-0", "keys-ps-0"):
+            assert "PRIVATE KEY" not in json.dumps(api.get_instance("us-central1-a", name))
+        ca, worker_cert = items["transient-nb-tls-ca"], items["transient-nb-tls-cert"]
+        address = cluster.scheduler_address
+        # A reader of the metadata: the CA's and a worker's certificates, and its own keys.
+        own = ClusterCA.create("attacker")
+        own_cert, own_key = own.issue("transient-client")
+        attempts = {
+            "no client certificate": {"ssl_context": _ca_only(ca), "require_encryption": True},
+            "a certificate of another CA": Security(
+                require_encryption=True,
+                tls_ca_file=ca,
+                tls_client_cert=own_cert,
+                tls_client_key=own_key,
+            ),
+            "the worker's certificate with another key": Security(
+                require_encryption=True,
+                tls_ca_file=ca,
+                tls_client_cert=worker_cert,
+                tls_client_key=own_key,
+            ),
+        }
+        for what, security in attempts.items():
+            assert not _connects(address, security), what
+        # The cluster's own client connects (its own certificate, not the scheduler's).
+        assert cluster.security.tls_client_cert != cluster.security.tls_scheduler_cert
+        assert _connects(address, cluster.security)

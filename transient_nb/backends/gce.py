@@ -69,7 +69,9 @@ from transient_nb.backends.gce_api import (
     backoff_delays,
     call_async,
 )
+from transient_nb.backends.gce_enroll import CA_KEY, CERT_KEY, CSR_ATTRIBUTE
 from transient_nb.backends.local import WORKER_PRE_SPAWN_ENVIRON
+from transient_nb.backends.tls import ClusterCA
 
 logger = logging.getLogger(__name__)
 
@@ -102,9 +104,12 @@ LABEL_HOST = "transient-nb-host"
 LABEL_PID = "transient-nb-pid"
 #: The per-cluster unique id: close() and sweep delete only what carries the right one.
 LABEL_ID = "transient-nb-id"
-#: Metadata keys through which a VM gets the cluster's TLS certificate and key.
-TLS_CERT_KEY = "transient-nb-tls-cert"
-TLS_KEY_KEY = "transient-nb-tls-key"
+#: Metadata keys of the VM's signed TLS certificate and of the cluster's CA certificate: both
+#: public. No private key is ever in metadata (see transient_nb.backends.tls).
+TLS_CERT_KEY = CERT_KEY
+TLS_CA_KEY = CA_KEY
+#: Seconds a booting VM waits for the cluster to sign its certificate request.
+ENROLL_TIMEOUT_S = 600.0
 
 #: Instance states in which the VM no longer runs our worker.
 STOPPED_STATES = frozenset({"STOPPING", "TERMINATED", "SUSPENDING", "SUSPENDED"})
@@ -158,12 +163,13 @@ def startup_script(
     worker_ports: str,
     nanny_ports: str,
     notice_s: float,
+    tls_name: str | None = None,
 ) -> str:
     """The bash startup script of a VM: fetch the TLS files, run the Dask worker, power off.
 
     Nothing is installed at boot: the image has the driver and the environment. No credential is
-    in the script; the cluster's TLS certificate and key come from the instance metadata, into a
-    folder only root can read. When the script ends for any reason (the worker's exit, or any
+    in the script: the VM makes its own TLS key and has the cluster sign its certificate
+    (:mod:`~transient_nb.backends.gce_enroll`). When the script ends for any reason (the worker's exit, or any
     failed step, through ``trap ... EXIT``), the VM powers itself off (``TRANSIENT_NB_POWEROFF``
     overrides the command, for images that manage that themselves and for tests).
 
@@ -181,6 +187,8 @@ def startup_script(
         Dask worker options.
     notice_s
         Seconds between the metadata notice and the VM's stop.
+    tls_name
+        The name the VM's certificate is issued to (its instance name; default ``vm["name"]``).
 
     Examples
     --------
@@ -216,7 +224,7 @@ def startup_script(
         args += ["--resources", ",".join(f"{k}={v:g}" for k, v in resources.items())]
     args += ["--preload", "transient_nb.agent", "--preload", "transient_nb.backends.gce_agent"]
     command = " ".join(shlex.quote(a) for a in args)
-    tls = ' --tls-ca-file "$TLS/cert.pem" --tls-cert "$TLS/cert.pem" --tls-key "$TLS/key.pem"'
+    tls = ' --tls-ca-file "$TLS/ca.pem" --tls-cert "$TLS/cert.pem" --tls-key "$TLS/key.pem"'
     env = {
         "TRANSIENT_NB_VM": json.dumps(vm, sort_keys=True),
         "TRANSIENT_NB_NOTICE_S": f"{notice_s:g}",
@@ -239,12 +247,11 @@ set -euo pipefail
 # Whatever ends this script (a failed curl, a missing driver, the worker's exit), the VM powers
 # off, so that a GPU VM whose worker cannot run stops billing.
 trap '${{TRANSIENT_NB_POWEROFF:-poweroff}}' EXIT
-MD="http://${{GCE_METADATA_HOST:-metadata.google.internal}}/computeMetadata/v1/instance/attributes"
-# The cluster's TLS certificate and key, from the instance metadata into a folder only we can read.
+# TLS: this VM makes its own key (it never leaves the VM), publishes a certificate request as a
+# guest attribute, and waits for the cluster to sign it (the certificate comes in the metadata).
 TLS="$(mktemp -d)"
-curl -sSf -H "Metadata-Flavor: Google" "$MD/{TLS_CERT_KEY}" -o "$TLS/cert.pem"
-curl -sSf -H "Metadata-Flavor: Google" "$MD/{TLS_KEY_KEY}" -o "$TLS/key.pem"
-chmod 600 "$TLS/key.pem"
+chmod 700 "$TLS"
+{shlex.quote(python)} -m transient_nb.backends.gce_enroll "$TLS" {shlex.quote(tls_name or str(vm["name"]))} {ENROLL_TIMEOUT_S:g}
 {gpu_check}{exports}
 {command}{tls} || echo "transient_nb: the Dask worker exited with status $?" >&2
 # The worker is gone (drained after a notice, its scheduler lost for --death-timeout, a crash):
@@ -352,6 +359,7 @@ class GCEVM(TransientVM):
             status = None if info is None else str(info.get("status"))
             if status == "RUNNING" and not self._was_running:
                 self._was_running = True
+                self.backend.spawn(self._enroll())
                 await self.running()
             elif status is None or status in STOPPED_STATES:
                 if not self.stopped:
@@ -360,6 +368,51 @@ class GCEVM(TransientVM):
                     self.exited_by_itself()
                 return
             await self.backend.sleep_poll()
+
+    async def _enroll(self) -> None:
+        """Sign the certificate request this VM publishes, and hand it the certificate.
+
+        Only for instances this cluster created (this object exists for them only), and only
+        for the instance's own name: a request for any other name is refused.
+        """
+        api, backend = self.backend.api, self.backend
+        while not self.stopped and not self._gone:
+            try:
+                attrs = await call_async(
+                    api.get_guest_attributes, self.zone, self.instance, "transient-nb/"
+                )
+            except GCEError as e:
+                logger.info("Could not read the guest attributes of %s: %s", self.instance, e)
+                attrs = {}
+            csr = attrs.get(CSR_ATTRIBUTE)
+            if csr:
+                try:
+                    cert = backend.ca.sign_csr(csr, self.instance)
+                except ValueError as e:
+                    # A VM asking to pass for another VM (or the client): refused, and shown.
+                    logger.warning("Refused the certificate request of %s: %s", self.instance, e)
+                    await self._post_event(
+                        "control-refused",
+                        action="sign-certificate",
+                        vm=self.name,
+                        sender=self.instance,
+                    )
+                    return
+                for _ in range(5):  # 412: the metadata changed under us; read it again
+                    try:
+                        op = await call_async(
+                            api.set_metadata_item, self.zone, self.instance, TLS_CERT_KEY, cert
+                        )
+                        await call_async(
+                            api.wait_zone_operation, self.zone, op, backend.operation_timeout
+                        )
+                        return
+                    except GCEError as e:
+                        if e.status != 412:
+                            logger.warning("Could not hand %s its certificate: %s", self.name, e)
+                            return
+                return
+            await backend.sleep_poll(short=True)
 
     # -- preemption --------------------------------------------------------------------------------
     async def _notify(self, deadline: float) -> None:
@@ -594,7 +647,8 @@ class GCEBackend(Backend):
         )
         # Certificates made for this cluster only, in memory: every connection (workers,
         # scheduler, clients) is TLS with mutual authentication.
-        self._security = Security.temporary()
+        self.ca = ClusterCA.create("gce")
+        self._security = self.ca.cluster_security()
         self.cluster_name = "transient"
         self.cluster_id = ""
         self.notice_s = 30.0
@@ -929,9 +983,8 @@ class GCEBackend(Backend):
             worker_ports=self.worker_ports,
             nanny_ports=self.nanny_ports,
             notice_s=self.notice_s,
+            tls_name=self.instance_name(spec.name),
         )
-        cert = self._security.tls_worker_cert or self._security.tls_ca_file
-        key = self._security.tls_worker_key
         interface: dict[str, Any] = {"network": self._network_url()}
         if self.subnetwork:
             region = zone.rsplit("-", 1)[0]
@@ -963,8 +1016,10 @@ class GCEBackend(Backend):
             "metadata": {
                 "items": [
                     {"key": "startup-script", "value": script},
-                    {"key": TLS_CERT_KEY, "value": cert},
-                    {"key": TLS_KEY_KEY, "value": key},
+                    # Public: the CA's certificate. The VM's own certificate is added once the
+                    # cluster has signed the request the VM publishes as a guest attribute.
+                    {"key": TLS_CA_KEY, "value": self.ca.cert_pem},
+                    {"key": "enable-guest-attributes", "value": "TRUE"},
                 ]
             },
             "serviceAccounts": [{"email": self.service_account, "scopes": self.scopes}],

@@ -370,6 +370,39 @@ class ComputeAPI:
         return str(op.name)
 
     @_translate
+    def get_guest_attributes(self, zone: str, name: str, query_path: str) -> dict[str, str]:
+        """Guest attributes under ``query_path`` (``"transient-nb/"``) as ``{"ns/key": value}``.
+
+        Empty when the VM has written none yet (GCE answers 404 then).
+        """
+        from google.api_core import exceptions
+
+        try:
+            request = self._compute_v1.GetGuestAttributesInstanceRequest(
+                project=self.project, zone=zone, instance=name, query_path=query_path
+            )
+            out = self.instances.get_guest_attributes(request=request)
+        except exceptions.NotFound:
+            return {}
+        return {f"{i.namespace}/{i.key}": str(i.value) for i in out.query_value.items}
+
+    @_translate
+    def set_metadata_item(self, zone: str, name: str, key: str, value: str) -> str:
+        """Add or replace one metadata item of a VM; the operation's name.
+
+        ``setMetadata`` replaces all items and needs the current fingerprint; a concurrent
+        change makes it fail with 412, which the caller asks again.
+        """
+        inst = self.instances.get(project=self.project, zone=zone, instance=name)
+        items = [i for i in inst.metadata.items if i.key != key]
+        items.append(self._compute_v1.Items(key=key, value=value))
+        metadata = self._compute_v1.Metadata(fingerprint=inst.metadata.fingerprint, items=items)
+        op = self.instances.set_metadata_unary(
+            project=self.project, zone=zone, instance=name, metadata_resource=metadata
+        )
+        return str(op.name)
+
+    @_translate
     def simulate_maintenance_event(self, zone: str, name: str) -> str:
         """Simulate a host maintenance event: it preempts a Spot or preemptible VM for real."""
         op = self.instances.simulate_maintenance_event_unary(
