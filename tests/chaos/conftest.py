@@ -4,6 +4,7 @@ nothing of the run is left behind)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -161,3 +162,16 @@ def sigcont() -> Iterator[list[Any]]:
             signal_vm(v, signal.SIGCONT)
         except (ProcessLookupError, TypeError):
             pass
+
+
+@pytest.fixture
+def record(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
+    """A row of the fault matrix (fault, outcome, steps lost, time to recover) that the test
+    fills; appended to ``$TRANSIENT_NB_FAULT_MATRIX`` (JSON lines) when that is set, which is
+    how ``benchmarks/fault_matrix.py`` collects the table."""
+    row: dict[str, Any] = {"test": request.node.name}
+    yield row
+    path = os.environ.get("TRANSIENT_NB_FAULT_MATRIX")
+    if path and "outcome" in row:
+        with open(path, "a") as f:
+            f.write(json.dumps(row) + "\n")

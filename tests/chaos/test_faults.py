@@ -37,7 +37,7 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 RUN_BOUND_S = 300
 
 
-def test_worker_hard_killed_in_the_middle_of_a_push():
+def test_worker_hard_killed_in_the_middle_of_a_push(record):
     with chaos_cluster(workers=3) as cluster:
         run = start(cluster, steps=2000)
         until(lambda: accepted(run, "w-1") >= 20, what="w-1 pushing")
@@ -46,12 +46,21 @@ def test_worker_hard_killed_in_the_middle_of_a_push():
         signal_vm(ps, signal.SIGSTOP)
         try:
             time.sleep(0.5)  # the fault's shape: the push is on the wire while the PS is frozen
+            t_fault = time.time()
             cluster.preempt("w-1", notice=False)
         finally:
             signal_vm(ps, signal.SIGCONT)
         until(lambda: accepted(run, "w-3") > 0, 120, "the replacement contributing")
+        t_back = time.time()
         run.wait(timeout=RUN_BOUND_S)
-        assert_finished(run, 2000, lost_at_most=1)
+        finished = assert_finished(run, 2000, lost_at_most=1)
+        record.update(
+            fault="worker SIGKILLed mid-push",
+            outcome=f"{finished['step']} steps; replacement trains",
+            steps_lost=0,
+            gradients_lost=finished["lost_in_flight"],
+            recover_s=t_back - t_fault,
+        )
         assert_story(
             run,
             ("preempted", {"worker": "w-1"}),
@@ -63,13 +72,23 @@ def test_worker_hard_killed_in_the_middle_of_a_push():
         assert_nothing_left(cluster, run)
 
 
-def test_preemption_notice_drains_the_last_gradient():
+def test_preemption_notice_drains_the_last_gradient(record):
     with chaos_cluster(workers=3) as cluster:
-        run = start(cluster, steps=800)
+        run = start(cluster, steps=2000)
         until(lambda: accepted(run, "w-0") >= 20, what="w-0 pushing")
+        t_fault = time.time()
         cluster.preempt("w-0", notice=True)
+        until(lambda: accepted(run, "w-3") > 0, 120, "the replacement contributing")
+        t_back = time.time()
         run.wait(timeout=RUN_BOUND_S)
-        assert_finished(run, 800, lost_at_most=0)
+        finished = assert_finished(run, 2000, lost_at_most=0)
+        record.update(
+            fault="preemption notice (3 s)",
+            outcome=f"{finished['step']} steps; last gradient drained",
+            steps_lost=0,
+            gradients_lost=finished["lost_in_flight"],
+            recover_s=t_back - t_fault,
+        )
         assert "w-0" in run.status["drained"]
         assert kinds(run, "gradient-lost") == [] and run.status["gaps"] == 0
         assert_story(
@@ -83,7 +102,7 @@ def test_preemption_notice_drains_the_last_gradient():
         assert_nothing_left(cluster, run)
 
 
-def test_ps_host_killed_in_the_middle_of_a_checkpoint(tmp_path):
+def test_ps_host_killed_in_the_middle_of_a_checkpoint(tmp_path, record):
     marker = tmp_path / "writing"
     with chaos_cluster(workers=2) as cluster:
         client = cluster.get_client()
@@ -112,9 +131,10 @@ def test_ps_host_killed_in_the_middle_of_a_checkpoint(tmp_path):
             lambda: marker.exists() and run.checkpoint_step >= 0, what="a checkpoint being written"
         )
         torn_step = int(marker.read_text())
+        t_fault = time.time()
         signal_vm(ps, signal.SIGKILL)  # the host dies while the shard files are being written
         run.wait(timeout=RUN_BOUND_S)
-        assert_finished(run, 600, lost_at_most=2)
+        finished = assert_finished(run, 600, lost_at_most=2)
         (lost,) = kinds(run, "ps-lost")
         (recovered,) = kinds(run, "ps-recovered")
         # The half-written checkpoint has no manifest: recovery took the previous complete one.
@@ -123,6 +143,13 @@ def test_ps_host_killed_in_the_middle_of_a_checkpoint(tmp_path):
         assert recovered["step"] == complete[-1] < torn_step
         assert recovered["source"] == "checkpoint"
         assert recovered["steps_lost"] == lost["step"] - recovered["step"] >= 0
+        record.update(
+            fault="PS host SIGKILLed mid-checkpoint (2 shards)",
+            outcome=f"{finished['step']} steps; resumed from step {recovered['step']} (torn {torn_step} ignored)",
+            steps_lost=recovered["steps_lost"],
+            gradients_lost=finished["lost_in_flight"],
+            recover_s=recovered["time"] - t_fault,
+        )
         assert_story(
             run,
             ("checkpoint", {"step": 0}),
@@ -134,7 +161,7 @@ def test_ps_host_killed_in_the_middle_of_a_checkpoint(tmp_path):
         assert_nothing_left(cluster, run)
 
 
-def test_trainer_worker_frozen_past_the_call_timeout_then_resumed(sigcont):
+def test_trainer_worker_frozen_past_the_call_timeout_then_resumed(sigcont, record):
     with chaos_cluster(workers=2) as cluster:
         run = start(cluster, steps=1200)
         until(lambda: accepted(run, "w-1") >= 20, what="w-1 pushing")
@@ -145,16 +172,26 @@ def test_trainer_worker_frozen_past_the_call_timeout_then_resumed(sigcont):
         until(lambda: run.status.get("active") == ["w-0"], 60, "w-1 no longer active")
         time.sleep(CALL_TIMEOUT_S)  # the fault: frozen well past the call timeout
         before = accepted(run, "w-1")
+        t_resume = time.time()
         signal_vm(frozen, signal.SIGCONT)
+        until(lambda: accepted(run, "w-1") > before, 120, "w-1 contributing again")
+        t_back = time.time()
         until(lambda: accepted(run, "w-1") >= before + 10, 120, "w-1 contributing again")
         run.wait(timeout=RUN_BOUND_S)
-        assert_finished(run, 1200, lost_at_most=0)
+        finished = assert_finished(run, 1200, lost_at_most=0)
+        record.update(
+            fault="trainer's worker SIGSTOPped past the call timeout, resumed",
+            outcome=f"{finished['step']} steps; not active while frozen; contributes again",
+            steps_lost=0,
+            gradients_lost=finished["lost_in_flight"],
+            recover_s=t_back - t_resume,
+        )
         assert kinds(run, "ps-lost") == []  # a frozen trainer is not a lost PS
         assert kinds(run, "preempted") == []
         assert_nothing_left(cluster, run)
 
 
-def test_ps_host_frozen_past_the_call_timeout_then_resumed(sigcont):
+def test_ps_host_frozen_past_the_call_timeout_then_resumed(sigcont, record):
     with chaos_cluster(workers=2) as cluster:
         run = start(cluster, steps=800)
         until(lambda: run.step >= 100, what="step 100")
@@ -163,9 +200,19 @@ def test_ps_host_frozen_past_the_call_timeout_then_resumed(sigcont):
         sigcont.append(ps)
         until(lambda: len(kinds(run, "trainer-ps-lost")) >= 2, 60, "both trainers to notice")
         time.sleep(CALL_TIMEOUT_S)  # the fault: frozen past the timeout, short of ps_lost_after_s
+        t_resume = time.time()
         signal_vm(ps, signal.SIGCONT)
+        until(lambda: len(kinds(run, "ps-rejoined")) >= 2, 120, "both trainers back")
+        t_back = max(e["time"] for e in kinds(run, "ps-rejoined"))
         run.wait(timeout=RUN_BOUND_S)
-        assert_finished(run, 800, lost_at_most=0)
+        finished = assert_finished(run, 800, lost_at_most=0)
+        record.update(
+            fault="PS host SIGSTOPped past the call timeout, resumed",
+            outcome=f"{finished['step']} steps; same PS kept, trainers rejoined",
+            steps_lost=0,
+            gradients_lost=finished["lost_in_flight"],
+            recover_s=t_back - t_resume,
+        )
         # Slow is not dead: the same PS goes on, no recovery, nothing thrown away.
         assert kinds(run, "ps-lost") == [] and kinds(run, "ps-recovered") == []
         rejoined = {e["worker"] for e in kinds(run, "ps-rejoined")}
@@ -190,14 +237,14 @@ def _break_data(dask_worker=None):
     trainer.load_dataset = load_dataset
 
 
-def test_trainer_that_raises_on_one_worker_only():
+def test_trainer_that_raises_on_one_worker_only(record):
     with chaos_cluster(workers=2) as cluster:
         client = cluster.get_client()
         bad = next(a for a, w in client.scheduler_info()["workers"].items() if w["name"] == "w-1")
         client.run(_break_data, workers=[bad])
         run = start(cluster, steps=500, trainer_restarts=2)
         run.wait(timeout=RUN_BOUND_S)
-        assert_finished(run, 500, lost_at_most=0)
+        finished = assert_finished(run, 500, lost_at_most=0)
         failed = kinds(run, "trainer-failed", worker="w-1")
         assert [e["attempt"] for e in failed] == [1, 2, 3]
         assert all("disk unreadable" in e["error"] for e in failed)
@@ -205,10 +252,17 @@ def test_trainer_that_raises_on_one_worker_only():
         restarted = kinds(run, "trainer-restarted", worker="w-1")
         assert [e["delay_s"] for e in restarted] == [1.0, 2.0]  # backoff
         assert kinds(run, "trainer-failed", worker="w-0") == []
+        record.update(
+            fault="trainer raises on one worker (data unreadable)",
+            outcome=f"{finished['step']} steps; w-1 restarted after 1, 2 s, then given up",
+            steps_lost=0,
+            gradients_lost=finished["lost_in_flight"],
+            recover_s=None,
+        )
         assert_nothing_left(cluster, run)
 
 
-def test_trainers_that_all_keep_failing_stop_the_run_with_their_error():
+def test_trainers_that_all_keep_failing_stop_the_run_with_their_error(record):
     with chaos_cluster(workers=2) as cluster:
         client = cluster.get_client()
         client.run(_break_data)
@@ -216,15 +270,24 @@ def test_trainers_that_all_keep_failing_stop_the_run_with_their_error():
         run = start(cluster, steps=500, trainer_restarts=1)
         with pytest.raises(RuntimeError, match="disk unreadable"):
             run.wait(timeout=RUN_BOUND_S)
-        assert time.monotonic() - t0 < 120
+        stopped_after = time.monotonic() - t0
+        assert stopped_after < 120
         assert run.reason == "trainer-failed"
         summary = run.summary()
         assert summary["reason"] == "trainer-failed" and "disk unreadable" in summary["error"]
         assert summary["trainer_failures"] == 4  # two workers, one restart each
+        record.update(
+            fault="every trainer raises (data unreadable everywhere)",
+            outcome="run stops: trainer-failed, the error in wait(), summary() and the log",
+            steps_lost=0,
+            gradients_lost=0,
+            recover_s=None,
+            stop_s=stopped_after,
+        )
         assert_nothing_left(cluster, run)
 
 
-def test_driver_exception_stops_everything_and_a_later_run_starts(monkeypatch):
+def test_driver_exception_stops_everything_and_a_later_run_starts(monkeypatch, record):
     with chaos_cluster(workers=2) as cluster:
 
         def broken(self):
@@ -239,23 +302,35 @@ def test_driver_exception_stops_everything_and_a_later_run_starts(monkeypatch):
         assert_nothing_left(cluster, first)
         monkeypatch.undo()
         # The same workers take a new run at once: no zombie trainer holds them.
+        t_second = time.time()
         second = start(cluster, steps=300)
+        until(lambda: second.step > 0, 120, "the second run training")
+        t_back = time.time()
         second.wait(timeout=RUN_BOUND_S)
-        assert_finished(second, 300, lost_at_most=0)
+        finished = assert_finished(second, 300, lost_at_most=0)
+        record.update(
+            fault="driver raises (evaluation)",
+            outcome="run ends with the error; trainers, actors, Variable gone; next run trains",
+            steps_lost=0,
+            gradients_lost=finished["lost_in_flight"],
+            recover_s=t_back - t_second,
+        )
         assert accepted(second, "w-0") > 0 and accepted(second, "w-1") > 0
         assert_nothing_left(cluster, second)
 
 
-def test_two_faults_at_once_ps_host_and_a_worker_killed():
+def test_two_faults_at_once_ps_host_and_a_worker_killed(record):
     with chaos_cluster(workers=3) as cluster:
         run = start(cluster, steps=2000)
         until(lambda: run.checkpoint_step >= 100, what="a checkpoint after step 100")
         ps = ps_vm(cluster)
+        t_fault = time.time()
         cluster.preempt("w-2", notice=False)
         os.killpg(ps.pid, signal.SIGKILL)
         until(lambda: accepted(run, "w-3") > 0, 180, "the replacement contributing")
+        t_back = time.time()
         run.wait(timeout=RUN_BOUND_S)
-        assert_finished(run, 2000, lost_at_most=1)
+        finished = assert_finished(run, 2000, lost_at_most=1)
         (recovered,) = kinds(run, "ps-recovered")
         assert recovered["source"] == "checkpoint" and recovered["step"] >= 100
         assert_story(
@@ -263,4 +338,12 @@ def test_two_faults_at_once_ps_host_and_a_worker_killed():
         )
         joined = {e["worker"] for e in kinds(run, "joined")}
         assert "ps-1" in joined and "w-3" in joined
+        record.update(
+            fault="PS host and a worker SIGKILLed at once",
+            outcome=f"{finished['step']} steps; PS from step {recovered['step']}; replacement trains",
+            steps_lost=recovered["steps_lost"],
+            gradients_lost=finished["lost_in_flight"],
+            recover_s=t_back - t_fault,
+            ps_recover_s=recovered["time"] - t_fault,
+        )
         assert_nothing_left(cluster, run)
