@@ -520,7 +520,8 @@ def test_control_requests(cleanup: None) -> None:
         # scheduler closes under it keeps its loop thread alive: distributed's Client.close
         # returns early when the client is already closed).
         async def post(msg: dict[str, Any]) -> None:
-            async with rpc(cluster.scheduler_address) as scheduler:
+            args = cluster.security.get_connection_args("client")
+            async with rpc(cluster.scheduler_address, connection_args=args) as scheduler:
                 await scheduler.log_event(topic=CONTROL_TOPIC, msg=msg)
 
         cluster.sync(post, {"action": "stop", "id": 7})
@@ -629,6 +630,48 @@ def test_scaling_above_the_limits_is_refused_from_every_client(cleanup: None) ->
         assert reply["ok"] is False and "above max_workers=2" in reply["error"]
         assert cluster._target == 1
         assert of_kind(snapshot(cluster), "scale") == []
+
+
+def test_the_local_control_plane_is_tls_and_obeys_only_its_own_client(cleanup: None) -> None:
+    from distributed.security import Security
+
+    from transient_nb.backends.tls import ClusterCA, security_from_files
+
+    with TransientCluster(workers=1, provisioning_delay=0, name="private") as cluster:
+        cluster.wait_for_workers(timeout=60)
+        address = cluster.scheduler_address
+        assert address.startswith("tls://127.0.0.1:")
+        assert all(a.startswith("tls://") for a in cluster.scheduler.workers)
+        entry = registry.lookup("private")
+        for path in entry["tls"].values():
+            assert os.stat(path).st_mode & 0o077 == 0  # this user's only
+
+        async def control(args: dict[str, Any], request: int) -> None:
+            async with rpc(address, connection_args=args, timeout=5) as scheduler:
+                msg = {"action": "scale", "workers": 3, "id": request}
+                await scheduler.log_event(topic=CONTROL_TOPIC, msg=msg)
+
+        # Another user: no certificate of this cluster's CA, so no connection at all.
+        other = ClusterCA.create("other")
+        cert, key = other.issue("transient-client")
+        stranger = Security(
+            require_encryption=True, tls_ca_file=other.cert_pem, tls_client_cert=cert,
+            tls_client_key=key,
+        )  # fmt: skip
+        with pytest.raises(OSError):
+            cluster.sync(control, stranger.get_connection_args("client"), 1)
+        # A worker's certificate connects (workers must), but its control requests are refused.
+        worker_files = cluster.backend.tls_files("w-0")
+        as_worker = security_from_files(worker_files, "client").get_connection_args("client")
+        cluster.sync(control, as_worker, 2)
+        refused = wait_for_sync(lambda: of_kind(snapshot(cluster), "control-refused"), 30)
+        assert refused[0]["sender"] == "w-0" and refused[0]["action"] == "scale"
+        # The client's own certificate (the registry's files, as connect() and the panel use).
+        as_client = security_from_files(entry["tls"], "client").get_connection_args("client")
+        cluster.sync(control, as_client, 3)
+        reply = wait_for_sync(lambda: of_kind(snapshot(cluster), "control", request=3), 30)[0]
+        assert reply["ok"] is True and cluster._target == 3
+        assert of_kind(snapshot(cluster), "control", request=2) == []
 
 
 def test_name_of_a_running_cluster_is_taken(tmp_path: Path) -> None:

@@ -128,6 +128,10 @@ async def test_a_provider_notice_is_honoured_only_from_the_worker_of_the_vm_it_n
         await c.log_event(CONTROL_TOPIC, {"action": "provider-notice", "vm": "w-0"})
         await wait_for(lambda: kinds(monitor.events).count("control-refused") == 2, timeout=30)
         assert asked == []
+        # A worker cannot post control requests at all (scale, preempt, stop).
+        w0.log_event(CONTROL_TOPIC, {"action": "stop", "id": 9})
+        await wait_for(lambda: kinds(monitor.events).count("control-refused") == 3, timeout=30)
+        assert asked == []
         # Its own VM: honoured, under the name the scheduler knows the sender by.
         w0.batched_stream.send({"op": PROVIDER_NOTICE_OP, "vm": "w-0", "source": "gce-metadata"})
         await wait_for(lambda: asked, timeout=30)

@@ -329,6 +329,9 @@ class TransientCluster(SpecCluster):
                 "dashboard_link": self.dashboard_link,
                 "run_record": self.run_record,
                 "cluster_id": self.cluster_id,
+                # Paths (0600 files) of a client certificate for this user's other processes:
+                # connect() and the JupyterLab panel. None without TLS.
+                "tls": self.backend.client_tls_files(),
                 "gpu": self.gpu,
                 "zone": self.zone,
                 "spot": self.spot,

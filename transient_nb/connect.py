@@ -26,6 +26,7 @@ from distributed.core import Status
 from distributed.deploy.spec import SpecCluster
 
 from transient_nb import registry
+from transient_nb.backends.tls import security_from_registry
 from transient_nb.cost import CostReport
 from transient_nb.events import CONTROL_TOPIC, EVENTS_RPC, events_frame
 from transient_nb.prices import PriceCatalog
@@ -104,7 +105,13 @@ class RemoteCluster:
         self.status = Status.running
         self._failures = 0
         self._catalog: PriceCatalog | None = None
-        self.client = Client(self.scheduler_address, set_as_default=False, timeout=timeout)
+        # The cluster's client certificate (TLS clusters): files only this user can read.
+        self.client = Client(
+            self.scheduler_address,
+            set_as_default=False,
+            timeout=timeout,
+            security=security_from_registry(entry),
+        )
         self.loop = self.client.loop
         try:
             self.client.sync(self._fetch)

@@ -18,12 +18,31 @@ from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
+from transient_nb.backends.tls import CLIENT_CN
 from transient_nb.events import CONTROL_TOPIC, TOPIC, make_event
 
 logger = logging.getLogger(__name__)
 
 #: Batched-stream op through which a worker reports its VM's provider notice.
 PROVIDER_NOTICE_OP = "transient-provider-notice"
+
+
+def _is_control(topic: Any) -> bool:
+    topics = [topic] if isinstance(topic, str) else list(topic or ())
+    return CONTROL_TOPIC in topics
+
+
+def peer_name(comm: Any) -> str | None:
+    """The common name of a TLS peer's certificate; None on a connection without TLS."""
+    cert = (getattr(comm, "extra_info", None) or {}).get("peercert")
+    if not cert:
+        return None
+    for rdn in cert.get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName":
+                return str(value)
+    return ""
+
 
 #: Fields that ``joined``/``left`` events copy from the VM's ``requested`` event.
 _VM_FIELDS = ("role", "gpu", "zone", "spot", "machine", "price", "price_on_demand", "slot")
@@ -68,6 +87,34 @@ class TransientMonitor(SchedulerPlugin):
         # Workers' own messages: the scheduler adds the sender's address from the worker's
         # connection, so a provider notice cannot be sent in another VM's name.
         scheduler.stream_handlers[PROVIDER_NOTICE_OP] = self.provider_notice
+        # Control requests are honoured only from the cluster's own client: over TLS, a
+        # connection whose certificate is the client's (a worker's certificate names its VM);
+        # never from a worker's stream.
+        self._log_event_rpc = scheduler.handlers["log_event"]
+        self._log_worker_event = scheduler.stream_handlers["log-event"]
+        scheduler.handlers["log_event"] = self._checked_log_event
+        scheduler.stream_handlers["log-event"] = self._checked_worker_event
+
+    def _refuse(self, msg: Any, sender: Any) -> None:
+        action = msg.get("action") if isinstance(msg, dict) else None
+        logger.warning("Refused a control request %r from %s", action, sender)
+        self.scheduler.log_event(
+            TOPIC, make_event("control-refused", action=action, vm=None, sender=str(sender))
+        )
+
+    def _checked_log_event(self, comm: Any, topic: Any, msg: Any) -> Any:
+        if _is_control(topic):
+            peer = peer_name(comm)
+            if peer is not None and peer != CLIENT_CN:
+                self._refuse(msg, peer)
+                return None
+        return self._log_event_rpc(topic=topic, msg=msg)
+
+    def _checked_worker_event(self, worker: str, topic: Any, msg: Any) -> Any:
+        if _is_control(topic):
+            self._refuse(msg, worker)
+            return None
+        return self._log_worker_event(worker=worker, topic=topic, msg=msg)
 
     def provider_notice(self, worker: str, vm: Any = None, **fields: Any) -> None:
         """A worker's report that its VM got the provider's notice (stream op, see gce_agent).

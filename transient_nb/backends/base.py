@@ -243,6 +243,13 @@ class Backend:
     async def close(self) -> None:
         """Remove cluster-wide resources once every VM is gone."""
 
+    def client_tls_files(self) -> dict[str, str] | None:
+        """``ca``/``cert``/``key`` files of a client certificate for this user's other processes.
+
+        Written 0600 into a 0700 folder; None when the cluster does not use TLS.
+        """
+        return None
+
     def make_vm(self, spec: VMSpec, **kwargs: Any) -> TransientVM:
         raise NotImplementedError
 

@@ -647,6 +647,7 @@ class GCEBackend(Backend):
         )
         # Certificates made for this cluster only, in memory: every connection (workers,
         # scheduler, clients) is TLS with mutual authentication.
+        self._tls_dir: str | None = None
         self.ca = ClusterCA.create("gce")
         self._security = self.ca.cluster_security()
         self.cluster_name = "transient"
@@ -664,6 +665,16 @@ class GCEBackend(Backend):
     def security(self) -> Security:
         """The cluster's TLS settings (scheduler, workers and clients)."""
         return self._security
+
+    def client_tls_files(self) -> dict[str, str] | None:
+        """A client certificate in 0600 files on this host (for connect() and the panel)."""
+        import tempfile
+
+        from transient_nb.backends.tls import CLIENT_CN
+
+        if self._tls_dir is None:
+            self._tls_dir = tempfile.mkdtemp(prefix="transient-nb-tls-")
+        return self.ca.write_files(os.path.join(self._tls_dir, "client"), CLIENT_CN)
 
     @property
     def tag(self) -> str:
@@ -811,6 +822,11 @@ class GCEBackend(Backend):
                     self.firewall_name = None
                 except GCEError as e:
                     logger.warning("Could not delete firewall rule %s: %s", self.firewall_name, e)
+            if self._tls_dir is not None:
+                import shutil
+
+                shutil.rmtree(self._tls_dir, ignore_errors=True)
+                self._tls_dir = None
             if not self.live and self.firewall_name is None and self._atexit_registered:
                 atexit.unregister(self.delete_all_now)
                 self._atexit_registered = False

@@ -6,6 +6,12 @@ cloud VM's startup script would run: ``python -m dask worker SCHEDULER --nworker
 the whole process group with SIGKILL, as a provider stopping a VM would; a notice first asks the
 worker to drain and leave. Zones listed in ``transient.local.stockouts`` pretend to have no GPUs
 left, to exercise the replacement policy's fallbacks.
+
+The local control plane is TLS with mutual authentication, as on the cloud (``local.tls``): the
+cluster's own CA (:mod:`~transient_nb.backends.tls`) issues the scheduler's and the client's
+certificates in memory, and one certificate per worker, handed over in files only this user can
+read (a 0700 folder, deleted at close). Another user of a shared machine can neither connect to
+the scheduler nor to a worker.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from typing import IO, Any
@@ -28,6 +35,7 @@ from distributed.core import rpc
 
 from transient_nb import config
 from transient_nb.backends.base import Backend, CapacityError, TransientVM, VMSpec
+from transient_nb.backends.tls import CLIENT_CN, ClusterCA
 
 logger = logging.getLogger(__name__)
 
@@ -215,6 +223,8 @@ class LocalBackend(Backend):
         "auto": dask-cuda CUDA workers where GPUs and dask-cuda exist; "always"; "never".
     death_timeout
         A worker that loses its scheduler this long exits by itself.
+    tls
+        TLS with the cluster's own certificates between scheduler, workers and clients.
     """
 
     name = "local"
@@ -226,6 +236,7 @@ class LocalBackend(Backend):
         nthreads: int | None = None,
         cuda: str | None = None,
         death_timeout: str | float | None = None,
+        tls: bool | None = None,
     ):
         self.log_dir = log_dir
         self.stockouts = set(config.get("local.stockouts", override_with=stockouts) or ())
@@ -247,6 +258,40 @@ class LocalBackend(Backend):
         self.use_cuda = self.gpus > 0 and _dask_cuda_available()
         self.live_pids: set[int] = set()
         self._next_gpu = 0
+        self.tls = bool(config.get("local.tls", override_with=tls))
+        self.ca: ClusterCA | None = None
+        self._security: Any = None
+        self._tls_dir: str | None = None
+        if self.tls:
+            self.ca = ClusterCA.create("local")
+            self._security = self.ca.cluster_security()
+
+    @property
+    def security(self) -> Any:
+        """The cluster's TLS (scheduler's and client's own certificates), or None without TLS."""
+        return self._security
+
+    def scheduler_options(self) -> dict[str, Any]:
+        if not self.tls:
+            return {}
+        return {"protocol": "tls", "security": self._security}
+
+    def tls_files(self, subject: str) -> dict[str, str] | None:
+        """Issue a certificate for ``subject`` into this cluster's private folder (0700)."""
+        if self.ca is None:
+            return None
+        if self._tls_dir is None:
+            self._tls_dir = tempfile.mkdtemp(prefix="transient-nb-tls-")
+        return self.ca.write_files(os.path.join(self._tls_dir, subject), subject)
+
+    def client_tls_files(self) -> dict[str, str] | None:
+        """A client certificate in files, for this user's other processes (connect, panel)."""
+        return self.tls_files(CLIENT_CN)
+
+    async def close(self) -> None:
+        if self._tls_dir is not None:
+            shutil.rmtree(self._tls_dir, ignore_errors=True)
+            self._tls_dir = None
 
     def describe(self) -> str:
         if self.use_cuda:
@@ -287,6 +332,9 @@ class LocalBackend(Backend):
         ]
         if resources:
             cmd += ["--resources", resources]
+        tls = self.tls_files(spec.name) if scheduler_address.startswith("tls://") else None
+        if tls is not None:
+            cmd += ["--tls-ca-file", tls["ca"], "--tls-cert", tls["cert"], "--tls-key", tls["key"]]
         env = dict(os.environ)
         env["DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON"] = repr(WORKER_PRE_SPAWN_ENVIRON)
         env["TRANSIENT_NB_VM"] = json.dumps(

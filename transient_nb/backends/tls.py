@@ -26,6 +26,7 @@ from __future__ import annotations
 import datetime
 import os
 import stat
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -209,3 +210,15 @@ def security_from_files(paths: dict[str, str], role: str = "client") -> Security
         tls_ca_file=paths["ca"],
         **{f"tls_{role}_cert": paths["cert"], f"tls_{role}_key": paths["key"]},
     )
+
+
+def security_from_registry(entry: Mapping[str, Any]) -> Security | None:
+    """The client TLS of a registered cluster (its ``tls`` files), or None when it has none.
+
+    For the processes of the same user that attach to a cluster they do not own (``connect``,
+    the JupyterLab panel): the files are readable by this user only.
+    """
+    paths = entry.get("tls")
+    if not paths:
+        return None
+    return security_from_files(dict(paths), "client")

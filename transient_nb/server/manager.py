@@ -31,6 +31,7 @@ from typing import Any, cast
 from distributed.core import ConnectionPool, Status
 
 from transient_nb import config, registry
+from transient_nb.backends.tls import security_from_registry
 from transient_nb.cluster import TransientCluster
 from transient_nb.events import CONTROL_TOPIC, EVENTS_RPC, read_run_record
 from transient_nb.prices import PriceCatalog, shipped_catalogs
@@ -291,17 +292,37 @@ class ClusterManager:
         self._starting: dict[str, asyncio.Task[Any]] = {}
         self._tracked: dict[str, _Tracked] = {}
         self._pool: ConnectionPool | None = None
+        #: Pools of TLS clusters, one per scheduler (each cluster has its own CA).
+        self._tls_pools: dict[str, ConnectionPool] = {}
         self._refreshing: asyncio.Task[list[dict[str, Any]]] | None = None
         self._models: list[dict[str, Any]] = []
         self._refreshed_at = 0.0
         self._closed = False
 
     # -- reading ----------------------------------------------------------------------------------
-    async def _rpc(self, address: str) -> Any:
+    async def _rpc(self, address: str, entry: Mapping[str, Any] | None = None) -> Any:
+        security = security_from_registry(entry) if entry is not None else None
+        if security is not None:
+            # A TLS cluster: its own client certificate (registry files only this user reads).
+            pool = self._tls_pools.get(address)
+            if pool is None:
+                pool = self._tls_pools[address] = await ConnectionPool(
+                    limit=4,
+                    timeout=self.rpc_timeout,
+                    connection_args=security.get_connection_args("client"),
+                )
+            return pool(address)
         if self._pool is None:
             # One pool for every scheduler: a poll reuses its connection instead of a handshake.
             self._pool = await ConnectionPool(limit=64, timeout=self.rpc_timeout)
         return self._pool(address)
+
+    async def _forget_connections(self, address: str, reason: str) -> None:
+        if self._pool is not None:
+            self._pool.remove(address, reason=reason)
+        pool = self._tls_pools.pop(address, None)
+        if pool is not None:
+            await pool.close()
 
     async def _fetch(self, name: str, entry: Mapping[str, Any]) -> tuple[_Tracked, str]:
         """Bring one cluster's events up to date; returns its tracking record and status."""
@@ -318,15 +339,14 @@ class ClusterManager:
             try:
                 if tracked.from_record:
                     tracked.events, tracked.from_record = [], False
-                rpc = await self._rpc(address)
+                rpc = await self._rpc(address, entry)
                 new = await asyncio.wait_for(
                     getattr(rpc, EVENTS_RPC)(since=len(tracked.events)), self.rpc_timeout
                 )
             except Exception as e:
                 # Busy, dead, or firewalled: show what we last knew and say so.
                 logger.debug("cluster %s at %s unreachable: %r", name, address, e)
-                if self._pool is not None:
-                    self._pool.remove(address, reason="unreachable")
+                await self._forget_connections(address, "unreachable")
                 if not tracked.events:
                     self._read_record(tracked, entry)
                 return tracked, "unreachable"
@@ -376,8 +396,8 @@ class ClusterManager:
         for name in list(self._tracked):
             if name not in entries:
                 tracked = self._tracked.pop(name)
-                if tracked.address and self._pool is not None:
-                    self._pool.remove(tracked.address, reason="cluster gone")
+                if tracked.address:
+                    await self._forget_connections(tracked.address, "cluster gone")
         for name, cluster in list(self._owned.items()):
             if name in entries:
                 continue
@@ -522,7 +542,7 @@ class ClusterManager:
         tracked, status = await self._fetch(name, entry)
         if status != "running":
             raise ValueError(f"Cluster {name!r} is {status}: its scheduler does not answer.")
-        rpc = await self._rpc(entry["scheduler_address"])
+        rpc = await self._rpc(entry["scheduler_address"], entry)
         await asyncio.wait_for(rpc.log_event(topic=CONTROL_TOPIC, msg=msg), self.rpc_timeout)
         deadline = time.monotonic() + self.answer_timeout
         seen = 0
@@ -586,6 +606,9 @@ class ClusterManager:
         if self._pool is not None:
             await self._pool.close()
             self._pool = None
+        for pool in self._tls_pools.values():
+            await pool.close()
+        self._tls_pools.clear()
 
     # -- the form -----------------------------------------------------------------------------------
     def options(self) -> dict[str, Any]:
