@@ -315,6 +315,7 @@ def run_through_ps(
     warmup: float,
     seconds: float,
     timeout: float = 600,
+    pipeline: bool = False,
 ) -> tuple[list[list[float]], list[float]]:
     """Train through the PS with :func:`transient_nb.train` on every gpu worker of ``cluster``
     until each of ``trainers`` trainers has pushed for ``warmup + seconds``; the step times of
@@ -332,6 +333,7 @@ def run_through_ps(
         eval_every=10**9,
         checkpoint_every=10**9,
         device=device,
+        pipeline=pipeline,
     )
     deadline = time.monotonic() + timeout
     try:

@@ -55,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=None, help="s; default 30 (CPU), 10 (CUDA)")
     p.add_argument("--window", type=float, default=0.5, help="s, at least (and 4 steps)")
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument(
+        "--pipeline", action="store_true", help="pipelined trainers (push k while computing k+1)"
+    )
     args = p.parse_args(argv)
     cuda = args.device.startswith("cuda")
     if args.tiny:
@@ -95,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
                 trainers=1,
                 warmup=warmup,
                 seconds=seconds,
+                pipeline=args.pipeline,
             )
             rate, n = rate_of(per_trainer, warmup, args.window)
             ps.append(rate)
@@ -106,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         "model",
         "batch",
         "threads",
+        "pipeline",
         "plain steps/s",
         "plain range",
         "ps steps/s",
@@ -118,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         args.model,
         batch,
         args.threads,
+        "on" if args.pipeline else "off",
         m_plain,
         spread(plain),
         m_ps,

@@ -65,6 +65,7 @@ class PSDouble:
         self.frozen = threading.Event()
         self.error: Exception | None = None
         self.calls = 0
+        self.staleness: list[int] = []
 
     def __getattr__(self, name):
         method = getattr(self.ps, name)
@@ -75,6 +76,8 @@ class PSDouble:
                 raise self.error
             while self.frozen.is_set():
                 await asyncio.sleep(0.01)
+            if name == "push_pull":
+                self.staleness.append(self.ps.version - kwargs["base_version"])
             return await method(*args, **kwargs)
 
         return lambda *a, **k: _Future(asyncio.run_coroutine_threadsafe(call(*a, **k), self.loop))
@@ -153,20 +156,27 @@ def _until(predicate, timeout=60.0):
         time.sleep(0.01)
 
 
-def test_trains_until_the_run_has_its_steps(loop, tmp_path):
-    double = _double(loop, tmp_path)
-    trainer = _trainer(Published(double))
+@pytest.mark.parametrize("pipeline", [False, True])
+def test_trains_until_the_run_has_its_steps(loop, tmp_path, pipeline):
+    hp = HP.with_(pipeline=pipeline)
+    double = _double(loop, tmp_path, hp=hp)
+    trainer = _trainer(Published(double), hp=hp)
     thread, box = _start(trainer)
     thread.join(120)
-    assert box["result"]["state"] == "finished" and box["result"]["accepted"] == HP.steps
-    assert double.ps.version == HP.steps and double.ps.accepted == {"w-0": HP.steps}
+    # Pipelined, the push in flight when the run got its steps still lands: one more.
+    total = hp.steps + (1 if pipeline else 0)
+    assert box["result"]["state"] == "finished" and box["result"]["accepted"] == total
+    assert double.ps.version == total and double.ps.accepted == {"w-0": total}
     assert double.ps.gaps == 0 and trainer.rejoins == 0
+    # One trainer alone: every gradient is fresh, or exactly one version behind when pipelined.
+    assert double.staleness == ([0] + [1] * (total - 1) if pipeline else [0] * total)
 
 
-def test_a_slow_ps_is_rejoined_not_abandoned(loop, tmp_path):
+@pytest.mark.parametrize("pipeline", [False, True])
+def test_a_slow_ps_is_rejoined_not_abandoned(loop, tmp_path, pipeline):
     """A call slower than call_timeout_s makes the trainer rejoin the SAME generation and go on;
     while it is away the PS does not count it as active."""
-    hp = HP.with_(steps=10_000)
+    hp = HP.with_(steps=10_000, pipeline=pipeline)
     double = _double(loop, tmp_path, hp=hp)
     trainer = _trainer(Published(double), hp=hp)
     thread, box = _start(trainer)

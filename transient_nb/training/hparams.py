@@ -65,6 +65,7 @@ class HParams:
         3  # restarts of a failing trainer (with backoff) before its worker is given up
     )
     wire_dtype: str = "float32"  # gradients and weights on the wire: float32 or float16
+    pipeline: bool = False  # overlap step k's push with step k+1's compute (+1 staleness)
 
     @property
     def checkpoint_interval(self) -> int:
@@ -128,6 +129,8 @@ class HParams:
                 f"call_timeout_s={self.call_timeout_s!r}: a slow call is not a lost PS."
             )
         _whole("trainer_restarts", self.trainer_restarts, 0)
+        if not isinstance(self.pipeline, bool):
+            raise ValueError(f"pipeline={self.pipeline!r} must be True or False.")
         if self.wire_dtype not in WIRE_DTYPES:
             raise ValueError(
                 f"wire_dtype={self.wire_dtype!r}: use one of {', '.join(map(repr, WIRE_DTYPES))}."

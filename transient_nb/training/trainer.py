@@ -305,7 +305,7 @@ class Trainer:
             return gen > self.generation
         return current_generation(self.variable, timeout=2.0) > self.generation
 
-    def _push(
+    def _send(
         self,
         shards: list[Any],
         grad: np.ndarray,
@@ -314,8 +314,9 @@ class Trainer:
         images: int,
         bn_delta: np.ndarray | None,
         final: bool,
-    ) -> Reply:
-        futures = [
+    ) -> list[Any]:
+        """Push one gradient to every shard; returns the calls' futures (not waited on)."""
+        return [
             ps.push_pull(
                 trainer=self.name,
                 grad=grad[a:b],
@@ -328,7 +329,19 @@ class Trainer:
             )
             for i, (ps, (a, b)) in enumerate(zip(shards, self.bounds, strict=True))
         ]
-        return _merge(self._gather(futures))
+
+    def _accept(
+        self,
+        params: list[torch.nn.Parameter],
+        buffers: list[torch.Tensor],
+        w: np.ndarray,
+        bn: np.ndarray | None,
+    ) -> None:
+        """A push was accepted: train on from the weights that came back."""
+        self.accepted += 1
+        set_flat(params, w)
+        if bn is not None and buffers:
+            set_flat(buffers, bn)
 
     def _rejoin(
         self, params: list[torch.nn.Parameter], buffers: list[torch.Tensor]
@@ -408,6 +421,10 @@ class Trainer:
             self.state = "joining"
             shards, version = self._rejoin(params, buffers)
             self.state = "training"
+            # With ``pipeline``, the push of step k travels while step k+1 is computed (from
+            # the weights of step k-1: one more version of staleness); else one round trip
+            # per step.
+            pending: list[Any] | None = None
             while not self._stopping():
                 x, y = next(stream)
                 x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
@@ -419,22 +436,27 @@ class Trainer:
                 bn_delta = (get_flat(buffers) - bn_before) if bn_before is not None else None
                 if self.hp.wire_dtype == "float16":
                     grad = torch.from_numpy(grad).to(torch.float16).numpy()
-                self.local_step += 1
+                base = version
                 final = self._draining.is_set()
                 try:
-                    w, bn, version = self._push(
-                        shards,
-                        grad,
-                        version,
-                        float(loss.detach()),
-                        int(x.shape[0]),
-                        bn_delta,
-                        final,
+                    if pending is not None:
+                        w, bn, version = _merge(self._gather(pending))
+                        pending = None
+                        self._accept(params, buffers, w, bn)
+                    self.local_step += 1
+                    futures = self._send(
+                        shards, grad, base, float(loss.detach()), int(x.shape[0]), bn_delta, final
                     )
+                    if self.hp.pipeline and not final:
+                        pending = futures
+                    else:
+                        w, bn, version = _merge(self._gather(futures))
+                        self._accept(params, buffers, w, bn)
                 except PSUnavailable as e:
                     # Slow is not dead: rejoin the current PS (maybe a new generation) and go on
-                    # from its weights. The gradient may still be applied; if not, the PS counts
-                    # the gap.
+                    # from its weights. A gradient already sent may still be applied; if not,
+                    # the PS counts the gap.
+                    pending = None
                     self.ps_failures += 1
                     self._post(
                         "trainer-ps-lost", worker=self.name, step=version, error=str(e)[:200]
@@ -449,10 +471,6 @@ class Trainer:
                         "ps-rejoined", worker=self.name, generation=self.generation, step=version
                     )
                     continue
-                self.accepted += 1
-                set_flat(params, w)
-                if bn is not None and buffers:
-                    set_flat(buffers, bn)
                 imgs += int(x.shape[0])
                 now = time.time()
                 if now - t_report >= METRICS_EVERY_S:
@@ -462,6 +480,7 @@ class Trainer:
                         step=version,
                         img_per_s=imgs / (now - t_report),
                         local_step=self.local_step,
+                        device=self.device,
                     )
                     t_report, imgs = now, 0
                 if final:
@@ -473,7 +492,13 @@ class Trainer:
                     # The driver may have re-created the PS while the old one still answers.
                     self._t_generation = now
                     if self._newer_generation():
+                        pending = None
                         shards, version = self._rejoin(params, buffers)
+            if pending is not None:  # the last push in flight: its reply still counts
+                try:
+                    self._accept(params, buffers, *_merge(self._gather(pending))[:2])
+                except PSUnavailable:
+                    pass
         except _Stopped:
             pass
         finally:
