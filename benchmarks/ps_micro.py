@@ -6,9 +6,10 @@ CPU milliseconds (``time.process_time``, one torch/BLAS thread) per call, median
 ``--repeats`` batches of ``--calls`` calls, for a flat vector of each model's size:
 
 * ``push_pull (current)``: ``ParameterServer.push_pull`` as in ``transient_nb/training/ps.py``
-  (numpy momentum update; numpy casts when the wire is float16), without the network;
-* ``push_pull (proposed)``: ``_variants.ProposedParameterServer.push_pull`` (torch in-place update
-  and casts on the same buffers, a copy of the float32 reply);
+  (torch in-place update on the numpy buffers, torch casts, a fresh reply buffer), without the
+  network;
+* ``push_pull (legacy)``: ``_variants.LegacyParameterServer.push_pull``, the previous round's
+  path (numpy update with temporaries, numpy casts, the live array as the reply);
 * the casts alone, numpy vs torch: float32 -> float16 (a trainer's gradient, the PS's reply) and
   back, for gradients of the scale of real ones (entries ~ N(0, 1e-4^2): about 45% of them are
   float16 subnormals, which numpy converts one by one) and of scale 1.
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.tiny:
         sizes, args.calls, args.repeats = {"resnet32": SIZES["resnet32"]}, 3, 1
     torch.set_num_threads(1)
-    from _variants import ProposedParameterServer
+    from _variants import LegacyParameterServer
 
     from transient_nb.training.ps import ParameterServer
 
@@ -86,13 +87,17 @@ def main(argv: list[str] | None = None) -> int:
         g_unit = rng.standard_normal(n).astype(np.float32)
         for wire in ("float32", "float16"):
             g = g_real if wire == "float32" else torch.from_numpy(g_real).half().numpy()
-            for label, cls in (("current", ParameterServer), ("proposed", ProposedParameterServer)):
+            for label, cls in (("current", ParameterServer), ("legacy", LegacyParameterServer)):
                 ps = make_ps(cls, n, wire)
                 step = [0]
 
                 def call(ps: Any = ps, g: np.ndarray = g, step: list[int] = step) -> None:
                     step[0] += 1
-                    loop.run_until_complete(ps.push_pull("t", g, step[0] - 1, step[0]))
+                    loop.run_until_complete(
+                        ps.push_pull(
+                            trainer="t", grad=g, base_version=step[0] - 1, local_step=step[0]
+                        )
+                    )
 
                 rows.append(
                     [model, f"push_pull ({label})", wire, cpu_ms(call, args.calls, args.repeats)]

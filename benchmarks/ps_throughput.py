@@ -99,7 +99,7 @@ def dask_push_loop(
 
     from transient_nb.training.ps import ParameterServer
 
-    proposed = variant == "proposed"
+    legacy = variant == "legacy"
     actors = [Actor(ParameterServer, addr, key) for addr, key in shards]
     rng = np.random.default_rng(abs(hash(name)) % 2**32)
     n = bounds[-1][1]
@@ -109,14 +109,21 @@ def dask_push_loop(
         ps.register(name, 0).result(timeout=timeout)
 
     def push(version: int, step: int) -> int:
-        grad = cast_gradient(grad32, wire, proposed)  # as Trainer.run, every step
-        # As Trainer._call_all: every shard's call goes out before any reply is awaited.
+        grad = cast_gradient(grad32, wire, legacy)  # as the Trainer, every step
+        # As Trainer._send: every shard's call goes out before any reply is awaited.
         futures = [
-            ps.push_pull(name, grad[a:b], version, step, 0.0, BATCH, bn_delta, False)
-            for ps, (a, b) in zip(actors, bounds, strict=True)
+            ps.push_pull(
+                trainer=name,
+                grad=grad[a:b],
+                base_version=version,
+                local_step=step,
+                images=BATCH,
+                bn_delta=bn_delta if i == 0 else None,
+            )
+            for i, (ps, (a, b)) in enumerate(zip(actors, bounds, strict=True))
         ]
         replies = [f.result(timeout=timeout) for f in futures]
-        merge_replies(replies, proposed)  # as Trainer._merge
+        merge_replies(replies)  # as the Trainer's merge
         return int(replies[0][2])
 
     times, _ = timed_loop(push, start_at, stop_at, len(actors))
@@ -136,7 +143,7 @@ def _warm_worker() -> bool:
 class DaskBench:
     """Ours: a TransientCluster with one ps worker and ``trainers`` gpu workers.
 
-    ``variant="proposed"`` uses the prototypes of ``_variants.py``; ``shard_hosts > 0`` puts
+    ``variant="legacy"`` uses the previous round's PS path (``_variants.py``); ``shard_hosts > 0`` puts
     shard i on an extra worker process of its own instead of all shards on the ps worker.
     """
 
@@ -166,7 +173,7 @@ class DaskBench:
 
     def run(self, cfg: dict[str, Any]) -> list[list[float]]:
         import numpy as np
-        from _variants import ProposedParameterServer
+        from _variants import LegacyParameterServer
 
         from transient_nb.training.hparams import HParams
         from transient_nb.training.ps import ParameterServer, shard_bounds
@@ -178,7 +185,7 @@ class DaskBench:
         w0 = (rng.standard_normal(n) * 0.05).astype(np.float32)
         mask = np.ones(n, np.uint8)
         hp = HParams(steps=10**9, wire_dtype=cfg["wire"]).to_dict()
-        cls = ProposedParameterServer if self.variant == "proposed" else ParameterServer
+        cls = LegacyParameterServer if self.variant == "legacy" else ParameterServer
         hosts = self.gpu_addrs[self.trainers :] or [self.ps_addr]
         futures = [
             self.client.submit(
@@ -487,8 +494,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--variant",
         default="current",
-        choices=["current", "proposed"],
-        help="proposed: the PS and trainer prototypes of _variants.py (see NOTES.md)",
+        choices=["current", "legacy"],
+        help="legacy: the PS path before this round (_variants.py), for before/after figures",
     )
     p.add_argument(
         "--shard-processes",

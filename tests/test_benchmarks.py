@@ -115,7 +115,7 @@ def test_ps_micro():
     ops = {r["operation"] for r in rows}
     assert {
         "push_pull (current)",
-        "push_pull (proposed)",
+        "push_pull (legacy)",
         "numpy f32->f16",
         "torch f32->f16",
     } <= ops

@@ -116,7 +116,6 @@ class ParameterServer:
         self.decay = np.asarray(decay_mask, dtype=np.float32) * self.hp.weight_decay
         self.v = np.zeros_like(self.w) if momentum is None else np.array(momentum, dtype=np.float32)
         self.bn = None if bn is None else np.array(bn, dtype=np.float32, copy=True)
-        self._scratch = np.empty_like(self.w)
         self.version = int(version)
         self.checkpoint_url = checkpoint_url
         self.model = model
@@ -175,6 +174,9 @@ class ParameterServer:
         return lost
 
     # -- the one round trip ------------------------------------------------------------------------
+    def _apply(self, grad: np.ndarray, lr: float) -> None:
+        momentum_sgd_(self.w, self.v, grad, self.decay, lr, self.hp.momentum)
+
     def _reply(self) -> Reply:
         bn = None if self.bn is None else self.bn.copy()
         return to_wire(self.w, self.hp.wire_dtype), bn, self.version
@@ -205,7 +207,7 @@ class ParameterServer:
         gradients; ``final`` marks the last push of a trainer that is draining.
         """
         lr = self.hp.lr_at(self.version, max(1, len(self.active())))
-        momentum_sgd_(self.w, self.v, grad, self.decay, lr, self.hp.momentum, self._scratch)
+        self._apply(grad, lr)
         if bn_delta is not None and self.bn is not None:
             self.bn += bn_delta
         stale = max(0, self.version - int(base_version))
