@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+import sys
+import weakref
 from typing import Any
 
 import pytest
@@ -74,7 +77,16 @@ def test_widget_and_inline_bokehjs(monkeypatch: pytest.MonkeyPatch) -> None:
     js = load[0]["application/vnd.bokehjs_load.v0+json"]
     assert "cdn.bokeh.org" not in js and len(js) > 100_000  # BokehJS itself, inline
     assert any("application/vnd.jupyter.widget-view+json" in b for b in bundles)
+    model = weakref.ref(dash.widget)
     dash.close()
+    assert model().comm is None  # type: ignore[union-attr]
+    # The collector closes the widget once more (Widget.__del__): that must not raise, or it
+    # surfaces as an unraisable exception in whatever test runs next.
+    raised: list[Any] = []
+    monkeypatch.setattr(sys, "unraisablehook", raised.append)
+    del dash
+    gc.collect()
+    assert model() is None and not raised
 
 
 @pytest.mark.slow

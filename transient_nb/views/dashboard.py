@@ -135,7 +135,11 @@ class Dashboard:
         """Stop following the log and close the notebook widget."""
         self.stop()
         if self._model is not None:
-            self._model.close()
+            import ipywidgets
+
+            # Only the widget's comm: jupyter_bokeh's own close also unregisters it from the
+            # document, and closes again when collected, where a second unregistering raises.
+            ipywidgets.Widget.close(self._model)
 
     def _ipython_display_(self) -> None:
         from IPython.display import display
