@@ -21,55 +21,28 @@ from typing import Any
 import dask.config
 import psutil
 import pytest
-from conftest import alive, index_of, kinds, of_kind, wait_for, wait_for_sync
-from fake_gce import DEFAULT_ZONES, FakeGCE, FakeMetadata
+from conftest import alive, index_of, kinds, of_kind, wait_for_sync
+from fake_gce import DEFAULT_ZONES, FakeGCE
+from gce_helpers import (
+    PROJECT,
+    T4,
+    events,
+    metadata_items,
+    new_fake,
+    options,
+)
 
 from transient_nb import TransientCluster, registry
-from transient_nb.backends import gce as gce_mod
 from transient_nb.backends import get_backend
-from transient_nb.backends.gce import GCEBackend, sweep
-from transient_nb.backends.gce_agent import wait_for_preemption
+from transient_nb.backends.gce import GCEBackend
 from transient_nb.backends.gce_api import ComputeAPI
-from transient_nb.cli import main as cli_main
-
-PROJECT = "test-project"
-T4 = "nvidia-tesla-t4"
 
 
 @pytest.fixture
 def fake(tmp_path: Path) -> Iterator[FakeGCE]:
-    f = FakeGCE(str(tmp_path / "vms"), project=PROJECT)
+    f = new_fake(tmp_path)
     yield f
     f.close()
-
-
-def options(fake: FakeGCE, **kw: Any) -> dict[str, Any]:
-    """A GCE cluster against the fake: quick polls, a 2 s notice, the test's own Python."""
-    opts: dict[str, Any] = {
-        "backend": "gce",
-        "project": fake.project,
-        "api_endpoint": fake.url,
-        "scheduler_host": "127.0.0.1",
-        "python": sys.executable,
-        "poll_interval": 0.1,
-        "operation_timeout": 30,
-        "death_timeout": "30s",
-        "workers": 1,
-        "gpu": "t4",
-        "zone": "us-central1-a",
-        "notice": "2s",
-        "provisioning_delay": 0,
-    }
-    opts.update(kw)
-    return opts
-
-
-def events(cluster: TransientCluster) -> list[dict[str, Any]]:
-    return list(cluster.monitor.events)
-
-
-def metadata_items(body: dict[str, Any]) -> dict[str, str]:
-    return {i["key"]: i["value"] for i in body["metadata"]["items"]}
 
 
 # -- the request body ---------------------------------------------------------------------------
@@ -347,105 +320,7 @@ def test_budget_and_deadline_stop_the_cluster(fake: FakeGCE) -> None:
     assert fake.instance_names() == []
 
 
-# -- the metadata watcher inside the VM ----------------------------------------------------------------
-def test_metadata_watcher_sees_notices_given_at_any_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    md = FakeMetadata({"name": "vm", "metadata": {"items": []}, "_zone": "z"}, PROJECT)
-    monkeypatch.setenv("GCE_METADATA_HOST", md.host)
-
-    async def notice_while_hanging() -> None:
-        task = asyncio.ensure_future(wait_for_preemption())
-        await wait_for(lambda: any("wait_for_change=true" in r for r in md.requests), 10)
-        assert not task.done()
-        md.preempt()
-        await asyncio.wait_for(task, 10)
-
-    async def notice_already_given() -> None:
-        await asyncio.wait_for(wait_for_preemption(), 10)
-
-    try:
-        asyncio.run(notice_while_hanging())
-        n = len(md.requests)
-        asyncio.run(notice_already_given())
-        assert len(md.requests) == n + 1  # one plain GET, no hanging one
-    finally:
-        md.close()
-
-
-# -- cleanup: sweep, and a kernel that exits without closing its cluster -----------------------------
-def _vm_body(name: str, zone: str, labels: dict[str, str]) -> dict[str, Any]:
-    return {
-        "name": name,
-        "machineType": f"zones/{zone}/machineTypes/n1-standard-4",
-        "disks": [
-            {
-                "boot": True,
-                "initializeParams": {
-                    "sourceImage": f"projects/{PROJECT}/global/images/family/transient-nb"
-                },
-            }
-        ],
-        "labels": labels,
-    }
-
-
-def _labels(cluster: str, host: str, pid: int) -> dict[str, str]:
-    return {
-        "transient-nb": "true",
-        "transient-nb-cluster": cluster,
-        "transient-nb-host": host,
-        "transient-nb-pid": str(pid),
-    }
-
-
-def test_sweep_deletes_the_vms_of_gone_clusters_only(
-    fake: FakeGCE, capsys: pytest.CaptureFixture[str]
-) -> None:
-    api = ComputeAPI(PROJECT, api_endpoint=fake.url)
-    finished = subprocess.Popen([sys.executable, "-c", "pass"])
-    finished.wait()
-    host = gce_mod.this_host()
-    a, b = "us-central1-a", "us-central1-b"
-    for name, zone, labels in [
-        ("gone-w-0", a, _labels("gone", host, finished.pid)),
-        ("gone-ps-0", b, _labels("gone", host, finished.pid)),
-        ("live-w-0", a, _labels("live", host, os.getpid())),
-        ("far-w-0", b, _labels("far", "another-host", 1)),
-        ("not-ours", b, {"team": "data"}),
-    ]:
-        api.wait_zone_operation(zone, api.insert_instance(zone, _vm_body(name, zone, labels)))
-    registry.register("live", {"backend": "gce"})
-    desc = f"transient_nb cluster gone (host {host}, pid {finished.pid}): Dask ports"
-    api.wait_global_operation(
-        api.insert_firewall(
-            {
-                "name": "gone-dask",
-                "description": desc,
-                "network": f"projects/{PROJECT}/global/networks/default",
-                "allowed": [{"IPProtocol": "tcp", "ports": ["41000-41199"]}],
-            }
-        )
-    )
-    found = sweep(PROJECT, [a, b], dry_run=True, api_endpoint=fake.url)
-    out = capsys.readouterr().out
-    assert "gone-w-0" in out and "would delete" in out and "keep" in out
-    assert not any(f["deleted"] for f in found)
-    assert len(fake.instance_names()) == 5
-    found = sweep(PROJECT, [a, b], api_endpoint=fake.url)
-    assert sorted(f["name"] for f in found if f["deleted"]) == [
-        "gone-dask",
-        "gone-ps-0",
-        "gone-w-0",
-    ]
-    assert fake.instance_names() == ["far-w-0", "live-w-0", "not-ours"]
-    assert fake.firewalls == {}
-    # The CLI shows the list and deletes after a yes; --force takes VMs of other machines too.
-    with dask.config.set({"transient.gce.api-endpoint": fake.url}):
-        rc = cli_main(["sweep", "--project", PROJECT, "--zone", a, "--zone", b, "--force", "--yes"])
-    assert rc == 0
-    assert "far-w-0" in capsys.readouterr().out
-    assert fake.instance_names() == ["live-w-0", "not-ours"]
-
-
+# -- cleanup: a kernel that exits without closing its cluster -----------------------------------------
 @pytest.mark.slow
 def test_a_kernel_that_exits_without_closing_deletes_its_vms(fake: FakeGCE, tmp_path: Path) -> None:
     script = textwrap.dedent(
@@ -585,22 +460,6 @@ def test_every_resource_carries_the_clusters_unique_id(fake: FakeGCE) -> None:
     assert fake.instance_names() == ["ids-w-1"]  # close() deleted ours only
 
 
-def test_sweep_matches_firewall_rules_by_cluster_id_not_by_name(fake: FakeGCE) -> None:
-    api = ComputeAPI(PROJECT, api_endpoint=fake.url)
-    finished = subprocess.Popen([sys.executable, "-c", "pass"])
-    finished.wait()
-    host = gce_mod.this_host()
-    labels = {**_labels("demo", host, finished.pid), "transient-nb-id": "aaaaaaaaaaaa"}
-    zone = "us-central1-a"
-    api.wait_zone_operation(zone, api.insert_instance(zone, _vm_body("demo-w-0", zone, labels)))
-    # Same cluster name, another owner (another host, another id): not swept with ours.
-    desc = "transient_nb cluster demo (host far-away, pid 7, id bbbbbbbbbbbb): Dask ports"
-    fake.add_foreign_firewall("demo-dask", desc)
-    found = sweep(PROJECT, [zone], api_endpoint=fake.url, quiet=True)
-    assert [f["name"] for f in found if f["deleted"]] == ["demo-w-0"]
-    assert "demo-dask" in fake.firewalls
-
-
 # -- issue 11: provisioning failures --------------------------------------------------------------------
 def test_transient_errors_are_retried_with_backoff_and_are_not_stockouts(fake: FakeGCE) -> None:
     # A 503 backendError and a 429 rateLimitExceeded on the insert, a 503 on a read: each
@@ -665,33 +524,6 @@ def test_a_vm_whose_worker_never_joins_is_deleted_and_replaced_with_its_cost_sho
     assert fake.instance_names() == []
 
 
-def test_the_startup_script_powers_off_on_any_failure(tmp_path: Path) -> None:
-    script = gce_mod.startup_script(
-        python=sys.executable,
-        scheduler_address="tls://127.0.0.1:1",
-        vm={"name": "w-0", "role": "worker", "gpu": None, "zone": "z", "spot": True},
-        resources={"gpu": 1},
-        nthreads=1,
-        death_timeout_s=1,
-        worker_ports="41000:41099",
-        nanny_ports="41100:41199",
-        notice_s=2,
-    )
-    assert "trap " in script and "EXIT" in script
-    path = tmp_path / "startup.sh"
-    path.write_text(script)
-    marker = tmp_path / "powered-off"
-    # No metadata server answers: the first curl fails under `set -e`.
-    env = {
-        "PATH": os.environ["PATH"],
-        "GCE_METADATA_HOST": "127.0.0.1:9",
-        "TRANSIENT_NB_POWEROFF": f"touch {marker}",
-    }
-    out = subprocess.run(["bash", str(path)], env=env, capture_output=True, timeout=60)
-    assert out.returncode != 0
-    assert marker.exists(), out.stderr.decode()[-2000:]
-
-
 @pytest.mark.slow
 def test_workers_that_crash_on_start_back_off_and_the_user_is_told(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -753,31 +585,6 @@ def test_worker_count_and_hourly_cost_limits_are_refused_before_anything_is_crea
     with pytest.raises(ValueError, match=r"above max_hourly_cost=\$0.50/h: ask for at most"):
         TransientCluster(**options(fake, workers=4, max_hourly_cost=0.5), name="dear")
     assert fake.requests == []
-
-
-# -- the fake behaves like the REST reference ---------------------------------------------------------
-def test_the_fake_pages_lists_and_operations_take_several_polls(fake: FakeGCE) -> None:
-    api = ComputeAPI(PROJECT, api_endpoint=fake.url)
-    zone = "us-central1-a"
-    ops = [
-        api.insert_instance(zone, _vm_body(f"page-{i}", zone, {"transient-nb": "true"}))
-        for i in range(5)
-    ]
-    for op in ops:
-        api.wait_zone_operation(zone, op)
-    names = [i["name"] for i in api.list_instances(zone, 'labels.transient-nb = "true"')]
-    assert names == [f"page-{i}" for i in range(5)]  # 3 pages of 2
-    assert len(fake.calls("/zones/us-central1-a/instances")) >= 5 + 3
-    polls = [c for c in fake.calls("/wait") if ops[0] in c]
-    assert len(polls) >= 3  # PENDING -> RUNNING -> DONE
-    inst = api.get_instance(zone, "page-0")
-    assert inst is not None and inst["machineType"].startswith("https://")
-    # A repeated insert with the same requestId gets the first one's operation, no 409.
-    body = _vm_body("page-x", zone, {})
-    assert api.insert_instance(zone, body, "req-1") == api.insert_instance(zone, body, "req-1")
-    with pytest.raises(gce_mod.GCEError) as e:
-        api.get_zone("us-central1-x")
-    assert e.value.status == 400
 
 
 # -- issue 11: keys ------------------------------------------------------------------------------------

@@ -2,25 +2,30 @@
 
 How the pieces fit
 ------------------
-- :class:`GCEBackend` holds the settings (``transient.gce`` in the Dask config), checks them
-  against the API before anything is created (:meth:`GCEBackend.prepare`), makes the cluster's TLS
-  certificates, creates a firewall rule scoped to the cluster's network tag, and builds the one
-  instance request body (:meth:`GCEBackend.instance_body`) and startup script
-  (:func:`startup_script`) of every VM.
-- :class:`GCEVM` is one instance: ``_create`` inserts it and waits on the zone operation
-  (``ZONE_RESOURCE_POOL_EXHAUSTED``, quota errors and repeated preemptions raise
-  :class:`~transient_nb.backends.base.CapacityError`, which makes the cluster try its next zone or
-  GPU type); a watch task reads its state (``running`` when GCE says RUNNING; a stop without a
-  notice is reported as lost); deleting waits on the delete operation.
+- :class:`GCEBackend` (here) holds the settings (``transient.gce`` in the Dask config), checks
+  them against the API before anything is created (:meth:`GCEBackend.prepare`), owns the
+  cluster's certificate authority (:mod:`~transient_nb.backends.tls`), creates a firewall rule
+  scoped to the cluster's network tag (adopted only if it carries the cluster's id), and builds
+  the one instance request body of every VM (:meth:`GCEBackend.instance_body`).
+- :class:`~transient_nb.backends.gce_vm.GCEVM` is one instance: insert (idempotent retries, a
+  409 on someone else's name is refused without deleting it), watch, TLS enrolment, delete.
+- :mod:`~transient_nb.backends.gce_startup` writes its startup script (enrol, run the worker,
+  power off on any exit); :mod:`~transient_nb.backends.gce_enroll` is the VM's side of TLS.
+- :mod:`~transient_nb.backends.gce_labels` marks what a cluster creates (labels with the
+  cluster's unique id); :mod:`~transient_nb.backends.gce_sweep` deletes what gone clusters left.
 - Preemption notices come from inside the VM: the worker preload
   :mod:`transient_nb.backends.gce_agent` watches the metadata server's ``instance/preempted`` and,
-  30 s before the VM stops, tells the cluster (which asks for a replacement at once) and drains
-  exactly as on the local backend. Polling the instance's status is only the fallback signal,
-  since GCE reports RUNNING for a while after a preemption.
+  30 s before the VM stops, tells the cluster (over its own stream: honoured only for its own
+  VM) and drains exactly as on the local backend. Polling the instance's status is only the
+  fallback signal, since GCE reports RUNNING for a while after a preemption.
 - ``cluster.preempt(worker)`` calls ``instances.simulateMaintenanceEvent``, which preempts a Spot
   VM for real (notice included); ``notice=False`` deletes the VM at once.
-- The SDK sits behind :class:`~transient_nb.backends.gce_api.ComputeAPI`; everything blocking runs
-  off the event loop through :func:`~transient_nb.backends.gce_api.call_async`.
+- The SDK sits behind :class:`~transient_nb.backends.gce_api.ComputeAPI` (transient errors
+  retried with backoff and jitter); everything blocking runs off the event loop through
+  :func:`~transient_nb.backends.gce_api.call_async`.
+- Policy is not here: limits (:mod:`transient_nb.limits`), zone avoidance after repeated
+  preemptions (:class:`~transient_nb.replacement.ReplacementPolicy`), and backoff after failed
+  starts (:class:`~transient_nb.cluster.TransientCluster`) are the same for every backend.
 
 Where the scheduler runs
 ------------------------
@@ -43,34 +48,39 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import json
 import logging
 import os
 import re
-import shlex
-import socket
-import sys
-import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from dask.utils import parse_timedelta
-from distributed.core import rpc
 from distributed.security import Security
 
-import transient_nb
-from transient_nb import config, registry
-from transient_nb.backends.base import Backend, CapacityError, QuotaError, TransientVM, VMSpec
+from transient_nb import config
+from transient_nb.backends.base import Backend, QuotaError, VMSpec
 from transient_nb.backends.gce_api import (
     ComputeAPI,
     GCEError,
-    OperationError,
-    backoff_delays,
     call_async,
 )
-from transient_nb.backends.gce_enroll import CA_KEY, CERT_KEY, CSR_ATTRIBUTE
-from transient_nb.backends.local import WORKER_PRE_SPAWN_ENVIRON
+from transient_nb.backends.gce_enroll import CA_KEY
+from transient_nb.backends.gce_labels import (
+    LABEL,
+    LABEL_CLUSTER,
+    LABEL_HOST,
+    LABEL_ID,
+    LABEL_PID,
+    LABEL_ROLE,
+    _label_value,
+    firewall_description,
+    firewall_id,
+    this_host,
+)
+from transient_nb.backends.gce_startup import startup_script
+from transient_nb.backends.gce_sweep import _default_project, sweep
+from transient_nb.backends.gce_vm import GCEVM, STOPPED_STATES, TLS_CERT_KEY
 from transient_nb.backends.tls import ClusterCA
 
 logger = logging.getLogger(__name__)
@@ -96,35 +106,11 @@ BUNDLED_GPUS: dict[str, frozenset[str]] = {
     "g2-": frozenset({"l4"}),
 }
 
-#: Labels that mark a VM as transient_nb's (``sweep`` looks for them).
-LABEL = "transient-nb"
-LABEL_CLUSTER = "transient-nb-cluster"
-LABEL_ROLE = "transient-nb-role"
-LABEL_HOST = "transient-nb-host"
-LABEL_PID = "transient-nb-pid"
-#: The per-cluster unique id: close() and sweep delete only what carries the right one.
-LABEL_ID = "transient-nb-id"
 #: Metadata keys of the VM's signed TLS certificate and of the cluster's CA certificate: both
 #: public. No private key is ever in metadata (see transient_nb.backends.tls).
-TLS_CERT_KEY = CERT_KEY
 TLS_CA_KEY = CA_KEY
-#: Seconds a booting VM waits for the cluster to sign its certificate request.
-ENROLL_TIMEOUT_S = 600.0
-
-#: Instance states in which the VM no longer runs our worker.
-STOPPED_STATES = frozenset({"STOPPING", "TERMINATED", "SUSPENDING", "SUSPENDED"})
 
 _NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
-
-
-def _label_value(value: str) -> str:
-    # Label values: at most 63 lowercase letters, digits, "-" and "_".
-    return re.sub(r"[^a-z0-9_-]", "-", value.lower())[:63]
-
-
-def this_host() -> str:
-    """This machine's name as a label value (the owner of the VMs it creates)."""
-    return _label_value(socket.gethostname()) or "unknown"
 
 
 def accelerator_type(gpu: str) -> str:
@@ -150,348 +136,6 @@ def accelerator_type(gpu: str) -> str:
 def bundled_gpu_family(machine_type: str) -> str | None:
     """The accelerator-optimized family prefix (``g2-``) of a machine type, if it is one."""
     return next((p for p in BUNDLED_GPUS if machine_type.startswith(p)), None)
-
-
-def startup_script(
-    *,
-    python: str,
-    scheduler_address: str,
-    vm: dict[str, Any],
-    resources: dict[str, float],
-    nthreads: int,
-    death_timeout_s: float,
-    worker_ports: str,
-    nanny_ports: str,
-    notice_s: float,
-    tls_name: str | None = None,
-) -> str:
-    """The bash startup script of a VM: fetch the TLS files, run the Dask worker, power off.
-
-    Nothing is installed at boot: the image has the driver and the environment. No credential is
-    in the script: the VM makes its own TLS key and has the cluster sign its certificate
-    (:mod:`~transient_nb.backends.gce_enroll`). When the script ends for any reason (the worker's exit, or any
-    failed step, through ``trap ... EXIT``), the VM powers itself off (``TRANSIENT_NB_POWEROFF``
-    overrides the command, for images that manage that themselves and for tests).
-
-    Parameters
-    ----------
-    python
-        The image's Python (``gce.python``).
-    scheduler_address
-        ``tls://HOST:PORT`` the worker dials.
-    vm
-        ``name``, ``role``, ``gpu``, ``zone``, ``spot``: who this VM is (``TRANSIENT_NB_VM``).
-    resources
-        Dask worker resources (``gpu=1`` or ``ps=1``).
-    nthreads, death_timeout_s, worker_ports, nanny_ports
-        Dask worker options.
-    notice_s
-        Seconds between the metadata notice and the VM's stop.
-    tls_name
-        The name the VM's certificate is issued to (its instance name; default ``vm["name"]``).
-
-    Examples
-    --------
-    >>> s = startup_script(python="/opt/transient-nb/bin/python",
-    ...     scheduler_address="tls://10.0.0.2:8786",
-    ...     vm={"name": "w-0", "role": "worker", "gpu": "t4", "zone": "us-central1-a", "spot": True},
-    ...     resources={"gpu": 1}, nthreads=1, death_timeout_s=120, worker_ports="41000:41099",
-    ...     nanny_ports="41100:41199", notice_s=30)
-    >>> "dask worker tls://10.0.0.2:8786 --name w-0" in s
-    True
-    """
-    args = [
-        python,
-        "-m",
-        "dask",
-        "worker",
-        scheduler_address,
-        "--name",
-        str(vm["name"]),
-        "--nworkers",
-        "1",
-        "--nthreads",
-        str(nthreads),
-        "--death-timeout",
-        f"{death_timeout_s:g}s",
-        "--worker-port",
-        worker_ports,
-        "--nanny-port",
-        nanny_ports,
-        "--no-dashboard",
-    ]
-    if resources:
-        args += ["--resources", ",".join(f"{k}={v:g}" for k, v in resources.items())]
-    args += ["--preload", "transient_nb.agent", "--preload", "transient_nb.backends.gce_agent"]
-    command = " ".join(shlex.quote(a) for a in args)
-    tls = ' --tls-ca-file "$TLS/ca.pem" --tls-cert "$TLS/cert.pem" --tls-key "$TLS/key.pem"'
-    env = {
-        "TRANSIENT_NB_VM": json.dumps(vm, sort_keys=True),
-        "TRANSIENT_NB_NOTICE_S": f"{notice_s:g}",
-        "DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON": repr(WORKER_PRE_SPAWN_ENVIRON),
-        "DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION": "True",
-    }
-    exports = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items())
-    gpu_check = ""
-    if vm.get("gpu"):
-        gpu_check = (
-            "# A GPU worker without a driver would train on the CPU: say so in the serial log.\n"
-            'command -v nvidia-smi >/dev/null && nvidia-smi -L || echo "transient_nb: no GPU '
-            'driver in this image (see transient_nb/backends/gce_image.md)" >&2\n'
-        )
-    return f"""#!/bin/bash
-# transient_nb {transient_nb.__version__}: Dask worker {vm["name"]} ({vm["role"]}, {vm.get("gpu") or "no GPU"}, {vm["zone"]}).
-# The image already holds the GPU driver and the Python environment: nothing is installed here,
-# so a replacement VM joins seconds after it boots.
-set -euo pipefail
-# Whatever ends this script (a failed curl, a missing driver, the worker's exit), the VM powers
-# off, so that a GPU VM whose worker cannot run stops billing.
-trap '${{TRANSIENT_NB_POWEROFF:-poweroff}}' EXIT
-# TLS: this VM makes its own key (it never leaves the VM), publishes a certificate request as a
-# guest attribute, and waits for the cluster to sign it (the certificate comes in the metadata).
-TLS="$(mktemp -d)"
-chmod 700 "$TLS"
-{shlex.quote(python)} -m transient_nb.backends.gce_enroll "$TLS" {shlex.quote(tls_name or str(vm["name"]))} {ENROLL_TIMEOUT_S:g}
-{gpu_check}{exports}
-{command}{tls} || echo "transient_nb: the Dask worker exited with status $?" >&2
-# The worker is gone (drained after a notice, its scheduler lost for --death-timeout, a crash):
-# the EXIT trap powers off, so that a VM whose cluster is gone stops billing its GPU; sweep
-# deletes the rest.
-"""
-
-
-class GCEVM(TransientVM):
-    """One Compute Engine instance of a transient cluster (a GPU worker or the PS host)."""
-
-    def __init__(
-        self,
-        spec: VMSpec,
-        *,
-        backend: GCEBackend,
-        delay_s: float = 0.0,  # the local backend's simulated boot time; GCE has a real one
-        connection_args: dict[str, Any] | None = None,
-        **kwargs: Any,
-    ):
-        super().__init__(spec, **kwargs)
-        self.backend = backend
-        self.connection_args = connection_args or {}
-        self.instance = backend.instance_name(spec.name)
-        self.zone = spec.zone
-        self._watch_task: Any = None
-        self._gone = False
-        self._was_running = False
-        #: GCE took our insert: the instance of this name is ours to delete.
-        self._inserted = False
-
-    async def post(self, kind: str, **fields: Any) -> None:
-        """Log a lifecycle event; GCE's events also name the instance."""
-        await super().post(kind, **{"instance": self.instance, **fields})
-
-    # -- create -----------------------------------------------------------------------------------
-    async def _create(self) -> None:
-        backend = self.backend
-        if self.spec.role == "worker" and self.spec.gpu:
-            reason = backend.avoid(self.spec.gpu, self.zone, self.spec.spot)
-            if reason:
-                raise CapacityError(self.zone, self.spec.gpu, reason)
-        body = backend.instance_body(self.spec, backend.scheduler_address or self.scheduler_address)
-        # Known as ours before the request goes out: whatever happens next (an error, the
-        # cluster closing mid-request, the kernel exiting), close() and the exit hook delete it,
-        # after checking its cluster-id label (a name clash never deletes someone else's VM).
-        backend.live.add((self.zone, self.instance))
-        delays = backoff_delays(backend.retries, backend.retry_backoff_s, backend.retry_max_s)
-        attempt = 0
-        try:
-            while True:
-                try:
-                    await self._insert(body)
-                    break
-                except GCEError as e:
-                    if e.conflict and not self._inserted:
-                        # The name is taken and not by this request (its requestId would have
-                        # got our own operation back): someone else's VM. Never delete it.
-                        backend.live.discard((self.zone, self.instance))
-                        raise RuntimeError(
-                            f"GCE instance {self.instance} already exists in {self.zone} and "
-                            f"is not this cluster's: pick another cluster name (name=...)."
-                        ) from e
-                    if self._inserted:
-                        # Ours, failed: nothing of it may stay (GCE can leave a record behind).
-                        await self._remove()
-                    if e.quota_exceeded:
-                        raise backend.quota_error(self.zone, self.spec.gpu, e) from e
-                    if e.capacity:
-                        raise CapacityError(self.zone, self.spec.gpu, e.code) from e
-                    # ComputeAPI already asked again for HTTP errors; an operation that failed
-                    # for a passing reason (INTERNAL_ERROR) needs a new insert.
-                    if isinstance(e, OperationError) and e.transient and attempt < len(delays):
-                        logger.info("Insert of %s failed (%s); asking again", self.instance, e)
-                        await asyncio.sleep(delays[attempt])
-                        attempt += 1
-                        self._inserted = False
-                        backend.live.add((self.zone, self.instance))
-                        continue
-                    backend.live.discard((self.zone, self.instance))
-                    raise RuntimeError(
-                        f"GCE refused VM {self.instance} in {self.zone}: {e} ({e.code})"
-                    ) from e
-        except asyncio.CancelledError:
-            await asyncio.shield(self._remove())
-            raise
-        self._watch_task = backend.spawn(self._watch())
-
-    async def _insert(self, body: dict[str, Any]) -> None:
-        """One insert (its own requestId: ComputeAPI's retries of it are idempotent) and wait."""
-        api = self.backend.api
-        op = await call_async(api.insert_instance, self.zone, body, str(uuid.uuid4()))
-        self._inserted = True
-        await call_async(api.wait_zone_operation, self.zone, op, self.backend.operation_timeout)
-
-    async def _watch(self) -> None:
-        # Booting: billing starts when GCE says RUNNING. Afterwards this is the fallback signal of
-        # a stop that came without a notice (the metadata watcher in the VM is the first one).
-        while not self.stopped:
-            try:
-                info = await call_async(self.backend.api.get_instance, self.zone, self.instance)
-            except GCEError as e:
-                logger.info("Could not read %s: %s", self.instance, e)
-                info = {"status": "UNKNOWN"}
-            status = None if info is None else str(info.get("status"))
-            if status == "RUNNING" and not self._was_running:
-                self._was_running = True
-                self.backend.spawn(self._enroll())
-                await self.running()
-            elif status is None or status in STOPPED_STATES:
-                if not self.stopped:
-                    self._gone = True
-                    await self._remove()  # a STOPped Spot VM keeps billing for its disk
-                    self.exited_by_itself()
-                return
-            await self.backend.sleep_poll()
-
-    async def _enroll(self) -> None:
-        """Sign the certificate request this VM publishes, and hand it the certificate.
-
-        Only for instances this cluster created (this object exists for them only), and only
-        for the instance's own name: a request for any other name is refused.
-        """
-        api, backend = self.backend.api, self.backend
-        while not self.stopped and not self._gone:
-            try:
-                attrs = await call_async(
-                    api.get_guest_attributes, self.zone, self.instance, "transient-nb/"
-                )
-            except GCEError as e:
-                logger.info("Could not read the guest attributes of %s: %s", self.instance, e)
-                attrs = {}
-            csr = attrs.get(CSR_ATTRIBUTE)
-            if csr:
-                try:
-                    cert = backend.ca.sign_csr(csr, self.instance)
-                except ValueError as e:
-                    # A VM asking to pass for another VM (or the client): refused, and shown.
-                    logger.warning("Refused the certificate request of %s: %s", self.instance, e)
-                    await self._post_event(
-                        "control-refused",
-                        action="sign-certificate",
-                        vm=self.name,
-                        sender=self.instance,
-                    )
-                    return
-                for _ in range(5):  # 412: the metadata changed under us; read it again
-                    try:
-                        op = await call_async(
-                            api.set_metadata_item, self.zone, self.instance, TLS_CERT_KEY, cert
-                        )
-                        await call_async(
-                            api.wait_zone_operation, self.zone, op, backend.operation_timeout
-                        )
-                        return
-                    except GCEError as e:
-                        if e.status != 412:
-                            logger.warning("Could not hand %s its certificate: %s", self.name, e)
-                            return
-                return
-            await backend.sleep_poll(short=True)
-
-    # -- preemption --------------------------------------------------------------------------------
-    async def _notify(self, deadline: float) -> None:
-        if self.spec.spot:
-            try:
-                await call_async(
-                    self.backend.api.simulate_maintenance_event, self.zone, self.instance
-                )
-                return
-            except GCEError as e:  # e.g. the VM is still booting
-                logger.info("simulateMaintenanceEvent on %s failed: %s", self.instance, e)
-        # On-demand workers are not preempted by a maintenance event: tell the worker directly.
-        await self._tell_worker(deadline)
-
-    async def _worker_address(self) -> str | None:
-        async with rpc(self.scheduler_address, connection_args=self.connection_args) as r:
-            info = await r.identity()
-        for addr, w in info.get("workers", {}).items():
-            if str(w.get("name")) == self.name:
-                return str(addr)
-        return None
-
-    async def _tell_worker(self, deadline: float) -> None:
-        try:
-            addr = await self._worker_address()
-            if addr is not None:
-                async with rpc(addr, connection_args=self.connection_args) as w:
-                    await w.transient_notice(deadline=deadline)
-        except OSError as e:
-            logger.info("Could not deliver the notice to %s: %r", self.name, e)
-
-    async def _wait_exit(self, deadline: float) -> None:
-        # The worker drains and leaves by itself; once it is gone the VM can go at once rather
-        # than at the deadline (Spot VMs are billed until they stop).
-        while time.time() < deadline and not self._gone:
-            try:
-                if await self._worker_address() is None:
-                    return
-            except OSError:
-                return
-            await self.backend.sleep_poll(short=True)
-
-    async def _kill(self) -> None:
-        await self._remove()
-
-    async def _delete(self) -> None:
-        await self._remove()
-
-    async def _remove(self) -> None:
-        """Delete the instance and wait until GCE has done so (nothing left running).
-
-        Only an instance that is ours: one whose insert GCE took, or, when that is unknown (the
-        request was cut off), one that carries this cluster's id label.
-        """
-        if self._watch_task is not None and self._watch_task is not _current_task():
-            self._watch_task.cancel()
-        api = self.backend.api
-        if not self._inserted and not await call_async(self.backend.owns, self.zone, self.instance):
-            self.backend.live.discard((self.zone, self.instance))
-            return
-        try:
-            op = await call_async(api.delete_instance, self.zone, self.instance)
-            if op is not None:
-                await call_async(
-                    api.wait_zone_operation, self.zone, op, self.backend.operation_timeout
-                )
-        except GCEError as e:
-            if not e.not_found:
-                logger.warning("Could not delete %s in %s: %s", self.instance, self.zone, e)
-                return
-        self._gone = True
-        self.backend.live.discard((self.zone, self.instance))
-
-
-def _current_task() -> Any:
-    try:
-        return asyncio.current_task()
-    except RuntimeError:
-        return None
 
 
 class GCEBackend(Backend):
@@ -875,10 +519,8 @@ class GCEBackend(Backend):
         ports = [p.replace(":", "-") for p in (self.worker_ports, self.nanny_ports)]
         body: dict[str, Any] = {
             "name": f"{self.cluster_name}-dask",
-            "description": (
-                f"transient_nb cluster {self.cluster_name} (host {this_host()}, pid "
-                f"{os.getpid()}, id {self.cluster_id}): Dask worker and nanny ports between "
-                "the cluster's VMs"
+            "description": firewall_description(
+                self.cluster_name, this_host(), os.getpid(), self.cluster_id
             ),
             "network": self._network_url(),
             "direction": "INGRESS",
@@ -902,7 +544,7 @@ class GCEBackend(Backend):
             # Adopted only if it carries our id (an earlier attempt of ours); someone else's
             # rule of the same name is neither used nor, later, deleted.
             rule = await call_async(self.api.get_firewall, body["name"])
-            if rule is None or _firewall_id(rule) != self.cluster_id:
+            if rule is None or firewall_id(rule) != self.cluster_id:
                 raise RuntimeError(
                     f"Firewall rule {body['name']} already exists and is not this cluster's: "
                     "pick another cluster name (name=...), or set gce.firewall: false and let "
@@ -1083,214 +725,19 @@ def _host_of(address: str) -> str:
     return rest.rsplit(":", 1)[0].strip("[]")
 
 
-def _default_project(credentials: Any) -> str:
-    try:
-        import google.auth
-
-        _, project = google.auth.default()
-    except Exception as e:
-        raise ValueError(
-            "No GCE project given and none found in the application-default credentials "
-            f"({e}). Pass project='my-project' (or set transient.gce.project); list your projects "
-            "with `gcloud projects list`, and log in with `gcloud auth application-default login`."
-        ) from e
-    if not project:
-        raise ValueError(
-            "No GCE project given: pass project='my-project' or set transient.gce.project "
-            "(`gcloud projects list` shows yours)."
-        )
-    return str(project)
-
-
-# -- sweep ---------------------------------------------------------------------------------------
-_FIREWALL_DESC = re.compile(
-    r"transient_nb cluster (\S+) \(host (\S+), pid (\d+)(?:, id ([0-9a-f]+))?\)"
-)
-
-
-def _firewall_id(rule: dict[str, Any]) -> str | None:
-    """The cluster id written in a firewall rule's description (rules have no labels)."""
-    m = _FIREWALL_DESC.match(str(rule.get("description", "")))
-    return m[4] if m else None
-
-
-def _owner_alive(labels: dict[str, str], registry_path: str | None) -> tuple[bool | None, str]:
-    """Whether the owning cluster still runs (None: cannot tell from here), and why."""
-    if labels.get(LABEL_HOST) != this_host():
-        return None, f"created on host {labels.get(LABEL_HOST)!r}: cannot check it from here"
-    try:
-        pid = int(labels.get(LABEL_PID, "-1"))
-    except ValueError:
-        pid = -1
-    cluster = labels.get(LABEL_CLUSTER)
-    cid = labels.get(LABEL_ID)
-    for entry in registry.entries(registry_path):
-        if (
-            _label_value(str(entry["name"])) == cluster
-            and int(entry.get("pid", -2)) == pid
-            and not entry["stale"]
-            # A new cluster of the same name in a recycled pid is not the owner.
-            and (cid is None or entry.get("cluster_id") in (None, cid))
-        ):
-            return True, f"cluster {cluster} is running (pid {pid})"
-    return False, f"cluster {cluster} is gone (pid {pid})"
-
-
-def sweep(
-    project: str | None = None,
-    zones: Sequence[str] | None = None,
-    dry_run: bool = False,
-    *,
-    force: bool = False,
-    confirm: Callable[[list[dict[str, Any]]], bool] | None = None,
-    quiet: bool = False,
-    api_endpoint: str | None = None,
-    credentials: Any = None,
-    registry_path: str | None = None,
-) -> list[dict[str, Any]]:
-    """Find VMs (and firewall rules) of transient clusters that are gone, show them, delete them.
-
-    A VM is transient_nb's when it has the ``transient-nb`` label; its cluster is gone when the
-    process that created it (labels ``transient-nb-host`` and ``transient-nb-pid``) no longer runs
-    that cluster on this machine. VMs created from another machine are listed but only deleted
-    with ``force=True``.
-
-    Parameters
-    ----------
-    project
-        Project ID (default: ``transient.gce.project``, else the application-default one).
-    zones
-        Zones to look in (default: every zone of the price catalog).
-    dry_run
-        Only show what would be deleted.
-    force
-        Also delete VMs whose owner cannot be checked from here (created on another machine).
-    confirm
-        Called with the list before anything is deleted; deletion goes on only if it returns True.
-    quiet
-        Do not print the list.
-    api_endpoint, credentials
-        As for the backend (tests point them at a fake server).
-    registry_path
-        Cluster registry folder (default: ``transient.registry-dir``).
-
-    Returns
-    -------
-    One dict per VM or firewall rule found: ``kind``, ``name``, ``zone``, ``cluster``,
-    ``status``, ``alive`` (True, False, or None: cannot tell), ``reason``, ``deleted``.
-
-    Examples
-    --------
-    >>> from transient_nb.backends.gce import sweep
-    >>> sweep("my-project", ["us-central1-a"], dry_run=True)  # doctest: +SKIP
-    """
-    from transient_nb.prices import PriceCatalog
-
-    project = config.get("gce.project", override_with=project)
-    if project is None:
-        project = _default_project(credentials)
-    api_endpoint = config.get("gce.api-endpoint", override_with=api_endpoint)
-    api = ComputeAPI(str(project), api_endpoint=api_endpoint, credentials=credentials)
-    zones = list(zones) if zones else PriceCatalog.load().zones()
-    found: list[dict[str, Any]] = []
-    for zone in zones:
-        try:
-            instances = api.list_instances(zone, filter=f'labels.{LABEL} = "true"')
-        except GCEError as e:
-            if e.not_found or e.status == 400:
-                raise ValueError(
-                    f"Zone {zone!r} or project {project!r} does not exist ({e}); list zones with "
-                    "`gcloud compute zones list`."
-                ) from e
-            raise
-        for inst in instances:
-            labels = inst.get("labels") or {}
-            if labels.get(LABEL) != "true":
-                continue
-            alive, reason = _owner_alive(labels, registry_path)
-            found.append(
-                {
-                    "kind": "instance",
-                    "name": inst["name"],
-                    "zone": zone,
-                    "cluster": labels.get(LABEL_CLUSTER),
-                    "id": labels.get(LABEL_ID),
-                    "status": inst.get("status"),
-                    "alive": alive,
-                    "reason": reason,
-                    "deleted": False,
-                }
-            )
-    # A rule goes with the VMs of its cluster: matched by the cluster's unique id, never by name
-    # (another owner's cluster may have the same name).
-    gone_ids = {f["id"] for f in found if f["alive"] is False and f["id"]}
-    for rule in api.list_firewalls(filter='name eq ".*-dask"'):
-        m = _FIREWALL_DESC.match(str(rule.get("description", "")))
-        if not m:
-            continue
-        labels = {LABEL_CLUSTER: _label_value(m[1]), LABEL_HOST: m[2], LABEL_PID: m[3]}
-        if m[4]:
-            labels[LABEL_ID] = m[4]
-        alive, reason = _owner_alive(labels, registry_path)
-        if m[4] and m[4] in gone_ids:
-            alive, reason = False, f"its cluster's VMs are being swept (id {m[4]})"
-        found.append(
-            {
-                "kind": "firewall",
-                "name": rule["name"],
-                "zone": "global",
-                "cluster": labels[LABEL_CLUSTER],
-                "id": m[4],
-                "status": "",
-                "alive": alive,
-                "reason": reason,
-                "deleted": False,
-            }
-        )
-    doomed = [f for f in found if f["alive"] is False or (f["alive"] is None and force)]
-    if not quiet:
-        _print_sweep(found, doomed, dry_run)
-    if dry_run or not doomed or (confirm is not None and not confirm(doomed)):
-        return found
-    pending = []
-    for f in doomed:
-        try:
-            if f["kind"] == "instance":
-                op = api.delete_instance(f["zone"], f["name"])
-                if op is not None:
-                    pending.append((f, op))
-            f["deleted"] = True
-        except GCEError as e:
-            f["reason"] = f"delete failed: {e}"
-    for f, op in pending:
-        try:
-            api.wait_zone_operation(f["zone"], op)
-        except GCEError as e:
-            f["deleted"] = False
-            f["reason"] = f"delete failed: {e}"
-    # Firewall rules last: a VM being deleted still uses its cluster's rule.
-    for f in doomed:
-        if f["kind"] == "firewall":
-            try:
-                op = api.delete_firewall(f["name"])
-                if op is not None:
-                    api.wait_global_operation(op)
-                f["deleted"] = True
-            except GCEError as e:
-                f["deleted"] = False
-                f["reason"] = f"delete failed: {e}"
-    if not quiet:
-        n = sum(1 for f in doomed if f["deleted"])
-        print(f"Deleted {n} of {len(doomed)}.", file=sys.stdout)
-    return found
-
-
-def _print_sweep(found: list[dict[str, Any]], doomed: list[dict[str, Any]], dry_run: bool) -> None:
-    if not found:
-        print("No transient_nb VMs or firewall rules found.")
-        return
-    verb = "would delete" if dry_run else "delete"
-    print(f"{'':<2}{'kind':<9}{'name':<40}{'zone':<16}{'status':<12}action")
-    for f in found:
-        action = f"{verb} ({f['reason']})" if f in doomed else f"keep ({f['reason']})"
-        print(f"  {f['kind']:<9}{f['name']:<40}{f['zone']:<16}{f['status'] or '':<12}{action}")
+__all__ = [
+    "GCEVM",
+    "LABEL",
+    "LABEL_CLUSTER",
+    "LABEL_HOST",
+    "LABEL_ID",
+    "LABEL_PID",
+    "LABEL_ROLE",
+    "STOPPED_STATES",
+    "TLS_CERT_KEY",
+    "GCEBackend",
+    "GCEError",
+    "startup_script",
+    "sweep",
+    "this_host",
+]

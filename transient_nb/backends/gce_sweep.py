@@ -1,0 +1,225 @@
+"""Sweep: find and delete what transient clusters that are gone left on GCE.
+
+A VM is transient_nb's when it has the ``transient-nb`` label; its cluster is gone when the
+process that created it (labels ``transient-nb-host``, ``-pid`` and the cluster's unique id)
+no longer runs that cluster on this machine. Firewall rules go with their cluster's VMs, matched
+by the cluster's id, never by name.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from transient_nb import config, registry
+from transient_nb.backends.gce_api import ComputeAPI, GCEError
+from transient_nb.backends.gce_labels import (
+    LABEL,
+    LABEL_CLUSTER,
+    LABEL_HOST,
+    LABEL_ID,
+    LABEL_PID,
+    _label_value,
+    firewall_owner,
+    this_host,
+)
+
+
+def _default_project(credentials: Any) -> str:
+    try:
+        import google.auth
+
+        _, project = google.auth.default()
+    except Exception as e:
+        raise ValueError(
+            "No GCE project given and none found in the application-default credentials "
+            f"({e}). Pass project='my-project' (or set transient.gce.project); list your projects "
+            "with `gcloud projects list`, and log in with `gcloud auth application-default login`."
+        ) from e
+    if not project:
+        raise ValueError(
+            "No GCE project given: pass project='my-project' or set transient.gce.project "
+            "(`gcloud projects list` shows yours)."
+        )
+    return str(project)
+
+
+def _owner_alive(labels: dict[str, str], registry_path: str | None) -> tuple[bool | None, str]:
+    """Whether the owning cluster still runs (None: cannot tell from here), and why."""
+    if labels.get(LABEL_HOST) != this_host():
+        return None, f"created on host {labels.get(LABEL_HOST)!r}: cannot check it from here"
+    try:
+        pid = int(labels.get(LABEL_PID, "-1"))
+    except ValueError:
+        pid = -1
+    cluster = labels.get(LABEL_CLUSTER)
+    cid = labels.get(LABEL_ID)
+    for entry in registry.entries(registry_path):
+        if (
+            _label_value(str(entry["name"])) == cluster
+            and int(entry.get("pid", -2)) == pid
+            and not entry["stale"]
+            # A new cluster of the same name in a recycled pid is not the owner.
+            and (cid is None or entry.get("cluster_id") in (None, cid))
+        ):
+            return True, f"cluster {cluster} is running (pid {pid})"
+    return False, f"cluster {cluster} is gone (pid {pid})"
+
+
+def sweep(
+    project: str | None = None,
+    zones: Sequence[str] | None = None,
+    dry_run: bool = False,
+    *,
+    force: bool = False,
+    confirm: Callable[[list[dict[str, Any]]], bool] | None = None,
+    quiet: bool = False,
+    api_endpoint: str | None = None,
+    credentials: Any = None,
+    registry_path: str | None = None,
+) -> list[dict[str, Any]]:
+    """Find VMs (and firewall rules) of transient clusters that are gone, show them, delete them.
+
+    A VM is transient_nb's when it has the ``transient-nb`` label; its cluster is gone when the
+    process that created it (labels ``transient-nb-host`` and ``transient-nb-pid``) no longer runs
+    that cluster on this machine. VMs created from another machine are listed but only deleted
+    with ``force=True``.
+
+    Parameters
+    ----------
+    project
+        Project ID (default: ``transient.gce.project``, else the application-default one).
+    zones
+        Zones to look in (default: every zone of the price catalog).
+    dry_run
+        Only show what would be deleted.
+    force
+        Also delete VMs whose owner cannot be checked from here (created on another machine).
+    confirm
+        Called with the list before anything is deleted; deletion goes on only if it returns True.
+    quiet
+        Do not print the list.
+    api_endpoint, credentials
+        As for the backend (tests point them at a fake server).
+    registry_path
+        Cluster registry folder (default: ``transient.registry-dir``).
+
+    Returns
+    -------
+    One dict per VM or firewall rule found: ``kind``, ``name``, ``zone``, ``cluster``,
+    ``status``, ``alive`` (True, False, or None: cannot tell), ``reason``, ``deleted``.
+
+    Examples
+    --------
+    >>> from transient_nb.backends.gce_sweep import sweep
+    >>> sweep("my-project", ["us-central1-a"], dry_run=True)  # doctest: +SKIP
+    """
+    from transient_nb.prices import PriceCatalog
+
+    project = config.get("gce.project", override_with=project)
+    if project is None:
+        project = _default_project(credentials)
+    api_endpoint = config.get("gce.api-endpoint", override_with=api_endpoint)
+    api = ComputeAPI(str(project), api_endpoint=api_endpoint, credentials=credentials)
+    zones = list(zones) if zones else PriceCatalog.load().zones()
+    found: list[dict[str, Any]] = []
+    for zone in zones:
+        try:
+            instances = api.list_instances(zone, filter=f'labels.{LABEL} = "true"')
+        except GCEError as e:
+            if e.not_found or e.status == 400:
+                raise ValueError(
+                    f"Zone {zone!r} or project {project!r} does not exist ({e}); list zones with "
+                    "`gcloud compute zones list`."
+                ) from e
+            raise
+        for inst in instances:
+            labels = inst.get("labels") or {}
+            if labels.get(LABEL) != "true":
+                continue
+            alive, reason = _owner_alive(labels, registry_path)
+            found.append(
+                {
+                    "kind": "instance",
+                    "name": inst["name"],
+                    "zone": zone,
+                    "cluster": labels.get(LABEL_CLUSTER),
+                    "id": labels.get(LABEL_ID),
+                    "status": inst.get("status"),
+                    "alive": alive,
+                    "reason": reason,
+                    "deleted": False,
+                }
+            )
+    # A rule goes with the VMs of its cluster: matched by the cluster's unique id, never by name
+    # (another owner's cluster may have the same name).
+    gone_ids = {f["id"] for f in found if f["alive"] is False and f["id"]}
+    for rule in api.list_firewalls(filter='name eq ".*-dask"'):
+        owner = firewall_owner(rule)
+        if owner is None:
+            continue
+        rule_id = owner.get(LABEL_ID)
+        alive, reason = _owner_alive(owner, registry_path)
+        if rule_id and rule_id in gone_ids:
+            alive, reason = False, f"its cluster's VMs are being swept (id {rule_id})"
+        found.append(
+            {
+                "kind": "firewall",
+                "name": rule["name"],
+                "zone": "global",
+                "cluster": owner[LABEL_CLUSTER],
+                "id": rule_id,
+                "status": "",
+                "alive": alive,
+                "reason": reason,
+                "deleted": False,
+            }
+        )
+    doomed = [f for f in found if f["alive"] is False or (f["alive"] is None and force)]
+    if not quiet:
+        _print_sweep(found, doomed, dry_run)
+    if dry_run or not doomed or (confirm is not None and not confirm(doomed)):
+        return found
+    pending = []
+    for f in doomed:
+        try:
+            if f["kind"] == "instance":
+                op = api.delete_instance(f["zone"], f["name"])
+                if op is not None:
+                    pending.append((f, op))
+            f["deleted"] = True
+        except GCEError as e:
+            f["reason"] = f"delete failed: {e}"
+    for f, op in pending:
+        try:
+            api.wait_zone_operation(f["zone"], op)
+        except GCEError as e:
+            f["deleted"] = False
+            f["reason"] = f"delete failed: {e}"
+    # Firewall rules last: a VM being deleted still uses its cluster's rule.
+    for f in doomed:
+        if f["kind"] == "firewall":
+            try:
+                op = api.delete_firewall(f["name"])
+                if op is not None:
+                    api.wait_global_operation(op)
+                f["deleted"] = True
+            except GCEError as e:
+                f["deleted"] = False
+                f["reason"] = f"delete failed: {e}"
+    if not quiet:
+        n = sum(1 for f in doomed if f["deleted"])
+        print(f"Deleted {n} of {len(doomed)}.", file=sys.stdout)
+    return found
+
+
+def _print_sweep(found: list[dict[str, Any]], doomed: list[dict[str, Any]], dry_run: bool) -> None:
+    if not found:
+        print("No transient_nb VMs or firewall rules found.")
+        return
+    verb = "would delete" if dry_run else "delete"
+    print(f"{'':<2}{'kind':<9}{'name':<40}{'zone':<16}{'status':<12}action")
+    for f in found:
+        action = f"{verb} ({f['reason']})" if f in doomed else f"keep ({f['reason']})"
+        print(f"  {f['kind']:<9}{f['name']:<40}{f['zone']:<16}{f['status'] or '':<12}{action}")
