@@ -46,16 +46,12 @@ class Dashboard:
 
     Parameters
     ----------
-    cluster
-        A :class:`~transient_nb.TransientCluster`, or the handle :func:`~transient_nb.connect`
-        returns for a cluster of another kernel.
+    cluster, interval, start
+        As for :class:`~transient_nb.views.panel.ClusterPanel`: a cluster or a connected handle,
+        the seconds between two looks at its event log, and whether to start looking at once.
     run
         A :class:`~transient_nb.TrainingRun` (or its id): only its training events are drawn;
         by default every run's.
-    interval
-        Seconds between two looks at the event log.
-    start
-        Start following the log at once (tests may drive :meth:`update` by hand instead).
 
     Attributes
     ----------

@@ -112,10 +112,9 @@ class RunPanel(widgets.VBox):
     ----------
     run
         The :class:`~transient_nb.TrainingRun` to follow.
-    interval
-        Seconds between two looks at the event log.
-    start
-        Start following the log at once (tests may drive :meth:`update` by hand instead).
+    interval, start
+        As for :class:`~transient_nb.views.panel.ClusterPanel`: the seconds between two looks
+        at the event log, and whether to start looking at once.
 
     Examples
     --------
