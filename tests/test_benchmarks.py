@@ -6,6 +6,8 @@ themselves are recorded in ``benchmarks/NOTES.md`` and are never asserted here.
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -77,16 +79,35 @@ def test_ps_throughput():
 
 def test_worker_efficiency():
     header, rows = run_tiny("worker_efficiency.py")
-    assert header[:4] == ["device", "model", "batch", "threads"]
-    assert len(rows) == 1 and rows[0]["device"] == "cpu"
+    assert header[:5] == ["device", "model", "batch", "threads", "pipeline"]
+    assert len(rows) == 1 and rows[0]["device"] == "cpu" and rows[0]["pipeline"] == "off"
     assert_positive(rows, "plain steps/s", "ps steps/s", "efficiency")
 
 
-def test_gpu_scaling_runs_on_cpu():
-    header, rows = run_tiny("gpu_scaling.py")
-    assert header == ["device", "model", "batch", "N", "plain img/s", "ps img/s", "ps/plain"]
-    assert [(r["device"], r["N"]) for r in rows] == [("cpu", "1"), ("cpu", "2")]
-    assert_positive(rows, "plain img/s", "ps img/s", "ps/plain")
+@pytest.mark.timeout(600)
+def test_gpu_suite_runs_on_cpu(tmp_path):
+    """The GPU suite's --tiny form: pipelined worker efficiency, scaling and the device check,
+    with every table in suite.json."""
+    proc = subprocess.run(
+        ["bash", str(BENCHMARKS / "gpu_suite.sh"), str(tmp_path), "--tiny"],
+        capture_output=True,
+        text=True,
+        timeout=540,
+        env={**os.environ, "PYTHON": sys.executable},
+    )
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    suite = json.loads((tmp_path / "suite.json").read_text())["steps"]
+    assert set(suite) == {"efficiency-pipelined", "scaling", "devices"}
+    assert all(step["exit"] == 0 for step in suite.values())
+    (eff,) = suite["efficiency-pipelined"]["rows"]
+    assert eff["pipeline"] == "on"
+    assert_positive([eff], "plain steps/s", "ps steps/s", "efficiency")
+    scaling = suite["scaling"]["rows"]
+    assert [(r["device"], r["N"]) for r in scaling] == [("cpu", "1"), ("cpu", "2")]
+    assert_positive(scaling, "plain img/s", "ps img/s", "ps/plain")
+    devices = suite["devices"]["rows"]
+    assert [(r["worker"], r["device"]) for r in devices] == [("w-0", "cpu"), ("w-1", "cpu")]
+    assert any("check: cpu run" in note for note in suite["devices"]["notes"])
 
 
 def test_recovery():
