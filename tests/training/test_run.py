@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -37,7 +38,13 @@ def test_learns_digits_and_survives_preemptions():
     with TransientCluster(workers=3, notice="1s", provisioning_delay="0.5s", seed=3) as cluster:
         cluster.wait_for_workers(timeout=120)
         run = train(
-            cluster, model="resnet8", data="digits", steps=500, batch_size=64, eval_every=250, seed=1
+            cluster,
+            model="resnet8",
+            data="digits",
+            steps=500,
+            batch_size=64,
+            eval_every=250,
+            seed=1,
         )
         until(lambda: run.step >= 100, what="step 100")
         cluster.preempt("w-0", notice=True)
@@ -217,3 +224,43 @@ def test_stop_conditions_and_the_run_record_alone_rebuild_the_summary():
     for key in ("steps", "accuracy", "preemptions", "reason"):
         assert from_disk[key] == live[key]
     assert from_disk["cost"] == pytest.approx(live["cost"])
+
+
+def test_a_kernel_that_exits_stops_its_run_first(tmp_path):
+    """A process (a kernel) that exits while its run trains: the run is stopped on the way out
+    (its trainers stopped, its end recorded), within a bound, before the cluster goes."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        f"""
+        import json, sys, time, dask
+        dask.config.set({{"transient.run-dir": {str(tmp_path / "runs")!r},
+                          "transient.registry-dir": {str(tmp_path / "clusters")!r}}})
+        from transient_nb import TransientCluster, train
+        cluster = TransientCluster(workers=1, provisioning_delay=0)
+        cluster.wait_for_workers(timeout=120)
+        run = train(cluster, model="resnet8", data="digits", steps=10**6, batch_size=32,
+                    eval_every=10**6)
+        deadline = time.time() + 180
+        while run.step < 20 and time.time() < deadline:
+            time.sleep(0.05)
+        print(json.dumps({{"record": cluster.run_record, "run": run.id}}), flush=True)
+        sys.exit(0)  # no run.stop(), no cluster.close(): the kernel just goes
+        """
+    )
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=400
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    info = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert time.monotonic() - t0 < 300
+    from transient_nb.events import read_run_record
+
+    events = [e for e in read_run_record(info["record"]) if e.get("run") == info["run"]]
+    (finished,) = [e for e in events if e["kind"] == "train-finished"]
+    assert finished["reason"] == "stopped" and finished["step"] >= 20
+    trainers = json.loads(finished["trainers"])
+    assert [t["state"] for t in trainers] == ["stopped"]
