@@ -7,28 +7,25 @@ selected worker and to stop, and for a training run its progress (step of the ta
 images per second, ETA and projected cost at the current pace).
 
 Everything it shows is folded from the cluster's event log by :class:`~transient_nb.state.
-ClusterState` (the same fold as the JupyterLab panel's), never by asking the trainers. A light
-periodic callback on the *cluster's* event loop (the thread where the scheduler appends events, so
-it reads a list nobody else writes at the same time) refreshes the panel within a quarter of a
-second of an event, and keeps doing so while a notebook cell blocks the kernel's own loop
-(``run.wait()``).
+ClusterState` (the same fold as the JupyterLab panel's), never by asking the trainers, and kept
+live by :class:`~transient_nb.views.live.LiveState` (within a quarter of a second of an event, also
+while a notebook cell blocks the kernel's own loop, ``run.wait()``).
 """
 
 from __future__ import annotations
 
 import html
-import threading
-import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import ipywidgets as widgets
 
 from transient_nb.cost import CostReport
-from transient_nb.state import ClusterState, event_log, is_closed, minimum_s_of
+from transient_nb.state import ClusterState, minimum_s_of
 from transient_nb.ticker import Ticker
 from transient_nb.views.format import money
+from transient_nb.views.live import LiveState
 from transient_nb.views.progress import RunPanel, RunView
 from transient_nb.views.vm_table import table_html, totals_html
 
@@ -67,9 +64,6 @@ class ClusterPanel(widgets.VBox):
         self.cost: CostReport | None = None
         #: GPU workers asked for (the last ``started``/``scale``, or this panel's own request).
         self.target: int | None = None
-        self._lock = threading.Lock()
-        self._last_render = 0.0
-        self._closed_seen = False
 
         self.header = widgets.HTML()
         self.totals = widgets.HTML()
@@ -124,10 +118,14 @@ class ClusterPanel(widgets.VBox):
             layout=widgets.Layout(padding="4px"),
         )
         self.add_class("transient-panel")
+        self._live = LiveState(cluster, self.state, self._draw, interval)
         self.update()
-        self._ticker = Ticker(cluster.loop, self.update, interval)
-        if start and not self._closed_seen:
-            self._ticker.start()
+        if start:
+            self._live.start()
+
+    @property
+    def _ticker(self) -> Ticker:
+        return self._live.ticker
 
     # -- reading the log ----------------------------------------------------------------------------
     def update(self, force: bool = False, now: float | None = None) -> bool:
@@ -136,28 +134,17 @@ class ClusterPanel(widgets.VBox):
         Called by the periodic callback; safe to call from any thread. ``now`` is the wall time
         to show (tests pin it).
         """
-        with self._lock:
-            events = event_log(self.cluster)
-            new = self.state.follow(events)
-            for e in new:
-                kind = e.get("kind")
-                if kind in ("started", "scale"):
-                    self.target = self.state.target_workers
-                elif kind == "control" and not e.get("ok"):
-                    self._say(
-                        f"The cluster refused {e.get('action')}: {e.get('error')}", error=True
-                    )
-            closed = is_closed(self.cluster, events)
-            now = time.time() if now is None else now
-            # Money and times-in-state move between events too: redraw at least every second.
-            if not (new or force or now - self._last_render >= 1.0 or closed):
-                return False
-            self._render(now, closed)
-            self._last_render = now
-            self._closed_seen = closed
-        if closed and hasattr(self, "_ticker"):
-            self._ticker.stop()  # nothing will change any more
-        return True
+        return self._live.update(force, now)
+
+    def _draw(self, new: Sequence[Mapping[str, Any]], now: float, closed: bool) -> bool:
+        for e in new:
+            kind = e.get("kind")
+            if kind in ("started", "scale"):
+                self.target = self.state.target_workers
+            elif kind == "control" and not e.get("ok"):
+                self._say(f"The cluster refused {e.get('action')}: {e.get('error')}", error=True)
+        self._render(now, closed)
+        return closed
 
     def _render(self, now: float, closed: bool) -> None:
         self.rows, self.cost = self.state.rows(now), self.state.cost(now)
@@ -235,11 +222,11 @@ class ClusterPanel(widgets.VBox):
 
     def stop(self) -> None:
         """Stop following the event log (the panel keeps what it shows)."""
-        self._ticker.stop()
+        self._live.stop()
 
     def close(self) -> None:
         """Stop following the log and close the widgets."""
-        self._ticker.stop()
+        self._live.stop()
         for w in [self, *self._all_children()]:
             widgets.Widget.close(w)
 

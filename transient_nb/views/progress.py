@@ -8,16 +8,16 @@ under the cluster's panel instead of a second copy of that panel.
 from __future__ import annotations
 
 import html
-import threading
-import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import ipywidgets as widgets
 
 from transient_nb.cost import CostReport
-from transient_nb.state import ClusterState, RunProgress, event_log, is_closed, minimum_s_of
+from transient_nb.state import ClusterState, RunProgress, minimum_s_of
 from transient_nb.ticker import Ticker
 from transient_nb.views.format import duration, money
+from transient_nb.views.live import LiveState
 
 __all__ = ["RunPanel", "RunProgress", "RunView", "progress_html"]
 
@@ -129,34 +129,25 @@ class RunPanel(widgets.VBox):
         self.message = widgets.HTML()
         self.view = RunView(run, on_message=self._say)
         self.progress, self.run_info = self.view.progress, self.view.run_info
-        self._lock = threading.Lock()
-        self._last_render = 0.0
         super().__init__([self.view, self.message], layout=widgets.Layout(padding="4px"))
         self.add_class("transient-run")
+        self._live = LiveState(self.cluster, self.state, self._draw, interval)
         self.update(force=True)
-        self._ticker = Ticker(self.cluster.loop, self.update, interval)
-        if start and not self._finished():
-            self._ticker.start()
+        if start:
+            self._live.start()
 
-    def _finished(self) -> bool:
-        p = self.state.progress
-        return (p is not None and p.finished) or self.state.closed
+    @property
+    def _ticker(self) -> Ticker:
+        return self._live.ticker
 
     def update(self, force: bool = False, now: float | None = None) -> bool:
         """Read new events and redraw; returns whether anything was redrawn."""
-        with self._lock:
-            log = event_log(self.cluster)
-            new = self.state.follow(log)
-            now = time.time() if now is None else now
-            # The projected cost moves between events too: redraw at least every second.
-            if not (new or force or now - self._last_render >= 1.0):
-                return False
-            self.view.render(self.state.progress, self.state.cost(now))
-            self._last_render = now
-            done = self._finished() or is_closed(self.cluster, log)
-        if done and hasattr(self, "_ticker"):
-            self._ticker.stop()  # nothing will change any more
-        return True
+        return self._live.update(force, now)
+
+    def _draw(self, new: Sequence[Mapping[str, Any]], now: float, closed: bool) -> bool:
+        self.view.render(self.state.progress, self.state.cost(now))
+        p = self.state.progress
+        return closed or (p is not None and p.finished)
 
     def _say(self, text: str, error: bool = False) -> None:
         color = "#d62728" if error else "inherit"
@@ -164,7 +155,7 @@ class RunPanel(widgets.VBox):
 
     def stop(self) -> None:
         """Stop following the event log (the view keeps what it shows)."""
-        self._ticker.stop()
+        self._live.stop()
 
     def __repr__(self) -> str:
         p = self.state.progress
