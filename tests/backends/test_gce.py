@@ -299,7 +299,11 @@ def test_preempt_uses_simulate_maintenance_event_or_deletes_without_notice(
         cluster.preempt("w-0")
         wait_for_sync(lambda: of_kind(events(cluster), "running", worker="w-1"), timeout=30)
         assert fake.calls("/instances/manual-w-0/simulateMaintenanceEvent")
-        assert of_kind(events(cluster), "preempted", worker="w-0")[0]["notice"] is True
+        # The replacement is asked for at the notice: it may run before w-0 is gone.
+        gone = wait_for_sync(
+            lambda: of_kind(events(cluster), "preempted", worker="w-0"), timeout=30
+        )
+        assert gone[0]["notice"] is True
         cluster.preempt("w-1", notice=False)
         wait_for_sync(lambda: of_kind(events(cluster), "preempted", worker="w-1"), timeout=30)
         assert not fake.calls("/instances/manual-w-1/simulateMaintenanceEvent")

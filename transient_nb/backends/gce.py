@@ -298,6 +298,9 @@ class GCEBackend(Backend):
         self.cluster_id = ""
         self.notice_s = 30.0
         self.live: set[tuple[str, str]] = set()
+        #: Instances whose insert GCE took: ours without asking (the rest of ``live`` is
+        #: checked for our id label before it is deleted).
+        self.ours: set[tuple[str, str]] = set()
         self._not_offered: set[tuple[str, str]] = set()
         self._tasks: set[Any] = set()
         self._atexit_registered = False
@@ -476,7 +479,7 @@ class GCEBackend(Backend):
                 self._atexit_registered = False
 
     async def _delete_and_wait(self, zone: str, name: str) -> None:
-        if not await call_async(self.owns, zone, name):
+        if (zone, name) not in self.ours and not await call_async(self.owns, zone, name):
             self.live.discard((zone, name))
             return
         try:
@@ -488,6 +491,7 @@ class GCEBackend(Backend):
                 logger.warning("Could not delete %s in %s: %s", name, zone, e)
                 return
         self.live.discard((zone, name))
+        self.ours.discard((zone, name))
 
     def delete_all_now(self) -> None:
         """Ask GCE to delete every VM this backend still has (at interpreter exit).
@@ -495,11 +499,13 @@ class GCEBackend(Backend):
         Blocking and without waiting for the operations, so that a kernel that exits without
         closing its cluster (or whose event loop is gone) still leaves nothing running.
         """
+        # No retries with backoff at exit: report and go on rather than hold the exit up.
+        self.api.retries = 0
         for zone, name in list(self.live):
             try:
-                if self.owns(zone, name):
+                if (zone, name) in self.ours or self.owns(zone, name):
                     self.api.delete_instance(zone, name)
-                logger.warning("Deleted %s in %s at exit", name, zone)
+                    logger.warning("Deleted %s in %s at exit", name, zone)
             except Exception as e:  # at exit, report and go on with the others
                 logger.warning("Could not delete %s in %s at exit: %s", name, zone, e)
         self.live.clear()

@@ -119,6 +119,7 @@ class GCEVM(TransientVM):
         api = self.backend.api
         op = await call_async(api.insert_instance, self.zone, body, str(uuid.uuid4()))
         self._inserted = True
+        self.backend.ours.add((self.zone, self.instance))
         await call_async(api.wait_zone_operation, self.zone, op, self.backend.operation_timeout)
 
     async def _watch(self) -> None:
@@ -259,6 +260,7 @@ class GCEVM(TransientVM):
                 return
         self._gone = True
         self.backend.live.discard((self.zone, self.instance))
+        self.backend.ours.discard((self.zone, self.instance))
 
 
 def _current_task() -> Any:
