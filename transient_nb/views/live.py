@@ -80,3 +80,37 @@ class LiveState:
         if self.done:
             self.ticker.stop()  # nothing will change any more
         return True
+
+
+class LiveView:
+    """The live part of a view widget: :meth:`update` and :meth:`stop`, driven by a
+    :class:`LiveState` over the view's ``state``; the view draws in ``_draw`` (see :data:`Draw`)."""
+
+    state: ClusterState
+    _live: LiveState
+
+    def _follow(self, cluster: Any, interval: float, start: bool) -> None:
+        """Draw what the log holds now, then (``start``) follow it on ``cluster``'s loop."""
+        self._live = LiveState(cluster, self.state, self._draw, interval)
+        self.update(force=True)
+        if start:
+            self._live.start()
+
+    def _draw(self, new: Sequence[Event], now: float, closed: bool) -> bool:
+        raise NotImplementedError
+
+    @property
+    def _ticker(self) -> Ticker:
+        return self._live.ticker
+
+    def update(self, force: bool = False, now: float | None = None) -> bool:
+        """Read new events and redraw what changed; returns whether anything was redrawn.
+
+        Called by the periodic callback; safe to call from any thread. ``now`` is the wall time
+        to show (tests pin it).
+        """
+        return self._live.update(force, now)
+
+    def stop(self) -> None:
+        """Stop following the event log (the view keeps what it shows)."""
+        self._live.stop()

@@ -23,14 +23,13 @@ import ipywidgets as widgets
 
 from transient_nb.cost import CostReport
 from transient_nb.state import ClusterState, minimum_s_of
-from transient_nb.ticker import Ticker
 from transient_nb.views.format import money
-from transient_nb.views.live import LiveState
+from transient_nb.views.live import LiveView
 from transient_nb.views.progress import RunPanel, RunView
 from transient_nb.views.vm_table import table_html, totals_html
 
 
-class ClusterPanel(widgets.VBox):
+class ClusterPanel(LiveView, widgets.VBox):
     """Live control panel of a transient cluster, and of a training run on it.
 
     Parameters
@@ -118,24 +117,9 @@ class ClusterPanel(widgets.VBox):
             layout=widgets.Layout(padding="4px"),
         )
         self.add_class("transient-panel")
-        self._live = LiveState(cluster, self.state, self._draw, interval)
-        self.update()
-        if start:
-            self._live.start()
-
-    @property
-    def _ticker(self) -> Ticker:
-        return self._live.ticker
+        self._follow(cluster, interval, start)
 
     # -- reading the log ----------------------------------------------------------------------------
-    def update(self, force: bool = False, now: float | None = None) -> bool:
-        """Read new events and refresh what changed; returns whether anything was redrawn.
-
-        Called by the periodic callback; safe to call from any thread. ``now`` is the wall time
-        to show (tests pin it).
-        """
-        return self._live.update(force, now)
-
     def _draw(self, new: Sequence[Mapping[str, Any]], now: float, closed: bool) -> bool:
         for e in new:
             kind = e.get("kind")
@@ -219,10 +203,6 @@ class ClusterPanel(widgets.VBox):
     def stop_run(self) -> None:
         """Stop the training run (trainers stop after their current step)."""
         self.run_box.stop_run()
-
-    def stop(self) -> None:
-        """Stop following the event log (the panel keeps what it shows)."""
-        self._live.stop()
 
     def close(self) -> None:
         """Stop following the log and close the widgets."""

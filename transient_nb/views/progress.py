@@ -15,9 +15,8 @@ import ipywidgets as widgets
 
 from transient_nb.cost import CostReport
 from transient_nb.state import ClusterState, RunProgress, minimum_s_of
-from transient_nb.ticker import Ticker
 from transient_nb.views.format import duration, money
-from transient_nb.views.live import LiveState
+from transient_nb.views.live import LiveView
 
 __all__ = ["RunPanel", "RunProgress", "RunView", "progress_html"]
 
@@ -105,7 +104,7 @@ class RunView(widgets.VBox):
             self._on_message(text, error)
 
 
-class RunPanel(widgets.VBox):
+class RunPanel(LiveView, widgets.VBox):
     """Live progress of one training run, from the cluster's event log.
 
     Parameters
@@ -131,18 +130,7 @@ class RunPanel(widgets.VBox):
         self.progress, self.run_info = self.view.progress, self.view.run_info
         super().__init__([self.view, self.message], layout=widgets.Layout(padding="4px"))
         self.add_class("transient-run")
-        self._live = LiveState(self.cluster, self.state, self._draw, interval)
-        self.update(force=True)
-        if start:
-            self._live.start()
-
-    @property
-    def _ticker(self) -> Ticker:
-        return self._live.ticker
-
-    def update(self, force: bool = False, now: float | None = None) -> bool:
-        """Read new events and redraw; returns whether anything was redrawn."""
-        return self._live.update(force, now)
+        self._follow(self.cluster, interval, start)
 
     def _draw(self, new: Sequence[Mapping[str, Any]], now: float, closed: bool) -> bool:
         self.view.render(self.state.progress, self.state.cost(now))
@@ -152,10 +140,6 @@ class RunPanel(widgets.VBox):
     def _say(self, text: str, error: bool = False) -> None:
         color = "#d62728" if error else "inherit"
         self.message.value = f"<span style='color:{color}'>{html.escape(text)}</span>"
-
-    def stop(self) -> None:
-        """Stop following the event log (the view keeps what it shows)."""
-        self._live.stop()
 
     def __repr__(self) -> str:
         p = self.state.progress
