@@ -594,6 +594,12 @@ BAD_INPUT = [
     ({"max_workers": 0}, ValueError, r"max_workers=0 must be a whole number"),
     ({"workers": 8, "max_hourly_cost": 1.0}, ValueError, r"above max_hourly_cost=\$1.00/h"),
     ({"max_hourly_cost": -2}, ValueError, r"max_hourly_cost=-2 must be a positive number"),
+    # Priced at the dearest placement allowed: here the on-demand fallback.
+    (
+        {"workers": 2, "max_hourly_cost": 1.0, "on_demand_fallback": True},
+        ValueError,
+        r"\$0.730/h each at the dearest allowed placement.*at most 1 workers",
+    ),
     ({"budget": 0}, ValueError, r"budget=0 must be a positive number of dollars"),
     ({"deadline": "soon"}, ValueError, r"deadline='soon' must be a positive duration"),
     ({"join_timeout": "-1s"}, ValueError, r"join_timeout='-1s' must be a positive duration"),

@@ -413,11 +413,17 @@ class TransientCluster(SpecCluster):
     def _check_hourly_cost(self, n: int) -> None:
         if self.limits.max_hourly_cost is None:
             return
-        # The dearest placement the policy may pick (a fallback GPU, zone, or on demand).
-        worker = max(
-            self.catalog.worker_price(p.gpu, self.machine_type, p.zone).rate(p.spot)
-            for p in self.policy.placements()
-        )
+        # The dearest placement the policy may pick (a fallback GPU, zone, or on demand); a
+        # pair the catalog does not price cannot be bought either.
+        rates = []
+        for p in self.policy.placements():
+            try:
+                rates.append(
+                    self.catalog.worker_price(p.gpu, self.machine_type, p.zone).rate(p.spot)
+                )
+            except ValueError:
+                continue
+        worker = max(rates)
         ps = max(
             self.catalog.machine_price(self.ps_machine_type, z).rate(False) for z in self._zones()
         )
