@@ -263,3 +263,48 @@ def test_a_notice_pushes_the_last_gradient_and_leaves(loop, tmp_path):
     assert double.ps.finals == {"w-0"} and double.ps.active() == []
     assert double.ps.last_local["w-0"] == trainer.local_step  # the last gradient arrived
     assert double.ps.computing["w-0"] is False
+
+
+def test_flat_model_views_share_memory_and_backward_fills_the_flat_gradient():
+    from transient_nb.training.flat import FlatModel
+
+    torch.manual_seed(0)
+    model = build_model("resnet8", num_classes=10)
+    reference = build_model("resnet8", num_classes=10)
+    reference.load_state_dict(model.state_dict())
+    flat = FlatModel(model, "float16")
+    params, _ = flat_layout(model)
+    storage = flat.w.untyped_storage().data_ptr()
+    assert all(p.untyped_storage().data_ptr() == storage for p in params)
+    assert all(
+        p.grad.untyped_storage().data_ptr() == flat.g.untyped_storage().data_ptr() for p in params
+    )
+    x, y = torch.randn(4, 3, 32, 32), torch.tensor([0, 1, 2, 3])
+    for net in (model, reference):
+        net.train()
+        net.zero_grad(set_to_none=False)
+    flat.mark_statistics()
+    ref_params, ref_buffers = flat_layout(reference)
+    stats_before = get_flat(ref_buffers)
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    torch.nn.functional.cross_entropy(reference(x), y).backward()
+    grad, bn_delta = flat.grads()
+    expected = get_flat([p.grad for p in ref_params])
+    assert grad.dtype == np.float16
+    np.testing.assert_allclose(grad.astype(np.float32), expected, rtol=1e-2, atol=1e-4)
+    np.testing.assert_allclose(bn_delta, get_flat(ref_buffers) - stats_before, atol=1e-6)
+    assert np.abs(bn_delta).max() > 0
+    # Two host slots in turn: the previous step's gradient is not overwritten by this one.
+    second, _ = flat.grads()
+    assert not np.shares_memory(grad, second)
+    third, _ = flat.grads()
+    assert np.shares_memory(grad, third)
+    # New weights land in the model's own parameters, from float16 or float32 pieces.
+    n = len(flat.w)
+    flat.load(
+        [np.ones(n // 2, np.float16), np.full(n - n // 2, 2.0, np.float32)],
+        [(0, n // 2), (n // 2, n)],
+    )
+    np.testing.assert_array_equal(
+        get_flat(params), np.r_[np.ones(n // 2), np.full(n - n // 2, 2.0)]
+    )

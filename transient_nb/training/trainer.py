@@ -32,9 +32,10 @@ from distributed.actor import Actor
 from transient_nb.agent import register_drain_hook, unregister_drain_hook
 from transient_nb.events import TOPIC, make_event
 from transient_nb.training.data import BatchStream, load_dataset
+from transient_nb.training.flat import FlatModel, flat_layout
 from transient_nb.training.hparams import HParams
 from transient_nb.training.models import build_model
-from transient_nb.training.ps import ParameterServer, Reply
+from transient_nb.training.ps import ParameterServer
 
 logger = logging.getLogger(__name__)
 
@@ -48,13 +49,6 @@ REJOIN_FIRST_S = 0.2
 REJOIN_MAX_S = 5.0
 #: How often a trainer posts its own ``worker-metrics`` (seconds).
 METRICS_EVERY_S = 2.0
-
-
-def flat_layout(model: torch.nn.Module) -> tuple[list[torch.nn.Parameter], list[torch.Tensor]]:
-    """The model's parameters and its float batch-norm buffers, in a fixed order."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    buffers = [b for name, b in model.named_buffers() if b.dtype.is_floating_point]
-    return params, buffers
 
 
 def decay_mask(model: torch.nn.Module) -> np.ndarray:
@@ -330,22 +324,12 @@ class Trainer:
             for i, (ps, (a, b)) in enumerate(zip(shards, self.bounds, strict=True))
         ]
 
-    def _accept(
-        self,
-        params: list[torch.nn.Parameter],
-        buffers: list[torch.Tensor],
-        w: np.ndarray,
-        bn: np.ndarray | None,
-    ) -> None:
+    def _accept(self, flat: FlatModel, pieces: list[np.ndarray], bn: np.ndarray | None) -> None:
         """A push was accepted: train on from the weights that came back."""
         self.accepted += 1
-        set_flat(params, w)
-        if bn is not None and buffers:
-            set_flat(buffers, bn)
+        flat.load(pieces, self.bounds, bn)
 
-    def _rejoin(
-        self, params: list[torch.nn.Parameter], buffers: list[torch.Tensor]
-    ) -> tuple[list[Any], int]:
+    def _rejoin(self, flat: FlatModel) -> tuple[list[Any], int]:
         """Find the current PS, take its weights and register; retry with backoff.
 
         Raises :class:`PSLost` when no PS has answered for ``ps_lost_after_s``, and
@@ -363,7 +347,7 @@ class Trainer:
                 if not shards:
                     raise PSUnavailable("no parameter server published yet")
                 self.generation = gen
-                w, bn, version = _merge(self._gather([ps.pull(self.name) for ps in shards]))
+                pieces, bn, version = _merge(self._gather([ps.pull(self.name) for ps in shards]))
                 self._gather([ps.register(self.name, self.local_step) for ps in shards])
             except (
                 PSUnavailable,
@@ -386,9 +370,7 @@ class Trainer:
                     raise _Stopped() from None
                 delay = min(delay * 2, REJOIN_MAX_S)
                 continue
-            set_flat(params, w)
-            if bn is not None and buffers:
-                set_flat(buffers, bn)
+            flat.load(pieces, self.bounds, bn)
             return shards, version
 
     # -- the loop -------------------------------------------------------------------------------------
@@ -413,13 +395,13 @@ class Trainer:
         dataset = load_dataset(self.data, train=True)
         model = build_model(self.model_name, num_classes=dataset.num_classes).to(self.device)
         model.train()
-        params, buffers = flat_layout(model)
+        flat = FlatModel(model, self.hp.wire_dtype)
         stream = BatchStream(dataset, self.hp.batch_size, seed=self.seed)
         shards: list[Any] = []
         t_report, imgs = time.time(), 0
         try:
             self.state = "joining"
-            shards, version = self._rejoin(params, buffers)
+            shards, version = self._rejoin(flat)
             self.state = "training"
             # With ``pipeline``, the push of step k travels while step k+1 is computed (from
             # the weights of step k-1: one more version of staleness); else one round trip
@@ -428,21 +410,18 @@ class Trainer:
             while not self._stopping():
                 x, y = next(stream)
                 x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-                bn_before = get_flat(buffers) if buffers else None
+                flat.mark_statistics()
                 loss = F.cross_entropy(model(x), y)
-                model.zero_grad(set_to_none=False)
+                model.zero_grad(set_to_none=False)  # in place: the gradients stay views
                 loss.backward()
-                grad = get_flat([p.grad for p in params])  # type: ignore[misc]
-                bn_delta = (get_flat(buffers) - bn_before) if bn_before is not None else None
-                if self.hp.wire_dtype == "float16":
-                    grad = torch.from_numpy(grad).to(torch.float16).numpy()
+                grad, bn_delta = flat.grads()  # host buffers in the wire dtype, no allocation
                 base = version
                 final = self._draining.is_set()
                 try:
                     if pending is not None:
-                        w, bn, version = _merge(self._gather(pending))
+                        pieces, bn, version = _merge(self._gather(pending))
                         pending = None
-                        self._accept(params, buffers, w, bn)
+                        self._accept(flat, pieces, bn)
                     self.local_step += 1
                     futures = self._send(
                         shards, grad, base, float(loss.detach()), int(x.shape[0]), bn_delta, final
@@ -450,8 +429,8 @@ class Trainer:
                     if self.hp.pipeline and not final:
                         pending = futures
                     else:
-                        w, bn, version = _merge(self._gather(futures))
-                        self._accept(params, buffers, w, bn)
+                        pieces, bn, version = _merge(self._gather(futures))
+                        self._accept(flat, pieces, bn)
                 except PSUnavailable as e:
                     # Slow is not dead: rejoin the current PS (maybe a new generation) and go on
                     # from its weights. A gradient already sent may still be applied; if not,
@@ -464,7 +443,7 @@ class Trainer:
                     self.state = "rejoining"
                     if final:
                         break  # the notice's deadline will not wait for a rejoin
-                    shards, version = self._rejoin(params, buffers)
+                    shards, version = self._rejoin(flat)
                     self.rejoins += 1
                     self.state = "training"
                     self._post(
@@ -493,10 +472,10 @@ class Trainer:
                     self._t_generation = now
                     if self._newer_generation():
                         pending = None
-                        shards, version = self._rejoin(params, buffers)
+                        shards, version = self._rejoin(flat)
             if pending is not None:  # the last push in flight: its reply still counts
                 try:
-                    self._accept(params, buffers, *_merge(self._gather(pending))[:2])
+                    self._accept(flat, *_merge(self._gather(pending))[:2])
                 except PSUnavailable:
                     pass
         except _Stopped:
@@ -515,6 +494,6 @@ class Trainer:
     _t_generation = 0.0
 
 
-def _merge(replies: list[Any]) -> Reply:
-    w = np.concatenate([np.asarray(r[0], dtype=np.float32) for r in replies])
-    return w, replies[0][1], int(replies[0][2])
+def _merge(replies: list[Any]) -> tuple[list[np.ndarray], np.ndarray | None, int]:
+    """The shards' weight pieces (as they came), shard 0's statistics and version."""
+    return [r[0] for r in replies], replies[0][1], int(replies[0][2])
