@@ -60,7 +60,11 @@ cfg.only_mutate = [{only!r}]
 cfg.pytest_add_cli_args_test_selection = {tests!r}
 from mutmut.__main__ import cli
 
-cli(sys.argv[1:])
+if sys.argv[1:2] == ["show-all"]:  # one process for every survivor's diff
+    for name in sys.argv[2:]:
+        cli.main(["show", name], standalone_mode=False)
+else:
+    cli(sys.argv[1:])
 """
 
 
@@ -119,9 +123,7 @@ def run_module(
         sys.exit(f"mutmut failed for {module} (see {work / 'run.log'}):\n{proc.stdout[-3000:]}")
     verdicts = results(work, module, tests)
     survivors = sorted(n for n, v in verdicts.items() if v in SURVIVED)
-    with open(work / "survivors.txt", "w") as f:
-        for name in survivors:
-            f.write(mutmut(work, module, tests, "show", name).stdout + "\n")
+    (work / "survivors.txt").write_text(mutmut(work, module, tests, "show-all", *survivors).stdout)
     killed = sum(v in KILLED for v in verdicts.values())
     other = len(verdicts) - killed - len(survivors)
     return {

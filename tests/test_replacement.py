@@ -116,3 +116,24 @@ def test_a_stockout_is_skipped_for_exactly_its_memory() -> None:
     clock.now += 0.5  # 600 s on the dot: tried again
     assert policy.stocked_out() == []
     assert list(policy.candidates()) == [Placement("t4", "z-a", True)]
+
+
+def test_a_limit_of_one_reorders_at_once_and_the_window_ends_exactly() -> None:
+    clock = Clock()
+    clock.now = 50_000.0  # a monotonic clock is far from zero
+    policy = ReplacementPolicy(
+        "t4",
+        "z-a",
+        True,
+        fallback_zones=["z-b"],
+        preemption_limit=1,
+        preemption_window_s=600,
+        clock=clock,
+    )
+    policy.record_preemption("t4", "z-a")
+    assert list(policy.candidates()) == [Placement("t4", "z-b", True), Placement("t4", "z-a", True)]
+    clock.now += 599.5
+    assert policy.preempting("t4", "z-a")
+    clock.now += 0.5  # the window is over: the preemption no longer counts
+    assert not policy.preempting("t4", "z-a")
+    assert next(policy.candidates()) == Placement("t4", "z-a", True)
