@@ -277,6 +277,9 @@ class TransientCluster(SpecCluster):
         #: VMs whose worker joined at least once (a VM lost before that failed to start).
         self._joined: set[str] = set()
         self._last_failure = ""
+        #: The first PS host was placed: from then on, a PS host that cannot be placed is asked
+        #: for again later (at start, the cluster refuses to start instead).
+        self._started_once = False
         #: Start failures in a row (crash on start, no join, failed request): the backoff's power.
         self._failures = 0
         scheduler = {
@@ -348,6 +351,7 @@ class TransientCluster(SpecCluster):
                 f"({self.ps_machine_type} in {', '.join(self._zones())}): {why}. Nothing was "
                 "left running. Add fallback_zones, pick another ps_machine_type, or try later."
             )
+        self._started_once = True
         self.simulator.start()
         await asyncio.gather(*(self._provision("worker") for _ in range(self._target)))
 
@@ -616,6 +620,9 @@ class TransientCluster(SpecCluster):
             zone=self.zone,
             reason=self._last_failure,
         )
+        if role == "ps" and self._started_once:
+            # A run cannot go on without its PS host: keep asking, with a growing pause.
+            self._spawn(self._retry_later(role, None, "no zone could place the PS host"))
         if skip_regions:
             self._log(f"No {role} VM could be created: a quota is used up ({self._last_failure})")
         else:
