@@ -212,3 +212,37 @@ def test_notebook_and_lab_panels_show_the_same_figures(log: list[dict[str, Any]]
         etas += lab["training"] is not None and lab["training"]["eta_s"] not in (None, 0.0)
     assert etas >= 3  # the comparison covered the ETA while the run went on
     assert lab["status"] == "closed" and "closed" in panel.header.value
+
+
+def _speedup_log(devices: list[str]) -> list[dict]:
+    events = [
+        {"kind": "train-started", "time": 0.0, "run": "r", "batch_size": 10},
+    ]
+    for i, device in enumerate(devices):
+        events.append(
+            {
+                "kind": "worker-metrics",
+                "time": 1.0,
+                "run": "r",
+                "worker": f"w-{i}",
+                "img_per_s": 100.0,
+                "device": device,
+            }
+        )
+    events.append(
+        {"kind": "train-finished", "time": 10.0, "run": "r", "step": 300, "reason": "steps"}
+    )
+    return events
+
+
+def test_speedup_only_where_one_worker_was_measured_alone():
+    # Three trainers on GPUs of their own: 300 steps x 10 images in 10 s = 300 img/s over 100.
+    own = summarize(_speedup_log(["cuda:GPU-a", "cuda:GPU-b", "cuda:GPU-c"]))
+    assert own["speedup_over_one_worker"] == pytest.approx(3.0)
+    # Workers sharing the host's cores, or one GPU: their rates are not one worker's alone.
+    cpu = summarize(_speedup_log(["cpu", "cpu"]))
+    assert cpu["speedup_over_one_worker"] is None and "CPU cores" in cpu["speedup_note"]
+    shared = summarize(_speedup_log(["cuda:GPU-a", "cuda:GPU-a"]))
+    assert shared["speedup_over_one_worker"] is None and "share a GPU" in shared["speedup_note"]
+    old = summarize(_speedup_log(["unknown"]))  # a record from before devices were reported
+    assert old["speedup_over_one_worker"] is None

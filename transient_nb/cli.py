@@ -137,7 +137,10 @@ def _print_summary(s: dict[str, Any]) -> None:
         ("on-demand cost", f"${s['cost_on_demand']:.4f}"),
         ("savings", f"${s['saved']:.4f} ({s['saved_fraction']:.0%})"),
         ("throughput", f"{s['img_per_s']:.0f} images/s"),
-        ("speedup over one worker", f"{speedup:.2f}x" if speedup else "n/a"),
+        (
+            "speedup over one worker",
+            f"{speedup:.2f}x" if speedup else f"n/a ({s.get('speedup_note') or 'not measured'})",
+        ),
     ]
     width = max(len(k) for k, _ in lines)
     print("\nSummary")

@@ -21,7 +21,6 @@ Examples
 
 from __future__ import annotations
 
-import math
 import time
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
@@ -423,6 +422,7 @@ class RunSummary:
         self._recoveries: list[tuple[float, int]] = []
         self._trainer_failures: list[float] = []
         self._rates: list[float] = []
+        self._devices: dict[str, str] = {}  # worker -> the device its trainer reported
 
     def feed_one(self, e: Event) -> None:
         """Read one event not seen before."""
@@ -450,6 +450,7 @@ class RunSummary:
             self._trainer_failures.append(tw)
         elif kind == "worker-metrics" and e.get("img_per_s"):
             self._rates.append(e["img_per_s"])
+            self._devices[str(e.get("worker"))] = str(e.get("device", "unknown"))
         elif kind == "metrics":
             self.last_metrics_step = e["step"]
 
@@ -471,7 +472,7 @@ class RunSummary:
             steps = self.last_metrics_step if self.last_metrics_step is not None else 0
         batch = int(started["batch_size"]) if started else 0
         cluster_rate = steps * batch / wall if wall > 0 else 0.0
-        one_worker = float(np.median(self._rates)) if self._rates else math.nan
+        speedup, note = self._speedup(cluster_rate)
         saved = total_od - total
         return {
             "run": started.get("run") if started else None,
@@ -493,10 +494,28 @@ class RunSummary:
             "saved": saved,
             "saved_fraction": saved / total_od if total_od > 0 else 0.0,
             "img_per_s": cluster_rate,
-            "speedup_over_one_worker": cluster_rate / one_worker
-            if one_worker and one_worker > 0
-            else None,
+            "speedup_over_one_worker": speedup,
+            "speedup_note": note,
         }
+
+    def _speedup(self, cluster_rate: float) -> tuple[float | None, str]:
+        """The cluster's rate over one worker's, only where one worker's rate was measured alone.
+
+        A trainer's own rate is one worker's rate only when it had its device to itself: each
+        trainer on a GPU of its own (distinct device ids). Workers that share CPU cores or a GPU
+        slow each other down, so their rates say nothing about one worker alone: no figure then.
+        """
+        devices = list(self._devices.values())
+        if not self._rates or not devices:
+            return None, "no trainer reported its rate"
+        if not all(d.startswith("cuda:") and d != "cuda:" for d in devices):
+            return None, "workers share the host's CPU cores: no one-worker baseline was measured"
+        if len(set(devices)) < len(devices):
+            return None, "workers share a GPU: no one-worker baseline was measured"
+        one_worker = float(np.median(self._rates))
+        if not one_worker > 0:
+            return None, "no trainer reported its rate"
+        return cluster_rate / one_worker, "over the median rate of trainers on GPUs of their own"
 
 
 def summarize(events: Iterable[Event], minimum_s: float = 60.0) -> dict[str, Any]:
@@ -504,7 +523,8 @@ def summarize(events: Iterable[Event], minimum_s: float = 60.0) -> dict[str, Any
 
     Same output as ``transient_nb.training.run.summarize``: run, model, data, reason, error,
     trainer_failures, steps, wall_s, accuracy, preemptions, replacements, ps_recoveries, steps_lost, lost_in_flight, cost,
-    cost_on_demand, saved, saved_fraction, img_per_s, speedup_over_one_worker.
+    cost_on_demand, saved, saved_fraction, img_per_s, speedup_over_one_worker (None where no
+    one-worker rate was measured alone: see ``speedup_note``), speedup_note.
 
     Examples
     --------
