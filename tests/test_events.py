@@ -121,13 +121,14 @@ def test_vocabulary_declares_fields_and_groups() -> None:
     assert set(LIFECYCLE) <= set(EVENTS)
     assert set(CLUSTER_EVENTS) <= set(EVENTS) and set(TRAINING_EVENTS) <= set(EVENTS)
     assert set(LIFECYCLE) | set(CLUSTER_EVENTS) | set(TRAINING_EVENTS) | {"drained"} == set(EVENTS)
-    for kind in ("trainer-failed", "trainer-restarted", "run-failed", "ps-rejoined"):
+    for kind in ("trainer-failed", "trainer-restarted", "ps-rejoined", "trainer-ps-lost"):
         assert kind in TRAINING_EVENTS
     assert {"worker", "error", "attempt"} <= set(EVENTS["trainer-failed"])
     assert {"worker", "attempt", "delay_s"} <= set(EVENTS["trainer-restarted"])
-    assert {"reason", "error"} <= set(EVENTS["run-failed"])
+    assert {"reason", "error", "checkpoint_step"} <= set(EVENTS["train-finished"])
     assert {"worker", "generation"} <= set(EVENTS["ps-rejoined"])
-    assert {"step", "url", "version"} <= set(EVENTS["checkpoint-written"])
+    assert {"step", "path"} <= set(EVENTS["checkpoint"])
+    assert {"source", "steps_lost"} <= set(EVENTS["ps-recovered"])
     assert all(isinstance(f, tuple) and all(isinstance(x, str) for x in f) for f in EVENTS.values())
 
 

@@ -114,7 +114,18 @@ def test_progress_follows_the_latest_run_with_a_windowed_pace() -> None:
     p = t.progress
     assert p is not None and p.steps_per_s == pytest.approx(20)  # the last 10 s only
     assert p.eta_s == pytest.approx(40)
-    t.feed([{"kind": "run-failed", "time": 31.0, "run": "a", "reason": "x", "error": "PS gone"}])
+    t.feed(
+        [
+            {
+                "kind": "train-finished",
+                "time": 31.0,
+                "run": "a",
+                "reason": "error",
+                "step": 200,
+                "error": "PS gone",
+            }
+        ]
+    )
     assert (p.state, p.error, p.finished, p.eta_s) == ("error", "PS gone", True, 0.0)
     t.feed([{"kind": "train-started", "time": 40.0, "run": "b", "steps": 5}])
     assert t.progress is not None and t.progress.run == "b" and t.progress.step == 0

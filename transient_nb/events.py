@@ -130,18 +130,16 @@ EVENTS: dict[str, tuple[str, ...]] = {
         "steps_per_s",
         "updates",
     ),
-    "worker-metrics": ("run", "worker", "step", "img_per_s", "local_step"),
+    "worker-metrics": ("run", "worker", "step", "img_per_s", "local_step", "device"),
     "eval": ("run", "step", "accuracy", "test_loss"),
-    "checkpoint": ("run", "shard", "step", "path"),
-    "checkpoint-written": ("run", "shard", "step", "url", "version"),
+    "checkpoint": ("run", "step", "path", "seconds"),  # all shards at one step, manifest written
     "ps-lost": ("run", "step", "address"),
-    "ps-recovered": ("run", "step", "steps_lost", "seconds", "generation"),
-    "ps-rejoined": ("run", "worker", "generation"),  # a trainer found a new PS generation
+    "ps-recovered": ("run", "step", "steps_lost", "seconds", "generation", "source"),
+    "ps-rejoined": ("run", "worker", "generation", "step"),  # a trainer is back after a slow call
     "trainer-ps-lost": ("run", "worker", "step", "error"),  # a trainer lost its PS mid-push
     "gradient-lost": ("run", "worker", "step"),  # a worker died with a gradient in flight
     "trainer-failed": ("run", "worker", "error", "attempt", "gave_up"),
     "trainer-restarted": ("run", "worker", "attempt", "delay_s"),
-    "run-failed": ("run", "reason", "error"),
     "train-finished": (
         "run",
         "reason",  # steps|accuracy|budget|deadline|stopped|error|trainer-failed
@@ -153,6 +151,7 @@ EVENTS: dict[str, tuple[str, ...]] = {
         "accepted",
         "trainers",
         "error",
+        "checkpoint_step",
     ),
 }
 
@@ -179,7 +178,6 @@ TRAINING_EVENTS = (
     "worker-metrics",
     "eval",
     "checkpoint",
-    "checkpoint-written",
     "ps-lost",
     "ps-recovered",
     "ps-rejoined",
@@ -187,7 +185,6 @@ TRAINING_EVENTS = (
     "gradient-lost",
     "trainer-failed",
     "trainer-restarted",
-    "run-failed",
     "train-finished",
 )
 

@@ -274,7 +274,7 @@ class RunProgress:
         Wall seconds to the target at that pace (0 once finished).
     state
         ``"running"``, the reason it finished (``steps``, ``accuracy``, ``stopped``, ...) or
-        ``"error"`` (a ``run-failed`` event; ``error`` says why).
+        ``"error"``/``"trainer-failed"`` (``error`` says why).
     preemptions
         Worker preemptions since the run started.
     trainer_failures, trainer_restarts
@@ -371,9 +371,6 @@ class RunTracker:
             p.trainer_failures += 1
         elif kind == "trainer-restarted":
             p.trainer_restarts += 1
-        elif kind == "run-failed" and p.state == "running":
-            p.state, p.error = "error", str(e.get("error") or e.get("reason") or "")
-            p.eta_s = 0.0
         elif kind == "train-finished":
             p.state = str(e.get("reason") or "finished")
             p.step = int(e.get("step") or p.step)
@@ -455,7 +452,7 @@ class RunSummary:
             self.last_metrics_step = e["step"]
 
     def result(self) -> dict[str, Any]:
-        """The summary: the same dict as ``transient_nb.training.run.summarize``."""
+        """The summary: the same dict as :func:`summarize`."""
         started, finished = self.started, self.finished
         t0 = started["time"] if started else (self.first_time or 0.0)
         t1 = finished["time"] if finished else (self.last_time or 0.0)
@@ -521,7 +518,7 @@ class RunSummary:
 def summarize(events: Iterable[Event], minimum_s: float = 60.0) -> dict[str, Any]:
     """The summary of a run, from its event log alone (a run record will do).
 
-    Same output as ``transient_nb.training.run.summarize``: run, model, data, reason, error,
+    Keys: run, model, data, reason, error,
     trainer_failures, steps, wall_s, accuracy, preemptions, replacements, ps_recoveries, steps_lost, lost_in_flight, cost,
     cost_on_demand, saved, saved_fraction, img_per_s, speedup_over_one_worker (None where no
     one-worker rate was measured alone: see ``speedup_note``), speedup_note.

@@ -14,7 +14,6 @@ from __future__ import annotations
 import atexit
 import json
 import logging
-import math
 import os
 import queue
 import threading
@@ -31,6 +30,7 @@ from dask.utils import parse_timedelta
 from distributed import Client, Variable
 
 from transient_nb.events import TOPIC, make_event
+from transient_nb.state import event_log, history, summarize
 from transient_nb.training import checkpoint
 from transient_nb.training.data import check_data_spec, load_dataset, to_tensor
 from transient_nb.training.hparams import HParams
@@ -49,18 +49,6 @@ TRAINER_BACKOFF_MAX_S = 30.0
 SETUP_TIMEOUT_S = 120.0
 #: Complete checkpoints kept under the run's URL (older ones are deleted).
 CHECKPOINTS_KEPT = 2
-HISTORY_COLUMNS = [
-    "step",
-    "time",
-    "loss",
-    "accuracy",
-    "active_workers",
-    "staleness",
-    "img_per_s",
-    "lr",
-    "cost",
-    "cost_on_demand",
-]
 
 
 def _parse_deadline(deadline: Any) -> float | None:
@@ -217,41 +205,13 @@ class TrainingRun:
 
     def events(self) -> list[dict[str, Any]]:
         """This run's events and the cluster's lifecycle events, in order."""
-        return [e for e in self.cluster.monitor.events if e.get("run") in (None, self.id)]
+        return [dict(e) for e in event_log(self.cluster) if e.get("run") in (None, self.id)]
 
     @property
     def history(self) -> pd.DataFrame:
         """One row per ``metrics`` event: step, time, loss, test accuracy (last evaluation),
         active workers, staleness, img/s, cost and on-demand cost so far."""
-        from transient_nb.cost import compute_costs
-
-        events = self.events()
-        rows = []
-        acc = None
-        t0 = self.started
-        for i, e in enumerate(events):
-            if e.get("kind") == "eval":
-                acc = e["accuracy"]
-            if e.get("kind") != "metrics":
-                continue
-            cost = compute_costs(
-                events[: i + 1], now=e["time"], minimum_s=self.cluster.catalog.minimum_s
-            )
-            rows.append(
-                {
-                    "step": e["step"],
-                    "time": e["time"] - t0,
-                    "loss": e["loss"],
-                    "accuracy": acc,
-                    "active_workers": e["active_workers"],
-                    "staleness": e["staleness"],
-                    "img_per_s": e["img_per_s"],
-                    "lr": e["lr"],
-                    "cost": cost.total,
-                    "cost_on_demand": cost.total_on_demand,
-                }
-            )
-        return pd.DataFrame(rows, columns=HISTORY_COLUMNS)
+        return history(self.events(), t0=self.started, minimum_s=self.cluster.catalog.minimum_s)
 
     def summary(self) -> dict[str, Any]:
         """What the run achieved and what it cost (JSON-friendly)."""
@@ -453,7 +413,10 @@ class TrainingRun:
     def _create_ps(
         self, states: list[dict[str, Any]], step: int, counters: dict[str, Any] | None
     ) -> None:
-        delay = float(getattr(self.cluster, "provisioning_delay", 0) or 0)
+        try:
+            delay = float(getattr(self.cluster, "provisioning_delay", 0) or 0)
+        except (TypeError, ValueError):  # "paper": start-ups drawn from the paper's 81-98 s
+            delay = 100.0
         addr = self._wait_for_ps_host(
             None if not self._ps_left else self._ps_address, timeout=120 + 2 * delay
         )
@@ -868,58 +831,6 @@ class TrainingRun:
             Variable(self.variable, client=self._client).delete()
         except Exception as e:
             logger.info("Could not delete %s: %r", self.variable, e)
-
-
-def summarize(events: list[dict[str, Any]], minimum_s: float = 60.0) -> dict[str, Any]:
-    """The summary of a run, computed from its event log alone (a run record will do)."""
-    from transient_nb.cost import compute_costs
-
-    started = next((e for e in events if e.get("kind") == "train-started"), None)
-    finished = next((e for e in reversed(events) if e.get("kind") == "train-finished"), None)
-    t0 = started["time"] if started else (events[0]["time"] if events else 0.0)
-    t1 = finished["time"] if finished else (events[-1]["time"] if events else 0.0)
-    evals = [e for e in events if e.get("kind") == "eval"]
-    window = [e for e in events if t0 <= e.get("time", 0) <= t1]
-    preempted = [e for e in window if e.get("kind") == "preempted" and e.get("role") == "worker"]
-    replacements = [
-        e for e in window if e.get("kind") == "replacement-requested" and e.get("role") != "ps"
-    ]
-    cost = compute_costs(events, now=t1, minimum_s=minimum_s)
-    rates = [
-        e["img_per_s"] for e in events if e.get("kind") == "worker-metrics" and e.get("img_per_s")
-    ]
-    metrics = [e for e in events if e.get("kind") == "metrics"]
-    wall = max(0.0, t1 - t0)
-    steps = int(finished["step"]) if finished else (metrics[-1]["step"] if metrics else 0)
-    batch = int(started["batch_size"]) if started else 0
-    cluster_rate = steps * batch / wall if wall > 0 else 0.0
-    one_worker = float(np.median(rates)) if rates else math.nan
-    return {
-        "run": started.get("run") if started else None,
-        "model": started.get("model") if started else None,
-        "data": started.get("data") if started else None,
-        "reason": finished.get("reason") if finished else None,
-        "error": finished.get("error") if finished else None,
-        "trainer_failures": sum(1 for e in window if e.get("kind") == "trainer-failed"),
-        "steps": steps,
-        "wall_s": wall,
-        "accuracy": evals[-1]["accuracy"] if evals else None,
-        "preemptions": len(preempted),
-        "replacements": len(replacements),
-        "ps_recoveries": sum(1 for e in window if e.get("kind") == "ps-recovered"),
-        "steps_lost": sum(
-            int(e.get("steps_lost", 0)) for e in window if e.get("kind") == "ps-recovered"
-        ),
-        "lost_in_flight": finished.get("lost_in_flight") if finished else None,
-        "cost": cost.total,
-        "cost_on_demand": cost.total_on_demand,
-        "saved": cost.saved,
-        "saved_fraction": cost.saved_fraction,
-        "img_per_s": cluster_rate,
-        "speedup_over_one_worker": cluster_rate / one_worker
-        if one_worker and one_worker > 0
-        else None,
-    }
 
 
 def train(

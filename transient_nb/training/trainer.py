@@ -396,6 +396,7 @@ class Trainer:
         model = build_model(self.model_name, num_classes=dataset.num_classes).to(self.device)
         model.train()
         flat = FlatModel(model, self.hp.wire_dtype)
+        device_id = _device_id(flat.w.device)
         stream = BatchStream(dataset, self.hp.batch_size, seed=self.seed)
         shards: list[Any] = []
         t_report, imgs = time.time(), 0
@@ -459,7 +460,7 @@ class Trainer:
                         step=version,
                         img_per_s=imgs / (now - t_report),
                         local_step=self.local_step,
-                        device=self.device,
+                        device=device_id,
                     )
                     t_report, imgs = now, 0
                 if final:
@@ -497,3 +498,12 @@ class Trainer:
 def _merge(replies: list[Any]) -> tuple[list[np.ndarray], np.ndarray | None, int]:
     """The shards' weight pieces (as they came), shard 0's statistics and version."""
     return [r[0] for r in replies], replies[0][1], int(replies[0][2])
+
+
+def _device_id(device: torch.device) -> str:
+    """ "cpu", or "cuda:" and the GPU's UUID: trainers with distinct ids had GPUs of their own
+    (what an honest speedup over one worker needs; see ``state.RunSummary``)."""
+    if device.type != "cuda":
+        return "cpu"
+    props = torch.cuda.get_device_properties(device)
+    return f"cuda:{getattr(props, 'uuid', device.index)}"
