@@ -70,6 +70,11 @@ def widgets_shown(captured: Any) -> list[Any]:
         ("up --preemption sometimes", "sometimes"),
         ("up --notice=-5s", "notice='-5s' must be a non-negative duration"),
         ("up --name Demo_1", "Cluster name 'Demo_1' is not allowed"),
+        # Issue 11: limits refused before anything starts.
+        ("up --workers 1000", "1000 workers is above max_workers=64"),
+        ("up --workers 3 --max-workers 2", "3 workers is above max_workers=2"),
+        ("up --workers 4 --max-hourly-cost 0.5", "above max_hourly_cost=$0.50/h"),
+        ("up --backend gce --time-scale 120", "time_scale=120 is only for the local backend"),
     ],
 )
 def test_mistakes_say_what_to_type(ip: InteractiveShell, line: str, message: str) -> None:

@@ -116,6 +116,15 @@ def _variable(text: str) -> str:
 @argument("--fallback-gpus", type=_names, metavar="G1,G2", help="GPU types to try next")
 @argument("--seed", type=_whole("seed", 0), help="seed of the simulator's draws")
 @argument(
+    "--max-workers", type=_whole("workers", 1), metavar="N", help="refuse more workers than this"
+)
+@argument(
+    "--max-hourly-cost",
+    type=_positive("dollars per hour"),
+    metavar="USD",
+    help="refuse workers that could cost more per hour than this",
+)
+@argument(
     "--as",
     dest="var",
     type=_variable,
@@ -413,6 +422,8 @@ class TransientMagics(Magics):
                 "fallback_zones",
                 "fallback_gpus",
                 "seed",
+                "max_workers",
+                "max_hourly_cost",
             ),
         )
         with _usage_errors("%transient_cluster up: "):
