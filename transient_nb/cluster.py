@@ -97,6 +97,20 @@ class TransientCluster(SpecCluster):
     **backend_options
         Passed to the backend (local: ``stockouts``, ``nthreads``, ``cuda``, ``death_timeout``).
 
+    Notes
+    -----
+    Why not SpecCluster's own reconciliation (``worker_spec`` -> ``_correct_state``)? It treats
+    a worker spec as a process to (re)start under the same name as soon as it is missing, and
+    ``scale(n)`` as "n specs". A transient cluster needs other semantics: a preempted VM is gone
+    for good (its name is never reused, its bill ends, a replacement may go to another zone or GPU
+    type), replacements wait out provisioning delays, stock-outs and backoffs, and the PS host is
+    not a worker to count. So ``_target`` (the workers asked for) and ``_slots`` (slot -> the VM
+    holding it, reserved while a request is in flight) are the desired state, and
+    ``_provision``/``_maybe_replace`` are the reconciliation: on every ``scale``, ``left`` and
+    ``preempted`` event they ask the backend for the VMs that are missing, one slot at a time.
+    ``worker_spec`` is still kept true (a spec per live VM), so that SpecCluster's ``close``,
+    ``workers`` and repr see what really runs; ``_correct_state`` never has to start anything.
+
     Examples
     --------
     >>> from transient_nb import TransientCluster
@@ -246,17 +260,17 @@ class TransientCluster(SpecCluster):
             log_dir=os.path.join(self.run_path, "logs"),
             **backend_options,
         )
-        # -- backend hooks: a cloud backend checks its settings against the provider here, before
-        # anything exists (GCE: project, zones, machine and GPU types, image).
-        self.backend.prepare(
-            name,
-            gpus=[self.gpu, *fallback_gpus],
-            zones=[self.zone, *fallback_zones],
-            machine_type=self.machine_type,
-            ps_machine_type=self.ps_machine_type,
-            notice_s=self.notice_s / self.time_scale,
-            cluster_id=self.cluster_id,
-        )
+        # -- backend hooks: a cloud backend checks its settings against the provider (GCE:
+        # project, zones, machine and GPU types, image) first thing in the async start, before
+        # anything exists, and off the event loop (blocking SDK calls; see _start).
+        self._prepare_options: dict[str, Any] = {
+            "gpus": [self.gpu, *fallback_gpus],
+            "zones": [self.zone, *fallback_zones],
+            "machine_type": self.machine_type,
+            "ps_machine_type": self.ps_machine_type,
+            "notice_s": self.notice_s / self.time_scale,
+            "cluster_id": self.cluster_id,
+        }
         if replace_at is None and self.backend.name == "gce":
             # GCE gives 30 s of notice and a new VM takes 80-100 s to boot: ask at the notice.
             self.replace_at = config.get("gce.replace-at")
@@ -306,6 +320,9 @@ class TransientCluster(SpecCluster):
     async def _start(self) -> None:
         if self.status in (Status.running, Status.starting):
             return await super()._start()
+        # Before the scheduler or any VM exists, in a thread: a bad setting raises here with
+        # nothing to clean up, and an asynchronous cluster's event loop is never blocked.
+        await asyncio.to_thread(self.backend.prepare, self.name, **self._prepare_options)
         await super()._start()
         self._log(self.backend.describe())
         await self._post(
