@@ -18,7 +18,8 @@ from dask.utils import parse_timedelta
 from transient_nb import config
 
 
-def _duration(value: Any, what: str, example: str) -> float | None:
+def duration(value: Any, what: str, example: str = "3h") -> float | None:
+    """``value`` as positive seconds (None stays None); a ``ValueError`` naming ``what``."""
     if value is None:
         return None
     try:
@@ -30,7 +31,8 @@ def _duration(value: Any, what: str, example: str) -> float | None:
     return float(seconds)
 
 
-def _dollars(value: Any, what: str) -> float | None:
+def dollars(value: Any, what: str) -> float | None:
+    """``value`` as positive dollars (None stays None); a ``ValueError`` naming ``what``."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
@@ -87,19 +89,19 @@ class Limits:
         mw = config.get("limits.max-workers", override_with=max_workers)
         if isinstance(mw, bool) or not isinstance(mw, int) or mw < 1:
             raise ValueError(f"max_workers={mw!r} must be a whole number of at least 1.")
-        join = _duration(
+        join = duration(
             config.get("limits.join-timeout", override_with=join_timeout),
             "join_timeout",
             "10 minutes",
         )
         return cls(
             max_workers=mw,
-            max_hourly_cost=_dollars(
+            max_hourly_cost=dollars(
                 config.get("limits.max-hourly-cost", override_with=max_hourly_cost),
                 "max_hourly_cost",
             ),
-            budget=_dollars(config.get("limits.budget", override_with=budget), "budget"),
-            deadline_s=_duration(
+            budget=dollars(config.get("limits.budget", override_with=budget), "budget"),
+            deadline_s=duration(
                 config.get("limits.deadline", override_with=deadline), "deadline", "3h"
             ),
             join_timeout_s=join if join is not None else 600.0,

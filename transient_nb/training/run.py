@@ -26,9 +26,9 @@ import fsspec
 import numpy as np
 import pandas as pd
 import torch
-from dask.utils import parse_timedelta
 from distributed import Client, Variable
 
+from transient_nb import limits
 from transient_nb.events import TOPIC, make_event
 from transient_nb.state import event_log, history, summarize
 from transient_nb.training import checkpoint
@@ -52,19 +52,17 @@ CHECKPOINTS_KEPT = 2
 
 
 def _parse_deadline(deadline: Any) -> float | None:
-    """A deadline as UNIX seconds: a duration from now ("2h", 3600) or a datetime."""
+    """A deadline as UNIX seconds: a duration from now ("2h", 3600) or a datetime.
+
+    Durations are checked by :func:`transient_nb.limits.duration`, as the cluster's own deadline
+    is: one rule for money and time limits, whoever sets them.
+    """
     if deadline is None:
         return None
     if hasattr(deadline, "timestamp"):
         return float(deadline.timestamp())
-    try:
-        seconds = parse_timedelta(deadline, default="seconds")
-    except (ValueError, TypeError, KeyError):
-        seconds = None
-    if seconds is None or seconds <= 0:
-        raise ValueError(
-            f"deadline={deadline!r}: give a positive duration such as '2h' or a datetime."
-        )
+    seconds = limits.duration(deadline, "deadline", "2h")
+    assert seconds is not None
     return time.time() + seconds
 
 
@@ -893,9 +891,7 @@ def train(
         target_accuracy=target_accuracy,
         **hparams,
     )
-    if budget is not None:
-        if not budget > 0:
-            raise ValueError(f"budget={budget!r} must be a positive number of dollars.")
+    if limits.dollars(budget, "budget") is not None:
         spent = cluster.cost().total
         if spent >= budget:
             raise ValueError(
