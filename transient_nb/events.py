@@ -86,7 +86,7 @@ EVENTS: dict[str, tuple[str, ...]] = {
     ),
     "replacement-requested": ("worker", "role", "slot"),
     "stockout": ("worker", "gpu", "zone", "reason"),
-    "capacity-exhausted": ("role", "gpu", "zone"),
+    "capacity-exhausted": ("role", "gpu", "zone", "reason"),
     # The provider refused a VM for a quota (the cluster tries elsewhere or gives up).
     "quota-exceeded": ("worker", "role", "gpu", "zone", "quota", "region", "limit", "message"),
     "provision-failed": ("worker", "role", "zone", "error"),  # creating a VM failed otherwise
