@@ -264,3 +264,40 @@ def test_a_kernel_that_exits_stops_its_run_first(tmp_path):
     assert finished["reason"] == "stopped" and finished["step"] >= 20
     trainers = json.loads(finished["trainers"])
     assert [t["state"] for t in trainers] == ["stopped"]
+
+
+def test_a_cloud_run_needs_shared_checkpoint_storage_it_can_write(tmp_path):
+    """On a non-local backend the PS checkpoints must outlive the PS host: train() refuses a
+    missing or host-local checkpoint_url, and probes the given one with a write, before
+    anything starts."""
+    from types import SimpleNamespace
+
+    from transient_nb.training.run import probe_checkpoint_url
+
+    gce = SimpleNamespace(
+        backend=SimpleNamespace(name="gce"),
+        status=SimpleNamespace(name="running"),
+        cost=lambda: SimpleNamespace(total=0.0),
+    )
+    for url in (None, str(tmp_path), f"file://{tmp_path}", "memory://ckpt"):
+        with pytest.raises(ValueError, match=r"checkpoint_url=.*gs://YOUR-BUCKET"):
+            train(gce, model="resnet8", data="digits", steps=10, checkpoint_url=url)
+    # The probe writes, reads back and deletes a file; a URL it cannot write is named, with
+    # what to do.
+    probe_checkpoint_url("memory://probe-ok/runs")
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    assert not [p for p in MemoryFileSystem().find("/probe-ok") if ".transient-nb-probe" in p]
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        if os.access(locked, os.W_OK):  # root writes anywhere: use a path under a file instead
+            bad = str(tmp_path / "a-file" / "runs")
+            (tmp_path / "a-file").write_text("not a folder")
+        else:
+            bad = str(locked / "runs")
+        with pytest.raises(ValueError, match=r"cannot be written.*credentials"):
+            probe_checkpoint_url(bad)
+    finally:
+        locked.chmod(0o700)
