@@ -7,13 +7,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import psutil
 import pytest
+from conftest import wait_for_sync  # tests/conftest.py: the suite's wait helper
 
 from transient_nb import TransientCluster, train
 from transient_nb.training.run import TrainingRun
@@ -26,15 +26,8 @@ PS_LOST_AFTER_S = 30.0
 
 
 def until(predicate: Any, timeout: float = 180, what: str = "condition") -> Any:
-    """Poll ``predicate`` until it is truthy (every wait here has a bound)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
+    """Wait for ``predicate`` (the suite's bounded wait, tests/conftest.py)."""
+    return wait_for_sync(predicate, timeout=timeout, message=f"timed out waiting for {what}")
 
 
 @contextmanager
@@ -164,12 +157,33 @@ def sigcont() -> Iterator[list[Any]]:
             pass
 
 
+class FaultRecord(dict):
+    """A row of the fault matrix: fault, outcome, steps lost, gradients lost, time to recover."""
+
+    def add(
+        self,
+        fault: str,
+        outcome: str,
+        finished: dict[str, Any] | None,
+        steps_lost: int = 0,
+        recover_s: float | None = None,
+        **extra: Any,
+    ) -> None:
+        self.update(
+            fault=fault,
+            outcome=outcome,
+            steps_lost=steps_lost,
+            gradients_lost=finished["lost_in_flight"] if finished else 0,
+            recover_s=recover_s,
+            **extra,
+        )
+
+
 @pytest.fixture
-def record(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
-    """A row of the fault matrix (fault, outcome, steps lost, time to recover) that the test
-    fills; appended to ``$TRANSIENT_NB_FAULT_MATRIX`` (JSON lines) when that is set, which is
-    how ``benchmarks/fault_matrix.py`` collects the table."""
-    row: dict[str, Any] = {"test": request.node.name}
+def record(request: pytest.FixtureRequest) -> Iterator[FaultRecord]:
+    """The test's row of the fault matrix; appended to ``$TRANSIENT_NB_FAULT_MATRIX`` (JSON
+    lines) when that is set, which is how ``benchmarks/fault_matrix.py`` collects the table."""
+    row = FaultRecord(test=request.node.name)
     yield row
     path = os.environ.get("TRANSIENT_NB_FAULT_MATRIX")
     if path and "outcome" in row:

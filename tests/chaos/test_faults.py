@@ -54,11 +54,10 @@ def test_worker_hard_killed_in_the_middle_of_a_push(record):
         t_back = time.time()
         run.wait(timeout=RUN_BOUND_S)
         finished = assert_finished(run, 2000, lost_at_most=1)
-        record.update(
-            fault="worker SIGKILLed mid-push",
-            outcome=f"{finished['step']} steps; replacement trains",
-            steps_lost=0,
-            gradients_lost=finished["lost_in_flight"],
+        record.add(
+            "worker SIGKILLed mid-push",
+            f"{finished['step']} steps; replacement trains",
+            finished,
             recover_s=t_back - t_fault,
         )
         assert_story(
@@ -82,11 +81,10 @@ def test_preemption_notice_drains_the_last_gradient(record):
         t_back = time.time()
         run.wait(timeout=RUN_BOUND_S)
         finished = assert_finished(run, 2000, lost_at_most=0)
-        record.update(
-            fault="preemption notice (3 s)",
-            outcome=f"{finished['step']} steps; last gradient drained",
-            steps_lost=0,
-            gradients_lost=finished["lost_in_flight"],
+        record.add(
+            "preemption notice (3 s)",
+            f"{finished['step']} steps; last gradient drained",
+            finished,
             recover_s=t_back - t_fault,
         )
         assert "w-0" in run.status["drained"]
@@ -143,11 +141,11 @@ def test_ps_host_killed_in_the_middle_of_a_checkpoint(tmp_path, record):
         assert recovered["step"] == complete[-1] < torn_step
         assert recovered["source"] == "checkpoint"
         assert recovered["steps_lost"] == lost["step"] - recovered["step"] >= 0
-        record.update(
-            fault="PS host SIGKILLed mid-checkpoint (2 shards)",
-            outcome=f"{finished['step']} steps; resumed from step {recovered['step']} (torn {torn_step} ignored)",
+        record.add(
+            "PS host SIGKILLed mid-checkpoint (2 shards)",
+            f"{finished['step']} steps; resumed from step {recovered['step']} (torn {torn_step} ignored)",
+            finished,
             steps_lost=recovered["steps_lost"],
-            gradients_lost=finished["lost_in_flight"],
             recover_s=recovered["time"] - t_fault,
         )
         assert_story(
@@ -179,11 +177,10 @@ def test_trainer_worker_frozen_past_the_call_timeout_then_resumed(sigcont, recor
         until(lambda: accepted(run, "w-1") >= before + 10, 120, "w-1 contributing again")
         run.wait(timeout=RUN_BOUND_S)
         finished = assert_finished(run, 1200, lost_at_most=0)
-        record.update(
-            fault="trainer's worker SIGSTOPped past the call timeout, resumed",
-            outcome=f"{finished['step']} steps; not active while frozen; contributes again",
-            steps_lost=0,
-            gradients_lost=finished["lost_in_flight"],
+        record.add(
+            "trainer's worker SIGSTOPped past the call timeout, resumed",
+            f"{finished['step']} steps; not active while frozen; contributes again",
+            finished,
             recover_s=t_back - t_resume,
         )
         assert kinds(run, "ps-lost") == []  # a frozen trainer is not a lost PS
@@ -206,11 +203,10 @@ def test_ps_host_frozen_past_the_call_timeout_then_resumed(sigcont, record):
         t_back = max(e["time"] for e in kinds(run, "ps-rejoined"))
         run.wait(timeout=RUN_BOUND_S)
         finished = assert_finished(run, 800, lost_at_most=0)
-        record.update(
-            fault="PS host SIGSTOPped past the call timeout, resumed",
-            outcome=f"{finished['step']} steps; same PS kept, trainers rejoined",
-            steps_lost=0,
-            gradients_lost=finished["lost_in_flight"],
+        record.add(
+            "PS host SIGSTOPped past the call timeout, resumed",
+            f"{finished['step']} steps; same PS kept, trainers rejoined",
+            finished,
             recover_s=t_back - t_resume,
         )
         # Slow is not dead: the same PS goes on, no recovery, nothing thrown away.
@@ -252,12 +248,10 @@ def test_trainer_that_raises_on_one_worker_only(record):
         restarted = kinds(run, "trainer-restarted", worker="w-1")
         assert [e["delay_s"] for e in restarted] == [1.0, 2.0]  # backoff
         assert kinds(run, "trainer-failed", worker="w-0") == []
-        record.update(
-            fault="trainer raises on one worker (data unreadable)",
-            outcome=f"{finished['step']} steps; w-1 restarted after 1, 2 s, then given up",
-            steps_lost=0,
-            gradients_lost=finished["lost_in_flight"],
-            recover_s=None,
+        record.add(
+            "trainer raises on one worker (data unreadable)",
+            f"{finished['step']} steps; w-1 restarted after 1, 2 s, then given up",
+            finished,
         )
         assert_nothing_left(cluster, run)
 
@@ -276,12 +270,10 @@ def test_trainers_that_all_keep_failing_stop_the_run_with_their_error(record):
         summary = run.summary()
         assert summary["reason"] == "trainer-failed" and "disk unreadable" in summary["error"]
         assert summary["trainer_failures"] == 4  # two workers, one restart each
-        record.update(
-            fault="every trainer raises (data unreadable everywhere)",
-            outcome="run stops: trainer-failed, the error in wait(), summary() and the log",
-            steps_lost=0,
-            gradients_lost=0,
-            recover_s=None,
+        record.add(
+            "every trainer raises (data unreadable everywhere)",
+            "run stops: trainer-failed, the error in wait(), summary() and the log",
+            None,
             stop_s=stopped_after,
         )
         assert_nothing_left(cluster, run)
@@ -308,11 +300,10 @@ def test_driver_exception_stops_everything_and_a_later_run_starts(monkeypatch, r
         t_back = time.time()
         second.wait(timeout=RUN_BOUND_S)
         finished = assert_finished(second, 300, lost_at_most=0)
-        record.update(
-            fault="driver raises (evaluation)",
-            outcome="run ends with the error; trainers, actors, Variable gone; next run trains",
-            steps_lost=0,
-            gradients_lost=finished["lost_in_flight"],
+        record.add(
+            "driver raises (evaluation)",
+            "run ends with the error; trainers, actors, Variable gone; next run trains",
+            finished,
             recover_s=t_back - t_second,
         )
         assert accepted(second, "w-0") > 0 and accepted(second, "w-1") > 0
@@ -338,11 +329,11 @@ def test_two_faults_at_once_ps_host_and_a_worker_killed(record):
         )
         joined = {e["worker"] for e in kinds(run, "joined")}
         assert "ps-1" in joined and "w-3" in joined
-        record.update(
-            fault="PS host and a worker SIGKILLed at once",
-            outcome=f"{finished['step']} steps; PS from step {recovered['step']}; replacement trains",
+        record.add(
+            "PS host and a worker SIGKILLed at once",
+            f"{finished['step']} steps; PS from step {recovered['step']}; replacement trains",
+            finished,
             steps_lost=recovered["steps_lost"],
-            gradients_lost=finished["lost_in_flight"],
             recover_s=t_back - t_fault,
             ps_recover_s=recovered["time"] - t_fault,
         )

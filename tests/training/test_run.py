@@ -11,6 +11,7 @@ import pytest
 from dask.utils import parse_timedelta
 
 from transient_nb import TransientCluster, train
+from transient_nb.state import HISTORY_COLUMNS
 from transient_nb.training.data import write_cifar10_files
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -203,18 +204,7 @@ def test_stop_conditions_and_the_run_record_alone_rebuild_the_summary():
     assert by_budget.reason == "budget"
     assert by_budget.cluster.cost().total >= spent + 0.002
     history = by_accuracy.history
-    assert list(history.columns) == [
-        "step",
-        "time",
-        "loss",
-        "accuracy",
-        "active_workers",
-        "staleness",
-        "img_per_s",
-        "lr",
-        "cost",
-        "cost_on_demand",
-    ]
+    assert list(history.columns) == HISTORY_COLUMNS
     assert len(history) >= 1 and history["step"].is_monotonic_increasing
     assert (history["cost"] <= history["cost_on_demand"]).all()
     # The run record on disk holds everything the summary is computed from.
