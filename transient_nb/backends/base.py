@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from distributed.core import Status
+from distributed.core import Status, rpc
 from distributed.deploy.spec import ProcessInterface
 
 from transient_nb.prices import Price
@@ -131,6 +131,17 @@ class TransientVM(ProcessInterface):
         #: True when the provider's own notice already reached the VM (GCE's metadata server):
         #: there is no notice left to deliver, only the exit to wait for.
         self.provider_notice = False
+        #: TLS settings of this cluster's comms (set by backends that use TLS).
+        self.connection_args: dict[str, Any] = {}
+
+    async def _worker_address(self) -> str | None:
+        """The address of this VM's worker as the scheduler knows it (None before it joins)."""
+        async with rpc(self.scheduler_address, connection_args=self.connection_args) as r:
+            info = await r.identity()
+        for addr, w in info.get("workers", {}).items():
+            if str(w.get("name")) == self.name:
+                return str(addr)
+        return None
 
     async def post(self, kind: str, **fields: Any) -> None:
         """Log a lifecycle event of this VM."""

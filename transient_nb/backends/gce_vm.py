@@ -202,14 +202,6 @@ class GCEVM(TransientVM):
         # On-demand workers are not preempted by a maintenance event: tell the worker directly.
         await self._tell_worker(deadline)
 
-    async def _worker_address(self) -> str | None:
-        async with rpc(self.scheduler_address, connection_args=self.connection_args) as r:
-            info = await r.identity()
-        for addr, w in info.get("workers", {}).items():
-            if str(w.get("name")) == self.name:
-                return str(addr)
-        return None
-
     async def _tell_worker(self, deadline: float) -> None:
         try:
             addr = await self._worker_address()

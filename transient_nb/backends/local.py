@@ -149,14 +149,6 @@ class LocalVM(TransientVM):
             self._log.close()
         self.exited_by_itself()
 
-    async def _worker_address(self) -> str | None:
-        async with rpc(self.scheduler_address, connection_args=self.connection_args) as r:
-            info = await r.identity()
-        for addr, w in info.get("workers", {}).items():
-            if str(w.get("name")) == self.name:
-                return str(addr)
-        return None
-
     async def _notify(self, deadline: float) -> None:
         if self.proc is None:
             return  # still booting: nothing to drain
