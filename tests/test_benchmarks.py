@@ -141,3 +141,10 @@ def test_ps_micro():
         "torch f32->f16",
     } <= ops
     assert_positive(rows, "cpu ms")
+
+
+def test_pipeline_accuracy():
+    header, rows = run_tiny("pipeline_accuracy.py")
+    assert header == ["data", "pipeline", "steps", "accuracy", "accuracy range", "wall s"]
+    assert [(r["data"], r["pipeline"]) for r in rows] == [("digits", "off"), ("digits", "on")]
+    assert_positive(rows, "steps", "accuracy", "wall s")
