@@ -158,3 +158,126 @@ def test_a_writer_killed_midway_leaves_the_previous_complete_checkpoint(tmp_path
         assert ck is not None and ck.step >= first
         for shard in ck.shards:
             assert (shard["weights"] == ck.step).all() and (shard["momentum"] == ck.step).all()
+
+
+# -- what the mutation run (issue 17) showed unchecked ----------------------------------------------
+
+
+def test_files_reach_their_final_name_only_by_an_atomic_rename_of_complete_bytes(
+    tmp_path, monkeypatch
+):
+    """No file is ever opened for writing under its final name: a reader sees the old bytes
+    (or none) until the rename, then the new ones whole."""
+    url = str(tmp_path)
+    renames = []
+    real_replace = os.replace
+
+    def replace(src, dst):
+        assert src != dst and os.path.basename(src).startswith(os.path.basename(dst) + ".tmp-")
+        assert not os.path.exists(dst)  # nothing written under the final name before
+        with open(src, "rb") as f:
+            renames.append((os.path.basename(dst), f.read()))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(checkpoint.os, "replace", replace)
+    path = _publish(url, 8)
+    assert [name for name, _ in renames] == ["shard-0.npz", "shard-1.npz", "manifest.json"]
+    assert renames[-1][1] == open(path, "rb").read()  # the manifest went whole
+    assert sorted(os.listdir(checkpoint.step_dir(url, 8))) == [
+        "manifest.json",
+        "shard-0.npz",
+        "shard-1.npz",
+    ]
+    assert checkpoint.latest_step(url) == 8
+
+
+def test_the_manifest_records_the_step_format_meta_and_files_in_shard_order(tmp_path):
+    url = str(tmp_path) + "/"  # a trailing slash changes nothing
+    files = [
+        checkpoint.write_shard(url, 3, i, {"weights": np.full(4, i, np.float32)}) for i in (1, 0)
+    ]
+    path = checkpoint.write_manifest(url, 3, {"model": "m", "counters": {"gaps": 1}}, files)
+    assert path == os.path.join(str(tmp_path), "step-000000003", "manifest.json")
+    manifest = json.load(open(path))
+    assert manifest["format"] == checkpoint.FORMAT == 2 and manifest["step"] == 3
+    assert [f["name"] for f in manifest["files"]] == ["shard-0.npz", "shard-1.npz"]
+    assert [f["shard"] for f in manifest["files"]] == [0, 1]
+    data = open(os.path.join(os.path.dirname(path), "shard-1.npz"), "rb").read()
+    import hashlib
+
+    assert manifest["files"][1]["bytes"] == len(data)
+    assert manifest["files"][1]["sha256"] == hashlib.sha256(data).hexdigest()
+    ck = checkpoint.load_latest(url)
+    assert ck.meta == {"model": "m", "counters": {"gaps": 1}, "format": 2, "step": 3}
+    assert ck.url == checkpoint.step_dir(str(tmp_path), 3)
+    assert [float(s["weights"][0]) for s in ck.shards] == [0.0, 1.0]  # in shard order
+
+
+def test_a_remote_manifest_path_keeps_its_scheme():
+    url = "memory://ckpt-remote-path"
+    files = [checkpoint.write_shard(url, 1, 0, {"weights": np.zeros(2, np.float32)})]
+    assert (
+        checkpoint.write_manifest(url, 1, {}, files)
+        == "memory://ckpt-remote-path/step-000000001/manifest.json"
+    )
+    assert checkpoint.load_latest(url).url == "/ckpt-remote-path/step-000000001"
+    assert (
+        checkpoint.write_manifest(url + "/", 1, {}, files)
+        == "memory://ckpt-remote-path/step-000000001/manifest.json"
+    )
+
+
+def test_the_format_message_says_what_to_do(tmp_path):
+    url = str(tmp_path)
+    _publish(url, 3)
+    path = os.path.join(checkpoint.step_dir(url, 3), "manifest.json")
+    manifest = json.load(open(path))
+    manifest["format"] = 1
+    json.dump(manifest, open(path, "w"))
+    with pytest.raises(ValueError) as info:
+        checkpoint.load_latest(url)
+    assert str(info.value) == (
+        f"Checkpoint {checkpoint.step_dir(url, 3)} has format 1, expected 2: it was written by "
+        "another version of transient_nb; start a new run or pass another checkpoint_url."
+    )
+
+
+def test_a_size_or_a_digest_that_does_not_match_alone_rejects_the_set(tmp_path):
+    url = str(tmp_path)
+    _publish(url, 1)
+    for step, field, value in ((2, "bytes", 1), (3, "sha256", "0" * 64)):
+        _publish(url, step)
+        path = os.path.join(checkpoint.step_dir(url, step), "manifest.json")
+        manifest = json.load(open(path))
+        manifest["files"][1][field] = value
+        json.dump(manifest, open(path, "w"))
+        assert checkpoint.load_latest(url).step == 1
+    # A shard file missing altogether.
+    _publish(url, 4)
+    os.remove(os.path.join(checkpoint.step_dir(url, 4), "shard-0.npz"))
+    assert checkpoint.latest_step(url) == 1
+
+
+def test_steps_lists_only_step_folders_and_nothing_for_a_missing_url(tmp_path):
+    assert checkpoint.steps(str(tmp_path / "nowhere")) == []
+    assert checkpoint.load_latest(str(tmp_path / "nowhere")) is None
+    assert checkpoint.latest_step(str(tmp_path / "nowhere")) is None
+    _publish(str(tmp_path), 12)
+    _publish(str(tmp_path), 3)
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "step-7.bak").mkdir()
+    assert checkpoint.steps(str(tmp_path)) == [12, 3]
+    assert checkpoint.latest_step(str(tmp_path)) == 12
+
+
+def test_prune_by_default_keeps_two_and_deletes_torn_older_folders(tmp_path):
+    url = str(tmp_path)
+    _publish(url, 1)
+    checkpoint.write_shard(url, 2, 0, {"weights": np.zeros(5, np.float32)})  # torn, older
+    _publish(url, 3)
+    _publish(url, 4)
+    _publish(url, 5)
+    assert checkpoint.prune(url) == [3, 2, 1]
+    assert checkpoint.steps(url) == [5, 4]
+    assert checkpoint.prune(url, keep=1) == [4]
+    assert checkpoint.prune(url, keep=1) == []

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import pickle
+import time
 
 import numpy as np
 import pytest
@@ -296,3 +298,320 @@ def test_shard_bounds_cover_the_vector(n, shards):
     assert bounds[0][0] == 0 and bounds[-1][1] == n
     assert all(a[1] == b[0] for a, b in itertools.pairwise(bounds))
     assert max(b - a for a, b in bounds) - min(b - a for a, b in bounds) <= 1
+
+
+# -- what the mutation run (issue 17) showed unchecked ----------------------------------------------
+
+
+class _Worker:
+    """What ``get_worker()`` gives a PS inside Dask: only ``log_event`` is used."""
+
+    def __init__(self):
+        self.events: list[tuple[str, dict]] = []
+
+    def log_event(self, topic, event):
+        self.events.append((topic, event))
+
+
+def test_metrics_events_carry_the_window_averages_and_rates(tmp_path):
+    ps = _ps(tmp_path, momentum=0.0, weight_decay=0.0, metrics_interval_s=3600.0)
+    worker = _Worker()
+    ps._worker = worker
+    g = np.zeros(6, np.float32)
+
+    async def scenario():
+        await ps.register("a")
+        await ps.register("b")
+        ps._window["t"] -= 1800  # half an interval ago: no event yet
+        await ps.push_pull(trainer="a", grad=g, base_version=0, local_step=1, loss=1.0, images=8)
+        await ps.push_pull(trainer="b", grad=g, base_version=0, local_step=1, loss=3.0, images=4)
+        assert worker.events == []
+        ps._window["t"] -= 1800 + 1e-3  # the interval is over at the next push
+        await ps.push_pull(trainer="a", grad=g, base_version=0, local_step=2, loss=2.0, images=3)
+
+    asyncio.run(scenario())
+    [(topic, event)] = worker.events
+    assert topic == "transient"
+    assert event["kind"] == "metrics" and event["run"] == "r" and event["shard"] == 0
+    assert event["step"] == 3 and event["updates"] == 3
+    assert event["loss"] == pytest.approx(2.0)
+    assert event["staleness"] == pytest.approx(1.0)  # 0, 1 and 2 versions missed
+    assert event["active_workers"] == 2
+    assert event["lr"] == pytest.approx(0.1 / math.sqrt(2))
+    assert event["img_per_s"] == pytest.approx(15 / 3600, rel=1e-3)
+    assert event["steps_per_s"] == pytest.approx(3 / 3600, rel=1e-3)
+    # A fresh window after the event.
+    assert ps._window["updates"] == 0 and ps._window["images"] == 0
+    assert ps._window["loss"] == 0.0 and ps._window["stale"] == 0
+
+
+def test_only_shard_0_posts_metrics(tmp_path):
+    hparams = HParams(steps=100, metrics_interval_s=1e-9).to_dict()
+    ps = ParameterServer("r", 1, 2, np.zeros(3, np.float32), np.ones(3), None, hparams, "")
+    worker = _Worker()
+    ps._worker = worker
+    asyncio.run(
+        ps.push_pull(trainer="a", grad=np.zeros(3, np.float32), base_version=0, local_step=1)
+    )
+    assert worker.events == []
+
+
+def test_a_resumed_ps_keeps_the_counters_and_the_last_checkpoint(tmp_path):
+    counters = {"accepted": {"a": 7}, "last_local": {"a": 9}, "gaps": 2, "lost_in_flight": 3}
+    hparams = HParams(steps=100, weight_decay=0.5).to_dict()
+    ps = ParameterServer(
+        "r",
+        0,
+        1,
+        np.ones(3, np.float32),
+        np.array([1, 0, 1], np.uint8),
+        None,
+        hparams,
+        str(tmp_path),
+        version=12,
+        momentum=np.full(3, 2.0),
+        generation=4,
+        counters=counters,
+    )
+    assert ps.v.dtype == np.float32 and ps.v.tolist() == [2.0, 2.0, 2.0]
+    assert ps.decay.tolist() == [0.5, 0.0, 0.5] and ps.bn is None
+    assert ps.decay.dtype == np.float32
+
+    async def scenario():
+        before = await ps.status()
+        await ps.push_pull(
+            trainer="a", grad=np.zeros(3, np.float32), base_version=12, local_step=10
+        )
+        return before, await ps.status(), await ps.get_state()
+
+    before, after, state = asyncio.run(scenario())
+    assert before["step"] == 12 and before["last_checkpoint"] == 12
+    assert before["generation"] == 4 and before["accepted"] == {"a": 7}
+    assert before["gaps"] == 2 and before["lost_in_flight"] == 3
+    assert 0 <= before["uptime"] < 60
+    assert after["accepted"] == {"a": 8} and after["gaps"] == 2  # local step 10 follows 9
+    assert state["counters"] == {
+        "accepted": {"a": 8},
+        "last_local": {"a": 10},
+        "gaps": 2,
+        "lost_in_flight": 3,
+    }
+    assert state["step"] == 13 and state["bn"] is None
+
+
+def test_register_counts_the_active_and_pull_marks_the_trainer_computing(tmp_path):
+    ps = _ps(tmp_path)
+
+    async def scenario():
+        assert await ps.register("a") == 1
+        assert await ps.register("b", local_step=4) == 2
+        assert ps.last_local == {"a": 0, "b": 4}
+        assert await ps.unregister("a", drained=False) is False  # it never pulled: no loss
+        await ps.pull("b")
+        assert ps.computing["b"] is True
+        assert await ps.unregister("b", drained=True) is False  # drained: its gradient arrived
+        assert ps.computing["b"] is False
+        assert await ps.unregister("nobody", drained=False) is False
+        await ps.register("c")
+        await ps.pull("c")
+        assert await ps.unregister("c", drained=False) is True
+        assert await ps.unregister("c", drained=False) is False  # counted once
+        return await ps.status()
+
+    status = asyncio.run(scenario())
+    assert status["lost_in_flight"] == 1 and status["active"] == []
+
+
+def test_a_final_push_ends_the_trainer_and_a_rejoin_clears_it(tmp_path):
+    ps = _ps(tmp_path)
+    g = np.zeros(6, np.float32)
+
+    async def scenario():
+        await ps.register("a")
+        await ps.push_pull(trainer="a", grad=g, base_version=0, local_step=1, final=True)
+        assert ps.computing["a"] is False and ps.active() == []
+        assert (await ps.status())["drained"] == ["a"]
+        await ps.register("a", local_step=1)
+        assert (await ps.status())["drained"] == []
+        await ps.push_pull(trainer="a", grad=g, base_version=1, local_step=2)
+        assert ps.computing["a"] is True and ps.active() == ["a"]
+
+    asyncio.run(scenario())
+
+
+def test_snapshots_hold_the_decay_mask_and_statistics_and_refuse_another_step(tmp_path):
+    ps = _ps(tmp_path, weight_decay=0.01)
+
+    async def scenario():
+        await ps.push_pull(
+            trainer="a",
+            grad=np.ones(6, np.float32),
+            base_version=0,
+            local_step=1,
+            bn_delta=np.array([2, 3], np.float32),
+        )
+        with pytest.raises(RuntimeError, match="Shard 0 holds no snapshot of step 1"):
+            await ps.write_snapshot(1)  # no snapshot taken
+        snap = await ps.snapshot()
+        arrays = ps._snapshot["arrays"]
+        with pytest.raises(RuntimeError, match="no snapshot of step 2"):
+            await ps.write_snapshot(2)
+        entry = await ps.write_snapshot(snap["step"])
+        assert ps._snapshot is None
+        return arrays, entry
+
+    arrays, entry = asyncio.run(scenario())
+    assert arrays["decay_mask"].dtype == np.uint8
+    assert arrays["decay_mask"].tolist() == [1, 1, 1, 0, 0, 1]
+    assert arrays["bn"].tolist() == [2.0, 3.0] and not np.shares_memory(arrays["bn"], ps.bn)
+    assert entry["name"] == "shard-0.npz" and ps.last_checkpoint == 1
+    ck = checkpoint.load_latest(str(tmp_path))
+    assert ck is None  # a shard file alone publishes nothing
+    checkpoint.write_manifest(str(tmp_path), 1, {}, [entry])
+    shard = checkpoint.load_latest(str(tmp_path)).shards[0]
+    assert shard["bn"].tolist() == [2.0, 3.0] and shard["decay_mask"].tolist() == [1, 1, 1, 0, 0, 1]
+
+
+def test_an_older_snapshot_written_late_does_not_move_last_checkpoint_back(tmp_path):
+    ps = _ps(tmp_path)
+    ps.last_checkpoint = 10
+    asyncio.run(ps.snapshot(align_version=4))
+    asyncio.run(ps.write_snapshot(4))
+    assert ps.last_checkpoint == 10
+
+
+def test_the_lr_uses_the_schedule_at_the_current_version(tmp_path):
+    # Warm-up of 10 steps: the first update moves by lr * 1/10, the version-5 one by lr * 6/10.
+    hparams = HParams(steps=100, warmup_steps=10, momentum=0.0, weight_decay=0.0).to_dict()
+    ps = ParameterServer("r", 0, 1, np.zeros(2, np.float32), np.zeros(2), None, hparams, "")
+    g = np.ones(2, np.float32)
+    moves = []
+    for i in range(6):
+        before = ps.w.copy()
+        asyncio.run(ps.push_pull(trainer="a", grad=g, base_version=i, local_step=i + 1))
+        moves.append(float((before - ps.w)[0]))
+    np.testing.assert_allclose(moves, [0.1 * (k + 1) / 10 for k in range(6)], rtol=1e-5)
+
+
+def test_a_gradient_from_a_future_version_is_not_negatively_stale(tmp_path):
+    ps = _ps(tmp_path, metrics_interval_s=1e-9)
+    posted = []
+    ps._post = lambda kind, **f: posted.append((kind, f))  # type: ignore[method-assign]
+    g = np.zeros(6, np.float32)
+    asyncio.run(ps.push_pull(trainer="a", grad=g, base_version=5, local_step=1))
+    assert [f["staleness"] for kind, f in posted if kind == "metrics"] == [0]
+
+
+def test_rates_over_a_short_window_and_over_none(tmp_path):
+    ps = _ps(tmp_path, metrics_interval_s=3600.0)
+    posted = []
+    ps._post = lambda kind, **f: posted.append(f)  # type: ignore[method-assign]
+    g = np.zeros(6, np.float32)
+    asyncio.run(ps.push_pull(trainer="a", grad=g, base_version=0, local_step=1))  # no loss given
+    ps._window["images"] = 3
+    ps._post_metrics(ps._window["t"] + 0.5, 0.1)
+    ps._window["updates"] = 1
+    ps._post_metrics(ps._window["t"], 0.1)  # a clock that did not move: no rate, no crash
+    assert posted[0]["loss"] == 0.0 and posted[0]["img_per_s"] == pytest.approx(6.0)
+    assert posted[0]["steps_per_s"] == pytest.approx(2.0)
+    assert posted[1]["img_per_s"] == 0.0 and posted[1]["steps_per_s"] == 0.0
+
+
+def test_a_ps_inside_a_worker_posts_there_and_one_outside_posts_nowhere(tmp_path, monkeypatch):
+    from transient_nb.training import ps as ps_module
+
+    g = np.zeros(6, np.float32)
+    outside = _ps(tmp_path, metrics_interval_s=1e-9)
+    assert outside._worker is None
+    asyncio.run(outside.push_pull(trainer="a", grad=g, base_version=0, local_step=1))  # no crash
+    worker = _Worker()
+    monkeypatch.setattr(ps_module, "get_worker", lambda: worker)
+    inside = _ps(tmp_path, metrics_interval_s=1e-9)
+    asyncio.run(inside.push_pull(trainer="a", grad=g, base_version=0, local_step=1))
+    assert [e["kind"] for _, e in worker.events] == ["metrics"]
+
+
+def test_the_ps_owns_float32_copies_of_what_it_is_given(tmp_path):
+    w = np.linspace(-1, 1, 3)  # float64
+    bn = np.ones(2)
+    w32, bn32 = w.astype(np.float32), bn.astype(np.float32)
+    hp = HParams(steps=10, warmup_steps=0).to_dict()
+    a = ParameterServer("r", 0, 2, w, np.ones(3, np.uint8), bn, hp, "", model="resnet8")
+    b = ParameterServer("r", 0, 2, w32, np.ones(3, np.uint8), bn32, hp, "")
+    for ps in (a, b):
+        assert ps.w.dtype == ps.bn.dtype == ps.v.dtype == ps.decay.dtype == np.float32
+    asyncio.run(
+        b.push_pull(
+            trainer="t",
+            grad=np.ones(3, np.float32),
+            base_version=0,
+            local_step=1,
+            bn_delta=np.ones(2, np.float32),
+        )
+    )
+    np.testing.assert_array_equal(w32, np.linspace(-1, 1, 3).astype(np.float32))  # not aliased
+    np.testing.assert_array_equal(bn32, np.ones(2))
+    assert (a.model, a.shards, b.model, b.generation) == ("resnet8", 2, "", 0)
+
+
+def test_gaps_count_every_missing_local_step_once(tmp_path):
+    ps = _ps(tmp_path)
+    g = np.zeros(6, np.float32)
+
+    async def scenario():
+        await ps.push_pull(trainer="a", grad=g, base_version=0, local_step=2)  # 1 never came
+        await ps.push_pull(trainer="a", grad=g, base_version=1, local_step=2)  # a retried push
+        await ps.push_pull(trainer="a", grad=g, base_version=2, local_step=5)  # 3 and 4 lost
+        await ps.push_pull(trainer="a", grad=g, base_version=3, local_step=4)  # late: no gap
+        return await ps.status()
+
+    status = asyncio.run(scenario())
+    assert status["gaps"] == 3 and ps.last_local == {"a": 5}
+    assert status["active"] == ["a"]  # a push registers its trainer
+
+
+def test_staleness_with_a_base_version_that_is_not_zero(tmp_path):
+    ps = _ps(tmp_path, metrics_interval_s=1e-9)
+    posted = []
+    ps._post = lambda kind, **f: posted.append(f)  # type: ignore[method-assign]
+    g = np.zeros(6, np.float32)
+    for i in range(3):
+        asyncio.run(ps.push_pull(trainer="a", grad=g, base_version=i, local_step=i + 1))
+    asyncio.run(ps.push_pull(trainer="b", grad=g, base_version=2, local_step=1))
+    assert [f["staleness"] for f in posted] == [0, 0, 0, 1]
+
+
+def test_two_lost_trainers_are_two_lost_gradients(tmp_path):
+    ps = _ps(tmp_path)
+
+    async def scenario():
+        for t in ("a", "b"):
+            await ps.register(t)
+            await ps.pull(t)
+        await ps.unregister("a", drained=False)
+        await ps.unregister("b", drained=False)
+        return await ps.status()
+
+    assert asyncio.run(scenario())["lost_in_flight"] == 2
+
+
+def test_a_snapshot_is_written_once_and_a_ps_without_statistics_snapshots_none(tmp_path):
+    hp = HParams(steps=10).to_dict()
+    ps = ParameterServer("r", 0, 1, np.ones(3, np.float32), np.ones(3), None, hp, str(tmp_path))
+
+    async def scenario():
+        snap = await ps.snapshot()
+        assert ps._snapshot["arrays"]["bn"] is None
+        await ps.write_snapshot(snap["step"])
+        with pytest.raises(RuntimeError, match="holds no snapshot of step 0"):
+            await ps.write_snapshot(snap["step"])
+
+    asyncio.run(scenario())
+
+
+def test_active_includes_a_trainer_seen_exactly_one_lease_ago(tmp_path, monkeypatch):
+    ps = _ps(tmp_path, call_timeout_s=30.0)
+    ps.registered = {"a", "b"}
+    ps.last_seen = {"a": 970.0, "b": 969.5}
+    monkeypatch.setattr(time, "monotonic", lambda: 1000.0)
+    assert ps.active() == ["a"]

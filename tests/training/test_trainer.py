@@ -308,3 +308,80 @@ def test_flat_model_views_share_memory_and_backward_fills_the_flat_gradient():
     np.testing.assert_array_equal(
         get_flat(params), np.r_[np.ones(n // 2), np.full(n - n // 2, 2.0)]
     )
+
+
+# -- FlatModel: what the mutation run (issue 17) showed unchecked ------------------------------------
+
+
+def test_flat_model_keeps_the_values_and_loads_statistics_and_weights():
+    from transient_nb.training.flat import FlatModel
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
+    with torch.no_grad():
+        net[1].running_mean.fill_(0.5)
+        net[1].running_var.fill_(2.0)
+    params, buffers = flat_layout(net)
+    before_w, before_b = get_flat(params), get_flat(buffers)
+    flat = FlatModel(net)  # float32 wire by default
+    np.testing.assert_array_equal(flat.weights(), before_w)  # the values are kept
+    np.testing.assert_array_equal(flat.b.numpy(), before_b)
+    assert flat.g.abs().sum() == 0  # gradients start at zero
+    w = flat.weights()
+    w[0] = 99.0
+    assert float(flat.w[0]) != 99.0  # weights() is a copy
+    # Statistics: the change since mark_statistics, in float32; new ones land in the buffers.
+    flat.mark_statistics()
+    net.train()
+    net(torch.randn(8, 3))
+    grad, delta = flat.grads()
+    assert grad.dtype == np.float32 and grad.shape == (len(before_w),)
+    np.testing.assert_allclose(delta, get_flat(buffers) - before_b, atol=1e-6)
+    assert np.abs(delta).max() > 0
+    flat.load([np.zeros(len(before_w), np.float32)], [(0, len(before_w))], bn=np.arange(4.0))
+    np.testing.assert_array_equal(get_flat(buffers), [0.0, 1.0, 2.0, 3.0])
+    np.testing.assert_array_equal(get_flat(params), np.zeros(len(before_w)))
+    flat.load([np.ones(len(before_w), np.float32)], [(0, len(before_w))])  # bn=None: kept
+    np.testing.assert_array_equal(get_flat(buffers), [0.0, 1.0, 2.0, 3.0])
+    with pytest.raises(ValueError):  # as many pieces as bounds
+        flat.load([np.ones(2, np.float32)], [(0, 2), (2, len(before_w))])
+
+
+def test_flat_model_without_statistics_has_no_delta_and_ignores_given_ones():
+    from transient_nb.training.flat import FlatModel
+
+    net = torch.nn.Linear(3, 2)
+    flat = FlatModel(net, "float16", slots=3)
+    n = len(flat.w)
+    flat.load([np.arange(n, dtype=np.float32)], [(0, n)], bn=np.ones(2, np.float32))
+    np.testing.assert_array_equal(net.bias.detach().numpy(), [6.0, 7.0])
+    flat.mark_statistics()
+    slots = [flat.grads() for _ in range(4)]
+    assert all(bn is None for _, bn in slots)
+    assert all(g.dtype == np.float16 for g, _ in slots)
+    # Three slots in turn: the fourth call reuses the first one's buffer, not before.
+    assert not np.shares_memory(slots[0][0], slots[1][0])
+    assert not np.shares_memory(slots[0][0], slots[2][0])
+    assert np.shares_memory(slots[0][0], slots[3][0])
+
+
+def test_flat_layout_skips_frozen_parameters_and_integer_buffers():
+    net = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
+    net[0].bias.requires_grad_(False)
+    params, buffers = flat_layout(net)
+    assert [p.shape for p in params] == [(2, 3), (2,), (2,)]  # weight, bn weight, bn bias
+    assert len(buffers) == 2 and all(b.dtype == torch.float32 for b in buffers)
+
+
+def test_flat_load_reads_read_only_replies_without_a_warning():
+    from transient_nb.training.flat import FlatModel
+
+    flat = FlatModel(torch.nn.Linear(2, 1))
+    piece = np.ones(3, np.float32)
+    piece.flags.writeable = False  # as replies arrive: views of received frames
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        flat.load([piece], [(0, 3)])
+    np.testing.assert_array_equal(flat.weights(), np.ones(3))
