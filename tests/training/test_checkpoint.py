@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import uuid
 
 import numpy as np
 import pytest
@@ -214,17 +215,26 @@ def test_the_manifest_records_the_step_format_meta_and_files_in_shard_order(tmp_
 
 
 def test_a_remote_manifest_path_keeps_its_scheme():
-    url = "memory://ckpt-remote-path"
+    # A fresh name: the memory filesystem lives as long as the process (and its forks).
+    name = f"ckpt-remote-{uuid.uuid4().hex}-X"  # a trailing X is part of the name
+    url = f"memory://{name}"
     files = [checkpoint.write_shard(url, 1, 0, {"weights": np.zeros(2, np.float32)})]
     assert (
         checkpoint.write_manifest(url, 1, {}, files)
-        == "memory://ckpt-remote-path/step-000000001/manifest.json"
+        == f"memory://{name}/step-000000001/manifest.json"
     )
-    assert checkpoint.load_latest(url).url == "/ckpt-remote-path/step-000000001"
+    assert checkpoint.load_latest(url).url == f"/{name}/step-000000001"
     assert (
         checkpoint.write_manifest(url + "/", 1, {}, files)
-        == "memory://ckpt-remote-path/step-000000001/manifest.json"
+        == f"memory://{name}/step-000000001/manifest.json"
     )
+
+
+def test_a_relative_local_url_gives_the_absolute_manifest_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    files = [checkpoint.write_shard("ckpt", 2, 0, {"weights": np.zeros(2, np.float32)})]
+    path = checkpoint.write_manifest("ckpt", 2, {}, files)
+    assert path == str(tmp_path / "ckpt" / "step-000000002" / "manifest.json")
 
 
 def test_the_format_message_says_what_to_do(tmp_path):

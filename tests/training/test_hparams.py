@@ -111,6 +111,7 @@ def test_from_dict_round_trips_and_names_unknown_keys():
             "ps_lost_after_s=9.5 must be at least call_timeout_s=10.0: a slow call is not a lost PS.",
         ),
         ({"pipeline": 1}, "pipeline=1 must be True or False."),
+        ({"metrics_interval_s": 0}, "metrics_interval_s=0 must be a finite number above 0."),
         ({"scale_lr_by_active_workers": 1}, "scale_lr_by_active_workers=1 must be True or False."),
         ({"wire_dtype": "bf16"}, "wire_dtype='bf16': use one of 'float32', 'float16'."),
         ({"trainer_restarts": 1.5}, "trainer_restarts=1.5 must be a whole number of at least 0."),
@@ -176,3 +177,9 @@ def test_from_dict_lists_the_known_names_and_converts_both_schedules():
     assert hp.decay_at == (0.2,) and hp.decay_factors == (0.3,)
     assert HParams.from_dict({}) == HParams()
     assert HParams(steps=5).with_(lr=0.2) == HParams(steps=5, lr=0.2)
+
+
+def test_lr_at_refuses_a_schedule_of_unequal_lengths_instead_of_dropping_a_point():
+    hp = HParams(steps=100, warmup_steps=0, decay_at=(0.5,), decay_factors=(0.1, 0.01))
+    with pytest.raises(ValueError):
+        hp.lr_at(80, 1)

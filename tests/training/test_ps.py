@@ -508,7 +508,7 @@ def test_rates_over_a_short_window_and_over_none(tmp_path):
     ps._post = lambda kind, **f: posted.append(f)  # type: ignore[method-assign]
     g = np.zeros(6, np.float32)
     asyncio.run(ps.push_pull(trainer="a", grad=g, base_version=0, local_step=1))  # no loss given
-    ps._window["images"] = 3
+    ps._window["images"] += 3  # the push itself added none
     ps._post_metrics(ps._window["t"] + 0.5, 0.1)
     ps._window["updates"] = 1
     ps._post_metrics(ps._window["t"], 0.1)  # a clock that did not move: no rate, no crash
