@@ -276,8 +276,19 @@ def test_steps_lists_only_step_folders_and_nothing_for_a_missing_url(tmp_path):
     _publish(str(tmp_path), 3)
     (tmp_path / "notes").mkdir()
     (tmp_path / "step-7.bak").mkdir()
+    (tmp_path / "step-7").mkdir()  # not a name step_dir gives
+    (tmp_path / "copy-of-step-000000003").mkdir()
     assert checkpoint.steps(str(tmp_path)) == [12, 3]
     assert checkpoint.latest_step(str(tmp_path)) == 12
+    # prune acts on checkpoint folders only (it used to delete step 3 for the copy, then fail).
+    assert checkpoint.prune(str(tmp_path), keep=1) == [3]
+    assert sorted(os.listdir(tmp_path)) == [
+        "copy-of-step-000000003",
+        "notes",
+        "step-000000012",
+        "step-7",
+        "step-7.bak",
+    ]
 
 
 def test_prune_by_default_keeps_two_and_deletes_torn_older_folders(tmp_path):

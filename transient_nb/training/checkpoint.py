@@ -33,7 +33,9 @@ from fsspec.implementations.local import LocalFileSystem
 FORMAT = 2
 #: Arrays a shard file may hold.
 ARRAYS = ("weights", "momentum", "decay_mask", "bn")
-_STEP_DIR = re.compile(r"step-(\d+)$")
+#: The name :func:`step_dir` gives a folder (at least 9 digits), and nothing else: a stray
+#: ``copy-of-step-000000001`` or ``step-7`` is not a checkpoint, and prune must not act on it.
+_STEP_DIR = re.compile(r"(?:^|/)step-(\d{9,})$")
 
 
 @dataclass
