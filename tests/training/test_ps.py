@@ -615,3 +615,18 @@ def test_active_includes_a_trainer_seen_exactly_one_lease_ago(tmp_path, monkeypa
     ps.last_seen = {"a": 970.0, "b": 969.5}
     monkeypatch.setattr(time, "monotonic", lambda: 1000.0)
     assert ps.active() == ["a"]
+
+
+def test_metrics_are_posted_once_exactly_one_interval_has_passed(tmp_path, monkeypatch):
+    clock = [1000.0]
+    monkeypatch.setattr(time, "time", lambda: clock[0])
+    ps = _ps(tmp_path, metrics_interval_s=5.0)
+    posted = []
+    ps._post = lambda kind, **f: posted.append(f)  # type: ignore[method-assign]
+    g = np.zeros(6, np.float32)
+    clock[0] = 1004.5
+    asyncio.run(ps.push_pull(trainer="a", grad=g, base_version=0, local_step=1))
+    assert posted == []
+    clock[0] = 1005.0
+    asyncio.run(ps.push_pull(trainer="a", grad=g, base_version=1, local_step=2))
+    assert [f["updates"] for f in posted] == [2]
