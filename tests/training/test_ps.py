@@ -409,7 +409,7 @@ def test_register_counts_the_active_and_pull_marks_the_trainer_computing(tmp_pat
         assert await ps.unregister("a", drained=False) is False  # it never pulled: no loss
         await ps.pull("b")
         assert ps.computing["b"] is True
-        assert await ps.unregister("b", drained=True) is False  # drained: its gradient arrived
+        assert await ps.unregister("b") is False  # drained (the default): its gradient arrived
         assert ps.computing["b"] is False
         assert await ps.unregister("nobody", drained=False) is False
         await ps.register("c")
