@@ -456,7 +456,17 @@ def test_paper_lifetimes_preempt_a_live_cluster(cleanup: None) -> None:
         workers=2, gpu="k80", prices="paper-2019", preemption="paper:k80", time_scale=scale,
         name="paper",
     ) as cluster:  # fmt: skip
-        wait_for_sync(lambda: len(preempted_workers(snapshot(cluster))) >= 3, timeout=90)
+
+        def three_replaced() -> bool:
+            # A replacement is asked for just after its preemption: wait for both, not only the
+            # preemptions (a loaded machine shows the gap).
+            events = snapshot(cluster)
+            first = of_kind(events, "preempted", role="worker")[:3]
+            return len(first) == 3 and all(
+                replacement_of(events, e["worker"])[0] is not None for e in first
+            )
+
+        wait_for_sync(three_replaced, timeout=90)
         events = snapshot(cluster)
     for e in of_kind(events, "preempted", role="worker")[:3]:
         assert e["source"] == "simulator"
