@@ -94,7 +94,9 @@ def scratch(module: str, rev: str | None) -> Path:
 
 def mutmut(work: Path, module: str, tests: list[str], *args: str) -> subprocess.CompletedProcess:
     code = _CHILD.format(only=f"transient_nb/{module}.py", tests=tests)
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    # One torch/OpenMP thread: mutmut forks a child per mutant, and a forked torch thread pool
+    # hangs on its first call (the mutant then "dies" by timeout and counts as killed).
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1"}
     return subprocess.run(
         [sys.executable, "-c", code, *args], cwd=work, env=env, capture_output=True, text=True
     )
