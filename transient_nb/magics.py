@@ -91,6 +91,22 @@ def _variable(text: str) -> str:
     return text
 
 
+def _bind_as(default: str, what: str) -> argument:
+    """The ``--as VAR`` option of the subcommands that bind a variable."""
+    return argument(
+        "--as",
+        dest="var",
+        type=_variable,
+        default=default,
+        metavar="VAR",
+        help=f"variable to bind the {what} to (default: {default})",
+    )
+
+
+#: ``--no-panel``, shared by the subcommands that show the control panel.
+_NO_PANEL = argument("--no-panel", action="store_true", help="do not show the control panel")
+
+
 # -- the subcommands' parsers (their help is the magic's help) --------------------------------------
 @magic_arguments(name="transient_cluster up")
 @argument("--workers", type=_whole("workers", 1), metavar="N", help="GPU workers (default: config)")
@@ -124,15 +140,8 @@ def _variable(text: str) -> str:
     metavar="USD",
     help="refuse workers that could cost more per hour than this",
 )
-@argument(
-    "--as",
-    dest="var",
-    type=_variable,
-    default="cluster",
-    metavar="VAR",
-    help="variable to bind the cluster to (default: cluster)",
-)
-@argument("--no-panel", action="store_true", help="do not show the control panel")
+@_bind_as("cluster", "cluster")
+@_NO_PANEL
 def _up() -> None:
     """Start a cluster, bind it to a variable, show its control panel and return it."""
 
@@ -176,14 +185,7 @@ def _status() -> None:
 @argument("--checkpoint-every", type=_whole("steps", 1), help="steps between PS checkpoints")
 @argument("--checkpoint-url", metavar="URL", help="fsspec URL of the checkpoints")
 @argument("--seed", type=_whole("seed", 0), default=0)
-@argument(
-    "--as",
-    dest="var",
-    type=_variable,
-    default="run",
-    metavar="VAR",
-    help="variable to bind the run to (default: run)",
-)
+@_bind_as("run", "run")
 @argument("--no-dashboard", action="store_true", help="do not show the live dashboard")
 @argument("--wait", action="store_true", help="block until the run finishes")
 def _train() -> None:
@@ -203,15 +205,8 @@ def _list() -> None:
 
 @magic_arguments(name="transient_cluster connect")
 @argument("name", metavar="NAME", help="the cluster's name (see %%transient_cluster list)")
-@argument(
-    "--as",
-    dest="var",
-    type=_variable,
-    default="cluster",
-    metavar="VAR",
-    help="variable to bind the handle to (default: cluster)",
-)
-@argument("--no-panel", action="store_true", help="do not show the control panel")
+@_bind_as("cluster", "handle")
+@_NO_PANEL
 def _connect() -> None:
     """Attach to a cluster another kernel owns: control (scale, preempt, down) and live views."""
 
@@ -219,7 +214,7 @@ def _connect() -> None:
 @magic_arguments(name="%transient_cluster")
 @argument("--as", dest="var", type=_variable, default="cluster", metavar="VAR")
 @argument("--run-as", dest="run_var", type=_variable, default="run", metavar="VAR")
-@argument("--no-panel", action="store_true", help="do not show the control panel")
+@_NO_PANEL
 @argument("--no-dashboard", action="store_true", help="do not show the live dashboard")
 def _cell() -> None:
     """Cell form: the body is YAML with a ``cluster:`` mapping (TransientCluster arguments) and an
