@@ -45,6 +45,8 @@ POLL_S = 0.25
 #: First and longest pause before a failed trainer is restarted (seconds; doubled each time).
 TRAINER_BACKOFF_S = 1.0
 TRAINER_BACKOFF_MAX_S = 30.0
+#: A PS status answer older than this makes the driver check that the PS host is still there.
+PS_OVERDUE_S = 1.0
 #: Bound of setting things up: creating an actor, the first checkpoint (seconds).
 SETUP_TIMEOUT_S = 120.0
 #: Complete checkpoints kept under the run's URL (older ones are deleted).
@@ -390,8 +392,10 @@ class TrainingRun:
         if self._ps_left:
             return True
         silent = time.monotonic() - self._ps_answered
-        if silent <= self.hp.call_timeout_s:
+        if silent <= PS_OVERDUE_S:
             return False
+        # Overdue: is its host still a member? (A call to a killed host can hang rather than
+        # fail, so waiting for the call alone took up to call_timeout_s: measured 31 s.)
         workers = self._workers()
         if workers is not None and self._ps_address is not None and self._ps_address not in workers:
             return True  # a confirmed listing without the PS host
