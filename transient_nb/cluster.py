@@ -121,6 +121,28 @@ class TransientCluster(SpecCluster):
     >>> cluster.close()  # doctest: +SKIP
     """
 
+    def __new__(cls, *args: Any, detached: bool | None = None, **kwargs: Any) -> Any:
+        # A detached cluster lives in a head process of its own (transient_nb.head); what the
+        # caller gets back is a RemoteCluster handle on it, so no TransientCluster is built here.
+        if not bool(config.get("detached", override_with=detached)):
+            return super().__new__(cls)
+        from transient_nb.connect import RemoteCluster
+        from transient_nb.head import launch
+
+        if kwargs.pop("asynchronous", False) or kwargs.pop("loop", None) is not None:
+            raise ValueError(
+                "detached=True gives a synchronous handle on a head process: drop "
+                "asynchronous/loop, or use detached=False."
+            )
+        positional = ("workers", "gpu", "spot", "zone")
+        if len(args) > len(positional):
+            raise TypeError(
+                f"TransientCluster takes at most {len(positional)} positional arguments"
+            )
+        kwargs.update(zip(positional, args, strict=False))
+        name = kwargs.pop("name", None)
+        return RemoteCluster(launch(kwargs, name=name))
+
     def __init__(
         self,
         workers: int | None = None,
@@ -151,6 +173,8 @@ class TransientCluster(SpecCluster):
         run_dir: str | None = None,
         asynchronous: bool = False,
         loop: Any = None,
+        detached: bool | None = None,
+        _head_info: dict[str, Any] | None = None,
         **backend_options: Any,
     ):
         # Everything is checked before anything starts: a mistake costs nothing.
@@ -278,6 +302,13 @@ class TransientCluster(SpecCluster):
                 raise ValueError(
                     f"gce.replace-at={self.replace_at!r}: use 'preempted' or 'notice'."
                 )
+        #: Registry fields of a cluster that a head process owns (``detached``).
+        self._head_info = dict(_head_info or {})
+        #: Control actions beyond scale/preempt/stop: action -> callable(msg) run in a thread,
+        #: whose dict goes into the answer (the head adds ``train`` and ``run-stop``).
+        self.control_handlers: dict[str, Any] = {}
+        #: Callables run (in a thread) first thing when the cluster closes, e.g. stopping runs.
+        self.close_hooks: list[Any] = []
         self.monitor = TransientMonitor(self.run_record)
         self.monitor.on_control = self._on_control
         self.simulator = PreemptionSimulator(
@@ -355,6 +386,9 @@ class TransientCluster(SpecCluster):
                 "gpu": self.gpu,
                 "zone": self.zone,
                 "spot": self.spot,
+                "run_path": self.run_path,
+                "detached": False,
+                **self._head_info,
             },
         )
         await self.backend.start(self.scheduler_address)  # e.g. GCE's firewall rule
@@ -378,6 +412,11 @@ class TransientCluster(SpecCluster):
             await self.backend.close()
             return await super()._close()
         self._closing = True
+        for hook in self.close_hooks:
+            try:
+                await asyncio.to_thread(hook)
+            except Exception:
+                logger.exception("A close hook of %s failed", self.name)
         self.simulator.stop()
         for t in list(self._tasks):
             if t is not asyncio.current_task():  # a "stop" control request closes from a task
@@ -411,6 +450,19 @@ class TransientCluster(SpecCluster):
             if isinstance(vm, TransientVM) and not vm.stopped and not self._closing:
                 vm.provider_notice = True
                 await self._preempt_one(vm.name, True, str(msg.get("source", "provider")))
+            return
+        handler = self.control_handlers.get(str(action))
+        if handler is not None:
+            try:
+                answer = await asyncio.to_thread(handler, msg)
+            except Exception as e:
+                await self._post(
+                    "control", action=action, ok=False, error=str(e), request=msg.get("id")
+                )
+                return
+            await self._post(
+                "control", action=action, ok=True, request=msg.get("id"), **(answer or {})
+            )
             return
         try:
             if action == "scale":

@@ -32,6 +32,7 @@ from transient_nb.events import CONTROL_TOPIC, EVENTS_RPC, events_frame
 from transient_nb.prices import PriceCatalog
 from transient_nb.state import ClusterState
 from transient_nb.ticker import Ticker
+from transient_nb.training.run_view import RunView
 
 logger = logging.getLogger(__name__)
 
@@ -221,12 +222,13 @@ class RemoteCluster:
             time.sleep(0.1)
 
     # -- control ----------------------------------------------------------------------------------------
-    async def _control(self, msg: dict[str, Any]) -> dict[str, Any]:
+    async def _control(self, msg: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
         request = uuid.uuid4().hex[:12]
         msg = {**msg, "id": request}
         since = len(self.monitor.events)
         await self._scheduler.log_event(topic=CONTROL_TOPIC, msg=msg)
-        deadline = time.monotonic() + self.answer_timeout
+        timeout = self.answer_timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             # Read the scheduler's log directly: the answer must not wait for the next mirror tick.
             new = await getattr(self._scheduler, EVENTS_RPC)(since=since)
@@ -239,13 +241,66 @@ class RemoteCluster:
             await asyncio.sleep(0.05)
         raise TimeoutError(
             f"Cluster {self.name!r} did not answer the {msg['action']!r} request within "
-            f"{self.answer_timeout:g} s; its owning process may be gone or busy."
+            f"{timeout:g} s; its owning process may be gone or busy."
         )
 
-    def _request(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def _request(self, msg: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
         if self.status != Status.running:
             raise ValueError(f"Cluster {self.name!r} is closed; nothing can act on it.")
-        return self.client.sync(self._control, msg)
+        return self.client.sync(self._control, msg, timeout)
+
+    # -- training runs (detached clusters: the head runs them) ------------------------------------
+    @property
+    def detached(self) -> bool:
+        """Whether a head process owns the cluster (it then runs the training too)."""
+        return bool(self.entry.get("detached"))
+
+    def train(self, **kwargs: Any) -> RunView:
+        """Start a training run in the cluster's head; returns a view of it.
+
+        Takes the arguments of :func:`transient_nb.train` (which calls this for a detached
+        cluster), checked here first: a mistake is reported before the head starts anything.
+        """
+        from transient_nb.training.run import check_train_args
+
+        if not self.detached:
+            raise ValueError(
+                f"Cluster {self.name!r} is owned by a kernel (pid {self.entry.get('pid')}), not a "
+                "head: start the run in that kernel, or start a detached cluster "
+                "(TransientCluster(detached=True), `%transient_cluster up --detach`)."
+            )
+        kwargs.pop("wait", None)
+        checked = {
+            k: kwargs[k]
+            for k in ("model", "data", "steps", "shards", "target_accuracy", "deadline")
+            if k in kwargs
+        }
+        hparams = {
+            k: v
+            for k, v in kwargs.items()
+            if k not in checked
+            and k not in ("budget", "checkpoint_url", "seed", "device", "resume")
+        }
+        if kwargs.get("resume") is None:
+            check_train_args(**checked, **hparams)
+        deadline: Any = kwargs.get("deadline")
+        if hasattr(deadline, "timestamp"):  # a datetime travels as seconds from now
+            kwargs["deadline"] = max(1.0, deadline.timestamp() - time.time())
+        answer = self._request(
+            {"action": "train", "args": kwargs}, timeout=max(60.0, self.answer_timeout)
+        )
+        return RunView(self, str(answer["run"]))
+
+    def runs(self) -> list[RunView]:
+        """Every training run of the cluster, oldest first."""
+        ids = [str(e["run"]) for e in list(self.monitor.events) if e.get("kind") == "train-started"]
+        return [RunView(self, i) for i in dict.fromkeys(ids)]
+
+    @property
+    def run(self) -> RunView | None:
+        """The newest training run of the cluster (None before the first)."""
+        runs = self.runs()
+        return runs[-1] if runs else None
 
     def scale(self, n: int) -> dict[str, Any]:
         """Ask the owning cluster to keep ``n`` GPU workers; returns its answer."""

@@ -96,7 +96,7 @@ EVENTS: dict[str, tuple[str, ...]] = {
     "join-timeout": (*VM_EVENT_FIELDS, "waited_s", "cost"),
     "scale": ("workers",),  # the number of GPU workers the cluster now keeps
     # The owning cluster's answer to a control request (``request`` is the request's id).
-    "control": ("action", "ok", "error", "request"),
+    "control": ("action", "ok", "error", "request", "run"),  # ``run``: a head's train/run-stop
     # A control message the monitor refused (e.g. a provider notice not sent by that VM itself).
     "control-refused": ("action", "vm", "sender"),
     # A cluster-level money or time limit stopped the cluster.
@@ -117,6 +117,11 @@ EVENTS: dict[str, tuple[str, ...]] = {
         "checkpoint_url",
         "target_accuracy",
         "budget",
+        # A resumed run (train(..., resume=...)): the record or checkpoint URL it continues, the
+        # checkpoint's step it goes on from, and the steps since the last one known there.
+        "resumed_from",
+        "resumed_step",
+        "steps_lost",
     ),
     "metrics": (
         "run",

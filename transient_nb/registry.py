@@ -13,6 +13,8 @@ import tempfile
 import time
 from typing import Any
 
+import psutil
+
 from transient_nb import config
 
 
@@ -24,13 +26,13 @@ def registry_dir(path: str | None = None) -> str:
 
 
 def _pid_alive(pid: int) -> bool:
+    # A zombie (a head that exited before its parent reaped it) is gone for our purposes.
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    except PermissionError:
+    except psutil.AccessDenied:
         return True
-    return True
 
 
 def register(name: str, info: dict[str, Any], path: str | None = None) -> str:

@@ -30,8 +30,9 @@ from distributed import Client, Variable
 
 from transient_nb import limits
 from transient_nb.events import TOPIC, make_event
-from transient_nb.state import event_log, history, summarize
+from transient_nb.state import event_log
 from transient_nb.training import checkpoint
+from transient_nb.training import resume as resuming
 from transient_nb.training.data import check_data_spec, load_dataset, to_tensor
 from transient_nb.training.hparams import HParams
 from transient_nb.training.models import MODELS, build_model, evaluate
@@ -109,6 +110,7 @@ class TrainingRun:
         checkpoint_url: str | None = None,
         seed: int = 0,
         device: str | None = None,
+        resume: resuming.ResumePoint | None = None,
     ):
         self.cluster = cluster
         self.model = model
@@ -120,7 +122,11 @@ class TrainingRun:
         self.deadline = deadline
         self.seed = seed
         self.device = device
-        self.id = f"run-{uuid.uuid4().hex[:8]}"
+        #: Where a resumed run goes on from (it keeps the earlier run's id and checkpoints).
+        self.resume = resume
+        self.id = resume.run_id if resume else f"run-{uuid.uuid4().hex[:8]}"
+        if resume is not None:
+            checkpoint_url = resume.checkpoint_url
         self.checkpoint_url = checkpoint_url or os.path.join(
             cluster.run_path, "checkpoints", self.id
         )
@@ -211,11 +217,13 @@ class TrainingRun:
     def history(self) -> pd.DataFrame:
         """One row per ``metrics`` event: step, time, loss, test accuracy (last evaluation),
         active workers, staleness, img/s, cost and on-demand cost so far."""
-        return history(self.events(), t0=self.started, minimum_s=self.cluster.catalog.minimum_s)
+        return resuming.run_history(
+            self.events(), t0=self.started, minimum_s=self.cluster.catalog.minimum_s
+        )
 
     def summary(self) -> dict[str, Any]:
         """What the run achieved and what it cost (JSON-friendly)."""
-        return summarize(self.events(), self.cluster.catalog.minimum_s)
+        return resuming.summarize_run(self.events(), self.cluster.catalog.minimum_s)
 
     def __repr__(self) -> str:
         state = self.reason or ("running" if self._thread.is_alive() else "created")
@@ -286,6 +294,19 @@ class TrainingRun:
         params, buffers = flat_layout(init)
         w0, bn0, self._mask = get_flat(params), get_flat(buffers), decay_mask(init)
         self._bounds = shard_bounds(len(w0), self.shards)
+        states: list[dict[str, Any]] = [
+            {"weights": w0[a:b], "momentum": None, "bn": bn0 if i == 0 else None}
+            for i, (a, b) in enumerate(self._bounds)
+        ]
+        start, counters, resumed = 0, None, {}
+        if self.resume is not None:
+            states, start, counters = self._resume_states(len(w0))
+            last = self.resume.last_step
+            resumed = {
+                "resumed_from": self.resume.record or self.resume.checkpoint_url,
+                "resumed_step": start,
+                "steps_lost": max(0, (last if last is not None else start) - start),
+            }
         self._post(
             "train-started",
             model=self.model,
@@ -298,16 +319,17 @@ class TrainingRun:
             checkpoint_url=self.checkpoint_url,
             target_accuracy=self.target_accuracy,
             budget=self.budget,
+            **resumed,
         )
-        self._create_ps(
-            [
-                {"weights": w0[a:b], "momentum": None, "bn": bn0 if i == 0 else None}
-                for i, (a, b) in enumerate(self._bounds)
-            ],
-            step=0,
-            counters=None,
-        )
-        self._checkpoint_now()  # step 0: the PS can always be re-created
+        self._create_ps(states, step=start, counters=counters)
+        if self.resume is None:
+            self._checkpoint_now()  # step 0: the PS can always be re-created
+        else:
+            self.step = self._known_step = self.checkpoint_step = start
+            self._next_eval = (start // self.hp.eval_interval + 1) * self.hp.eval_interval
+            self._next_checkpoint = (
+                start // self.hp.checkpoint_interval + 1
+            ) * self.hp.checkpoint_interval
         for addr, info in (self._workers() or {}).items():
             if "gpu" in info.get("resources", {}):
                 self._want_trainer(str(info["name"]), addr)
@@ -411,6 +433,31 @@ class TrainingRun:
                 raise RuntimeError("stopped while waiting for a PS host")
             self._stop.wait(0.1)
         raise TimeoutError(f"No PS host joined within {timeout:.0f} s.")
+
+    def _resume_states(self, n_params: int) -> tuple[list[dict[str, Any]], int, Any]:
+        """The PS shards' states from the newest complete checkpoint of the resumed run."""
+        assert self.resume is not None
+        ck = checkpoint.load_latest(self.checkpoint_url)
+        if ck is None:
+            raise RuntimeError(
+                f"No complete checkpoint under {self.checkpoint_url} to resume from."
+            )
+        sizes = [len(sh["weights"]) for sh in ck.shards]
+        if sizes != [b - a for a, b in self._bounds] or sum(sizes) != n_params:
+            raise RuntimeError(
+                f"The checkpoint at {ck.url} holds {len(sizes)} shard(s) of {sum(sizes)} parameters; "
+                f"{self.model} with shards={self.shards} needs {n_params}: resume with the "
+                "model and shards of the earlier run."
+            )
+        states = [
+            {
+                "weights": sh["weights"],
+                "momentum": sh["momentum"],
+                "bn": sh.get("bn") if i == 0 else None,
+            }
+            for i, sh in enumerate(ck.shards)
+        ]
+        return states, ck.step, ck.meta.get("counters")
 
     def _create_ps(
         self, states: list[dict[str, Any]], step: int, counters: dict[str, Any] | None
@@ -837,11 +884,12 @@ class TrainingRun:
 
 def train(
     cluster: Any,
-    model: str = "resnet32",
-    data: str = "synthetic",
-    steps: int = HParams.steps,
+    model: str | None = None,
+    data: str | None = None,
+    steps: int | None = None,
     *,
-    shards: int = 1,
+    resume: str | None = None,
+    shards: int | None = None,
     target_accuracy: float | None = None,
     budget: float | None = None,
     deadline: Any = None,
@@ -859,16 +907,23 @@ def train(
     Parameters
     ----------
     cluster
-        A running :class:`~transient_nb.TransientCluster`.
+        A running :class:`~transient_nb.TransientCluster`, or a detached cluster's handle
+        (:class:`~transient_nb.connect.RemoteCluster`): its head then runs the training, and
+        what comes back is a :class:`~transient_nb.training.run_view.RunView`.
     model
-        ``"resnet32"`` (canonical, 0.46M), ``"resnet32-t2t"`` (the paper's, 1.86M), ``"resnet20"``,
-        ``"resnet8"``.
+        ``"resnet32"`` (the default: canonical, 0.46M), ``"resnet32-t2t"`` (the paper's, 1.86M),
+        ``"resnet20"``, ``"resnet8"``.
     data
-        ``"synthetic"``, ``"digits"`` or ``"cifar10:PATH-OR-URL"``.
+        ``"synthetic"`` (the default), ``"digits"`` or ``"cifar10:PATH-OR-URL"``.
     steps
-        Global steps (accepted pushes) to train for.
+        Global steps (accepted pushes) to train for (default: HParams' 64,000).
+    resume
+        A run id (``"run-1a2b3c4d"``, looked up in the run records) or a checkpoint URL: continue
+        that run from its newest complete checkpoint, with its id, model, data, shards and
+        hyperparameters (any given here must agree, except ``steps`` and the stop conditions).
+        The step count goes on; ``summary()`` and ``history`` join the earlier record.
     shards
-        Number of PS shards.
+        Number of PS shards (default 1).
     target_accuracy, budget, deadline
         Further stop conditions: test accuracy in [0, 1], dollars, a duration or datetime.
     checkpoint_url
@@ -887,10 +942,40 @@ def train(
     >>> run = train(cluster, model="resnet8", data="digits", steps=300)  # doctest: +SKIP
     >>> run.wait().summary()["accuracy"]  # doctest: +SKIP
     """
+    from transient_nb.connect import RemoteCluster
+
+    if isinstance(cluster, RemoteCluster):
+        given = {
+            "model": model,
+            "data": data,
+            "steps": steps,
+            "resume": resume,
+            "shards": shards,
+            "target_accuracy": target_accuracy,
+            "budget": budget,
+            "deadline": deadline,
+            "checkpoint_url": checkpoint_url,
+            "seed": seed,
+            "device": device,
+            **hparams,
+        }
+        view = cluster.train(**{k: v for k, v in given.items() if v is not None})
+        if wait:
+            view.wait()
+        return view  # type: ignore[return-value]  # the same reading API as a TrainingRun
+    point = None
+    if resume is not None:
+        point = resuming.find(resume)
+        model, data, shards, steps, hparams = _resumed_settings(
+            point, model, data, shards, steps, hparams
+        )
+    model = model or "resnet32"
+    data = data or "synthetic"
+    shards = 1 if shards is None else shards
     hp = check_train_args(
         model=model,
         data=data,
-        steps=steps,
+        steps=HParams.steps if steps is None else steps,
         shards=shards,
         target_accuracy=target_accuracy,
         **hparams,
@@ -929,10 +1014,42 @@ def train(
         checkpoint_url=checkpoint_url,
         seed=seed,
         device=device,
+        resume=point,
     ).start()
     if wait:
         run.wait()
     return run
+
+
+def _resumed_settings(
+    point: resuming.ResumePoint,
+    model: str | None,
+    data: str | None,
+    shards: int | None,
+    steps: int | None,
+    hparams: dict[str, Any],
+) -> tuple[str, str, int, int | None, dict[str, Any]]:
+    """The earlier run's settings, with what the caller gave checked against them."""
+    earlier = point.settings
+    for key, given in (("model", model), ("data", data), ("shards", shards)):
+        if given is not None and earlier.get(key) is not None and given != earlier[key]:
+            raise ValueError(
+                f"{key}={given!r} differs from the run being resumed ({earlier[key]!r}): its "
+                f"checkpoint holds that {key}'s weights. Drop {key}= to resume, or start a new run."
+            )
+    merged = {
+        k: v
+        for k, v in dict(earlier.get("hparams") or {}).items()
+        if k in HParams.__dataclass_fields__ and k != "steps"
+    }
+    merged.update(hparams)
+    return (
+        str(model or earlier.get("model") or "resnet32"),
+        str(data or earlier.get("data") or "synthetic"),
+        int(shards or earlier.get("shards") or 1),
+        steps if steps is not None else earlier.get("steps"),
+        merged,
+    )
 
 
 def check_train_args(

@@ -1,0 +1,226 @@
+"""Resuming a run: where it stopped, and its record joined with the earlier one.
+
+``train(cluster, resume=RUN_ID_OR_CHECKPOINT_URL)`` continues a run from its newest complete
+checkpoint, on the same cluster or a new one (its head may have died, or the notebook that owned
+it). The resumed run keeps its id and its checkpoint folder, so the step count goes on; its
+``train-started`` event names the record it continues (``resumed_from``), the step it resumed at
+and the steps lost since the last step known. :func:`summarize_run` and :func:`run_history`
+follow that chain back and join the records into one run: steps go on, wall time and money add up.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from transient_nb import config
+from transient_nb.events import read_run_record
+from transient_nb.state import Event, history, summarize
+from transient_nb.training import checkpoint
+
+#: What a run id looks like (``TrainingRun.id``).
+RUN_ID = re.compile(r"^run-[0-9a-f]{8}$")
+#: Summary keys that add up over the joined records.
+ADDED = (
+    "wall_s",
+    "cost",
+    "cost_on_demand",
+    "preemptions",
+    "replacements",
+    "ps_recoveries",
+    "steps_lost",
+    "trainer_failures",
+)
+
+
+@dataclass
+class ResumePoint:
+    """Where a run is resumed from.
+
+    Attributes
+    ----------
+    run_id
+        The run's id (the resumed run keeps it).
+    checkpoint_url
+        Its checkpoint folder; the newest complete checkpoint there is the starting point.
+    record
+        The run record (``events.jsonl``) of its latest attempt, if known.
+    last_step
+        The last step that record shows (the steps after the checkpoint are lost).
+    settings
+        ``model``, ``data``, ``shards``, ``steps`` and ``hparams`` of the earlier run.
+    """
+
+    run_id: str
+    checkpoint_url: str
+    record: str | None = None
+    last_step: int | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+def _records(run_dir: str) -> list[str]:
+    paths = glob.glob(os.path.join(run_dir, "*", "events.jsonl"))
+    return sorted(paths, key=os.path.getmtime, reverse=True)  # the newest attempt first
+
+
+def _run_events(path: str, run_id: str) -> list[Event]:
+    return [e for e in read_run_record(path) if e.get("run") in (None, run_id)]
+
+
+def _last_step(events: Iterable[Mapping[str, Any]], run_id: str) -> int | None:
+    last = None
+    for e in events:
+        if e.get("run") != run_id:
+            continue
+        if (
+            e.get("kind") in ("metrics", "train-finished", "checkpoint")
+            and e.get("step") is not None
+        ):
+            last = max(int(e["step"]), last or 0)
+        elif e.get("kind") == "train-started" and e.get("resumed_step") is not None:
+            last = max(int(e["resumed_step"]), last or 0)
+    return last
+
+
+def find(resume: str, run_dir: str | None = None) -> ResumePoint:
+    """The point to resume ``resume`` (a run id or a checkpoint URL) from.
+
+    A run id is looked up in the run records under ``run_dir`` (default ``transient.run-dir``);
+    a URL must hold at least one complete checkpoint.
+
+    Raises
+    ------
+    ValueError
+        Nothing to resume: no record of that run, or no complete checkpoint.
+    """
+    if not isinstance(resume, str) or not resume:
+        raise ValueError(
+            f"resume={resume!r}: give a run id such as 'run-1a2b3c4d' or a checkpoint URL."
+        )
+    if RUN_ID.match(resume):
+        base = os.path.expanduser(run_dir or config.get("run-dir"))
+        for path in _records(base):
+            events = read_run_record(path)
+            started = [
+                e for e in events if e.get("kind") == "train-started" and e.get("run") == resume
+            ]
+            if not started:
+                continue
+            s = started[-1]
+            point = ResumePoint(
+                run_id=resume,
+                checkpoint_url=str(s["checkpoint_url"]),
+                record=path,
+                last_step=_last_step(events, resume),
+                settings={
+                    "model": s.get("model"),
+                    "data": s.get("data"),
+                    "shards": s.get("shards"),
+                    "steps": s.get("steps"),
+                    "hparams": json.loads(s.get("hparams") or "{}"),
+                    "target_accuracy": s.get("target_accuracy"),
+                },
+            )
+            _require_checkpoint(point.checkpoint_url, resume)
+            return point
+        raise ValueError(
+            f"resume={resume!r}: no run record under {base} has that run; pass the run's "
+            "checkpoint URL instead (its train-started event names it)."
+        )
+    ck = _require_checkpoint(resume, resume)
+    meta = ck.meta
+    return ResumePoint(
+        run_id=str(meta.get("run") or ""),
+        checkpoint_url=resume,
+        settings={
+            "model": meta.get("model"),
+            "data": meta.get("data"),
+            "shards": meta.get("shards"),
+            "steps": (meta.get("hparams") or {}).get("steps"),
+            "hparams": dict(meta.get("hparams") or {}),
+        },
+    )
+
+
+def _require_checkpoint(url: str, what: str) -> checkpoint.Checkpoint:
+    try:
+        ck = checkpoint.load_latest(url)
+    except Exception as e:
+        raise ValueError(f"resume={what!r}: its checkpoints at {url} cannot be read ({e}).") from e
+    if ck is None:
+        raise ValueError(
+            f"resume={what!r}: there is no complete checkpoint at {url}, so nothing can be resumed."
+        )
+    return ck
+
+
+# -- one run over several records --------------------------------------------------------------------
+def earlier_events(started: Mapping[str, Any]) -> list[Event]:
+    """The events of the attempt that ``started`` (a ``train-started`` event) continues ([] if none)."""
+    path = started.get("resumed_from")
+    if not path or not os.path.exists(str(path)):
+        return []
+    return _run_events(str(path), str(started.get("run")))
+
+
+def _started(events: Iterable[Mapping[str, Any]]) -> Mapping[str, Any]:
+    return next((e for e in events if e.get("kind") == "train-started"), {})
+
+
+def summarize_run(events: Sequence[Event], minimum_s: float = 60.0) -> dict[str, Any]:
+    """:func:`~transient_nb.state.summarize`, joined with every earlier attempt of a resumed run.
+
+    Steps and accuracy are the latest attempt's; wall time, money, preemptions, recoveries and
+    steps lost add up (plus the steps lost between the last step known and the checkpoint
+    resumed from); ``attempts`` counts the records joined.
+    """
+    s = summarize(events, minimum_s)
+    started = _started(events)
+    s["attempts"] = 1
+    if not started.get("resumed_from"):
+        return s
+    s["steps_lost"] += int(started.get("steps_lost") or 0)
+    earlier = earlier_events(started)
+    if not earlier:
+        return s
+    e = summarize_run(earlier, minimum_s)
+    for key in ADDED:
+        s[key] = (s.get(key) or 0) + (e.get(key) or 0)
+    s["attempts"] += e["attempts"]
+    if s.get("accuracy") is None:
+        s["accuracy"] = e.get("accuracy")
+    s["saved"] = s["cost_on_demand"] - s["cost"]
+    s["saved_fraction"] = s["saved"] / s["cost_on_demand"] if s["cost_on_demand"] > 0 else 0.0
+    batch = int(started.get("batch_size") or 0)
+    done = max(0, int(s["steps"]) - int(started.get("resumed_step") or 0)) + int(e["steps"] or 0)
+    s["img_per_s"] = done * batch / s["wall_s"] if s["wall_s"] > 0 else 0.0
+    return s
+
+
+def run_history(events: Sequence[Event], t0: float, minimum_s: float = 60.0) -> pd.DataFrame:
+    """:func:`~transient_nb.state.history`, with the earlier attempts' rows first.
+
+    Time and money go on from where the earlier attempt's rows end.
+    """
+    later = history(events, t0=t0, minimum_s=minimum_s)
+    started = _started(events)
+    earlier = earlier_events(started) if started.get("resumed_from") else []
+    if not earlier:
+        return later
+    e_started = _started(earlier)
+    before = run_history(earlier, t0=float(e_started.get("time", t0)), minimum_s=minimum_s)
+    if before.empty:
+        return later
+    last = before.iloc[-1]
+    later = later.copy()
+    later["time"] += float(last["time"])
+    later["cost"] += float(last["cost"])
+    later["cost_on_demand"] += float(last["cost_on_demand"])
+    return pd.concat([before, later], ignore_index=True)
