@@ -20,13 +20,19 @@ from typing import Any
 
 from transient_nb import registry
 
+#: Defaults of ``run``'s training options (a resumed run keeps its own instead): minutes on 2 cores.
+CLI_DEFAULTS: dict[str, Any] = {
+    "model": "resnet8",
+    "data": "synthetic",
+    "steps": 2000,
+    "batch_size": 32,
+    "lr": 0.1,
+    "shards": 1,
+}
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="transient-nb", description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="command", required=True)
-    r = sub.add_parser(
-        "run", help="train on a transient cluster and report speed, accuracy and cost"
-    )
+
+def _add_cluster_options(r: argparse.ArgumentParser) -> None:
+    r.add_argument("--name", default=None, help="cluster name (default: a fresh one)")
     r.add_argument("--workers", type=int, default=4, help="preemptible GPU workers (default 4)")
     r.add_argument(
         "--max-workers",
@@ -63,16 +69,31 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--prices", default=None, help="price catalog: gce-2025, paper-2019 or a YAML path"
     )
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument(
+        "--cluster-budget",
+        type=float,
+        default=None,
+        help="close the cluster once it has spent this many dollars",
+    )
+    r.add_argument(
+        "--cluster-deadline", default=None, help="close the cluster after this long, e.g. 2h"
+    )
+
+
+def _add_train_options(r: argparse.ArgumentParser) -> None:
     r.add_argument(
         "--model",
-        default="resnet8",
+        default=None,
         help="resnet32 | resnet32-t2t | resnet20 | resnet8 (default resnet8: minutes on 2 CPU cores)",
     )
-    r.add_argument("--data", default="synthetic", help="synthetic | digits | cifar10:PATH-OR-URL")
-    r.add_argument("--steps", type=int, default=2000, help="global steps (default 2000)")
-    r.add_argument("--batch-size", type=int, default=32, help="images per worker step (default 32)")
-    r.add_argument("--lr", type=float, default=0.1, help="base learning rate (default 0.1)")
-    r.add_argument("--shards", type=int, default=1, help="parameter-server shards (default 1)")
+    r.add_argument("--data", default=None, help="synthetic | digits | cifar10:PATH-OR-URL")
+    r.add_argument("--steps", type=int, default=None, help="global steps (default 2000)")
+    r.add_argument(
+        "--batch-size", type=int, default=None, help="images per worker step (default 32)"
+    )
+    r.add_argument("--lr", type=float, default=None, help="base learning rate (default 0.1)")
+    r.add_argument("--shards", type=int, default=None, help="parameter-server shards (default 1)")
     r.add_argument("--target-accuracy", type=float, default=None, help="stop at this test accuracy")
     r.add_argument(
         "--budget", type=float, default=None, help="stop when this many dollars are spent"
@@ -81,7 +102,28 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--eval-images", type=int, default=1000, help="test images per evaluation (default 1000)"
     )
-    r.add_argument("--seed", type=int, default=0)
+    r.add_argument(
+        "--resume",
+        default=None,
+        metavar="RUN_ID_OR_URL",
+        help="continue this run from its newest complete checkpoint (its settings are kept)",
+    )
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="transient-nb", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser(
+        "run", help="train on a transient cluster and report speed, accuracy and cost"
+    )
+    _add_cluster_options(r)
+    _add_train_options(r)
+    r.add_argument(
+        "--detach",
+        action="store_true",
+        help="run in a head process that outlives this command; follow it with "
+        "`transient-nb attach NAME`, end it with `transient-nb down NAME`",
+    )
     r.add_argument(
         "--out", default="runs/latest", help="folder for the run record, summary and report"
     )
@@ -89,7 +131,21 @@ def _parser() -> argparse.ArgumentParser:
         "--json", default=None, metavar="PATH", help="also write the summary as JSON here"
     )
     r.add_argument("--quiet", action="store_true", help="no progress bar")
+    u = sub.add_parser("up", help="start a detached cluster (a head process) and return")
+    _add_cluster_options(u)
     sub.add_parser("list", help="clusters registered on this machine")
+    st = sub.add_parser("status", help="a cluster's workers, money and training runs")
+    st.add_argument("name")
+    at = sub.add_parser(
+        "attach", help="follow a cluster's current run until it ends (Ctrl-C detaches)"
+    )
+    at.add_argument("name")
+    at.add_argument("--quiet", action="store_true", help="no progress bar")
+    d = sub.add_parser("down", help="stop a cluster and everything it runs")
+    d.add_argument("name")
+    d.add_argument(
+        "--timeout", type=float, default=180, help="seconds to wait for it to stop (default 180)"
+    )
     # -- sweep (GCE backend) --
     w = sub.add_parser(
         "sweep", help="delete GCE VMs left behind by transient clusters that are gone"
@@ -148,56 +204,78 @@ def _print_summary(s: dict[str, Any]) -> None:
         print(f"  {k:<{width}}  {v}")
 
 
+def _cluster_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "workers": args.workers,
+        "max_workers": args.max_workers,
+        "max_hourly_cost": args.max_hourly_cost,
+        "gpu": args.gpu,
+        "zone": args.zone,
+        "spot": False if args.on_demand else None,
+        "backend": args.backend,
+        "preemption": args.preemption,
+        "time_scale": args.time_scale,
+        "provisioning_delay": args.provisioning_delay,
+        "prices": args.prices,
+        "seed": args.seed,
+        "budget": args.cluster_budget,
+        "deadline": args.cluster_deadline,
+    }
+
+
+def _train_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    given = {
+        "model": args.model,
+        "data": args.data,
+        "steps": args.steps,
+        "batch_size": args.batch_size,
+        "lr": args.lr,
+        "shards": args.shards,
+    }
+    if args.resume:
+        # The run's own settings go on; only what was typed is passed (and checked against them).
+        given = {k: v for k, v in given.items() if v is not None}
+    else:
+        given = {k: CLI_DEFAULTS[k] if v is None else v for k, v in given.items()}
+    return {
+        **given,
+        "resume": args.resume,
+        "target_accuracy": args.target_accuracy,
+        "budget": args.budget,
+        "deadline": args.deadline,
+        "eval_images": args.eval_images,
+        "seed": args.seed,
+    }
+
+
 def run(args: argparse.Namespace) -> int:
     from transient_nb import TransientCluster
-    from transient_nb.training.data import check_data_spec
-    from transient_nb.training.models import MODELS
-    from transient_nb.training.run import train
+    from transient_nb.training.run import check_train_args, train
     from transient_nb.views.report import save_report
 
     # Mistakes are reported before any worker starts.
-    if args.model not in MODELS:
-        raise ValueError(f"Unknown model {args.model!r}: use one of {', '.join(MODELS)}.")
-    check_data_spec(args.data)
-    if args.steps <= 0:
+    if args.steps is not None and args.steps <= 0:
         raise ValueError(f"--steps {args.steps} must be above 0.")
+    if not args.resume:
+        check_train_args(
+            **{
+                k: v
+                for k, v in _train_kwargs(args).items()
+                if k not in ("resume", "budget", "seed")
+            }
+        )
+    if args.detach:
+        return run_detached(args)
     os.makedirs(args.out, exist_ok=True)
     # The terminal shows the progress bar and the summary; the scheduler's chatter (a line per
     # worker that comes or goes) stays in the run's logs.
     logging.getLogger("distributed").setLevel(logging.WARNING)
     t0 = time.time()
-    with TransientCluster(
-        workers=args.workers,
-        max_workers=args.max_workers,
-        max_hourly_cost=args.max_hourly_cost,
-        gpu=args.gpu,
-        zone=args.zone,
-        spot=False if args.on_demand else None,
-        backend=args.backend,
-        preemption=args.preemption,
-        time_scale=args.time_scale,
-        provisioning_delay=args.provisioning_delay,
-        prices=args.prices,
-        seed=args.seed,
-        run_dir=args.out,
-    ) as cluster:
+    with TransientCluster(name=args.name, run_dir=args.out, **_cluster_kwargs(args)) as cluster:
         print(f"Cluster {cluster.name}: {cluster.backend.describe()}", file=sys.stderr)
         cluster.wait_for_workers(1, timeout=300)
-        job = train(
-            cluster,
-            model=args.model,
-            data=args.data,
-            steps=args.steps,
-            batch_size=args.batch_size,
-            lr=args.lr,
-            shards=args.shards,
-            target_accuracy=args.target_accuracy,
-            budget=args.budget,
-            deadline=args.deadline,
-            eval_images=args.eval_images,
-            seed=args.seed,
-        )
-        _progress(job, args.steps, quiet=args.quiet)
+        job = train(cluster, **_train_kwargs(args))
+        _progress(job, job.hp.steps, quiet=args.quiet)
         job.wait()
         summary = job.summary()
         summary["startup_s"] = job.started - t0
@@ -207,7 +285,7 @@ def run(args: argparse.Namespace) -> int:
         os.path.join(args.out, "report.html"),
         events,
         summary,
-        title=f"transient_nb: {args.model} on {args.data}",
+        title=f"transient_nb: {job.model} on {job.data}",
     )
     summary["run_record"] = run_record
     summary["report"] = report
@@ -218,6 +296,121 @@ def run(args: argparse.Namespace) -> int:
             json.dump(summary, f, indent=2, default=str)
     _print_summary(summary)
     print(f"\nRun record: {run_record}\nReport:     {report}")
+    return 0
+
+
+def _start_head(args: argparse.Namespace) -> Any:
+    from transient_nb.connect import RemoteCluster
+    from transient_nb.head import launch
+
+    return RemoteCluster(launch(_cluster_kwargs(args), name=args.name))
+
+
+def run_detached(args: argparse.Namespace) -> int:
+    """``run --detach``: start a head, start the run in it, say how to follow it, return."""
+    from transient_nb.training.run import train
+
+    cluster = _start_head(args)
+    try:
+        run_view = train(cluster, **{k: v for k, v in _train_kwargs(args).items() if v is not None})
+    except BaseException:
+        cluster.shutdown()  # nothing is left running when the run cannot start
+        raise
+    print(
+        f"Cluster {cluster.name}: head pid {cluster.entry.get('pid')}; run {run_view.id} started."
+    )
+    print(f"  follow it:  transient-nb attach {cluster.name}")
+    print(f"  status:     transient-nb status {cluster.name}")
+    print(f"  end it:     transient-nb down {cluster.name}")
+    cluster.close()
+    return 0
+
+
+def up(args: argparse.Namespace) -> int:
+    """``up``: start a detached cluster and return."""
+    cluster = _start_head(args)
+    print(
+        f"Cluster {cluster.name} is up: head pid {cluster.entry.get('pid')}, scheduler "
+        f"{cluster.scheduler_address}."
+    )
+    print(f"  in a notebook:  transient_nb.connect({cluster.name!r})")
+    print(f"  end it:         transient-nb down {cluster.name}")
+    cluster.close()
+    return 0
+
+
+def _connect(name: str) -> Any:
+    from transient_nb.connect import connect
+
+    return connect(name, prefer_local=False)
+
+
+def status(args: argparse.Namespace) -> int:
+    """``status NAME``: workers, money and runs of a cluster."""
+    cluster = _connect(args.name)
+    try:
+        counts = cluster.state.counts()
+        cost = cluster.cost()
+        owner = "head" if cluster.detached else "kernel"
+        print(f"Cluster {cluster.name} ({owner} pid {cluster.entry.get('pid')})")
+        print(f"  scheduler   {cluster.scheduler_address}")
+        print(
+            "  workers     " + ", ".join(f"{n} {state}" for state, n in sorted(counts.items()) if n)
+        )
+        print(f"  cost        ${cost.total:.4f} (on demand ${cost.total_on_demand:.4f})")
+        for r in cluster.runs():
+            acc = f"{r.accuracy:.1%}" if r.accuracy is not None else "-"
+            steps = r.started_event.get("steps", "?")
+            state = r.reason or ("running" if not r.done else "gone")
+            print(
+                f"  {r.id}  {r.model} on {r.data}: step {r.step}/{steps}, accuracy {acc}, {state}"
+            )
+        if not cluster.runs():
+            print("  no training run yet")
+    finally:
+        cluster.close()
+    return 0
+
+
+def attach(args: argparse.Namespace) -> int:
+    """``attach NAME``: follow the cluster's newest run; Ctrl-C leaves it running."""
+    cluster = _connect(args.name)
+    try:
+        job = cluster.run
+        if job is None:
+            print(f"Cluster {cluster.name} has no training run yet.")
+            return 0
+        try:
+            _progress(job, int(job.started_event.get("steps") or 0), quiet=args.quiet)
+        except KeyboardInterrupt:
+            print(f"\nDetached; run {job.id} goes on (transient-nb attach {cluster.name}).")
+            return 0
+        if job.finished_event is None:
+            print(f"Cluster {cluster.name} went away before run {job.id} finished.")
+            return 1
+        _print_summary(job.summary())
+    finally:
+        cluster.close()
+    return 0
+
+
+def down(args: argparse.Namespace) -> int:
+    """``down NAME``: close the cluster (its runs stop first) and wait for its owner to go."""
+    import psutil
+
+    cluster = _connect(args.name)
+    pid = int(cluster.entry.get("pid") or 0)
+    detached = cluster.detached
+    cluster.shutdown()
+    if detached and pid:
+        try:
+            psutil.Process(pid).wait(args.timeout)
+        except psutil.NoSuchProcess:
+            pass
+        except psutil.TimeoutExpired:
+            print(f"The head (pid {pid}) is still closing after {args.timeout:g} s.")
+            return 1
+    print(f"Cluster {args.name} is down.")
     return 0
 
 
@@ -256,10 +449,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``transient-nb`` console script."""
     args = _parser().parse_args(argv)
     try:
-        if args.command == "run":
-            return run(args)
-        if args.command == "sweep":
-            return sweep_vms(args)
+        commands = {
+            "run": run,
+            "up": up,
+            "status": status,
+            "attach": attach,
+            "down": down,
+            "sweep": sweep_vms,
+        }
+        if args.command in commands:
+            return commands[args.command](args)
         return list_clusters()
     except ValueError as e:
         print(f"transient-nb: error: {e}", file=sys.stderr)
