@@ -32,7 +32,7 @@ from transient_nb.events import CONTROL_TOPIC, EVENTS_RPC, events_frame
 from transient_nb.prices import PriceCatalog
 from transient_nb.state import ClusterState
 from transient_nb.ticker import Ticker
-from transient_nb.training.run_view import RunView
+from transient_nb.training.remote_run import RemoteRun
 
 logger = logging.getLogger(__name__)
 
@@ -255,7 +255,7 @@ class RemoteCluster:
         """Whether a head process owns the cluster (it then runs the training too)."""
         return bool(self.entry.get("detached"))
 
-    def train(self, **kwargs: Any) -> RunView:
+    def train(self, **kwargs: Any) -> RemoteRun:
         """Start a training run in the cluster's head; returns a view of it.
 
         Takes the arguments of :func:`transient_nb.train` (which calls this for a detached
@@ -289,15 +289,24 @@ class RemoteCluster:
         answer = self._request(
             {"action": "train", "args": kwargs}, timeout=max(60.0, self.answer_timeout)
         )
-        return RunView(self, str(answer["run"]))
+        return RemoteRun(self, str(answer["run"]))
 
-    def runs(self) -> list[RunView]:
+    def runs(self) -> list[RemoteRun]:
         """Every training run of the cluster, oldest first."""
-        ids = [str(e["run"]) for e in list(self.monitor.events) if e.get("kind") == "train-started"]
-        return [RunView(self, i) for i in dict.fromkeys(ids)]
+        # A run is known from the head's answer to ``train`` (before its own first event).
+        ids = [
+            str(e["run"])
+            for e in list(self.monitor.events)
+            if e.get("run")
+            and (
+                e.get("kind") == "train-started"
+                or (e.get("kind") == "control" and e.get("action") == "train" and e.get("ok"))
+            )
+        ]
+        return [RemoteRun(self, i) for i in dict.fromkeys(ids)]
 
     @property
-    def run(self) -> RunView | None:
+    def run(self) -> RemoteRun | None:
         """The newest training run of the cluster (None before the first)."""
         runs = self.runs()
         return runs[-1] if runs else None

@@ -140,6 +140,11 @@ _NO_PANEL = argument("--no-panel", action="store_true", help="do not show the co
     metavar="USD",
     help="refuse workers that could cost more per hour than this",
 )
+@argument(
+    "--detach",
+    action="store_true",
+    help="run the cluster and its training in a head process that outlives this kernel",
+)
 @_bind_as("cluster", "cluster")
 @_NO_PANEL
 def _up() -> None:
@@ -421,6 +426,8 @@ class TransientMagics(Magics):
                 "max_hourly_cost",
             ),
         )
+        if args.detach:
+            kwargs["detached"] = True
         with _usage_errors("%transient_cluster up: "):
             cluster = TransientCluster(**kwargs)
         return self._adopt(cluster, args.var, not args.no_panel)
@@ -452,7 +459,7 @@ class TransientMagics(Magics):
         return cluster_status(self.cluster)
 
     def _do_train(self, args: argparse.Namespace) -> Any:
-        if not hasattr(self.cluster, "run_path"):
+        if not hasattr(self.cluster, "run_path") and not getattr(self.cluster, "detached", False):
             raise UsageError(
                 f"Cluster {self.cluster.name!r} belongs to another kernel: train from that kernel "
                 "(connect gives control and views, not training)."

@@ -909,7 +909,7 @@ def train(
     cluster
         A running :class:`~transient_nb.TransientCluster`, or a detached cluster's handle
         (:class:`~transient_nb.connect.RemoteCluster`): its head then runs the training, and
-        what comes back is a :class:`~transient_nb.training.run_view.RunView`.
+        what comes back is a :class:`~transient_nb.training.remote_run.RemoteRun`.
     model
         ``"resnet32"`` (the default: canonical, 0.46M), ``"resnet32-t2t"`` (the paper's, 1.86M),
         ``"resnet20"``, ``"resnet8"``.

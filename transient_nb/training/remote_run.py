@@ -1,26 +1,28 @@
 """A view of a training run that another process drives (a detached cluster's head).
 
 The run belongs to the head; what a notebook, a second kernel or the CLI holds is a
-:class:`RunView`: ``step``, ``accuracy``, ``history``, ``summary()``, ``wait()`` and ``stop()``,
+:class:`RemoteRun`: ``step``, ``accuracy``, ``history``, ``summary()``, ``wait()`` and ``stop()``,
 every one read from the cluster's event log (the same folds as the run's own), and ``stop()``
 sent to the head as a ``run-stop`` control request.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping
 from typing import Any
 
 import pandas as pd
 
+from transient_nb.training.hparams import HParams
 from transient_nb.training.resume import run_history, summarize_run
 
 #: Reasons a run ends with that are failures (``wait()`` raises on them).
 FAILED = ("error", "trainer-failed")
 
 
-class RunView:
+class RemoteRun:
     """A run of a detached cluster, seen from a client.
 
     Parameters
@@ -66,6 +68,12 @@ class RunView:
     def started(self) -> float:
         """Wall time the run started (UNIX seconds)."""
         return float(self.started_event.get("time", time.time()))
+
+    @property
+    def hp(self) -> HParams:
+        """The run's hyperparameters (HParams' defaults until the head posts its start)."""
+        raw = self.started_event.get("hparams")
+        return HParams.from_dict(json.loads(raw)) if raw else HParams()
 
     @property
     def model(self) -> str | None:
@@ -136,7 +144,7 @@ class RunView:
         return float(catalog.minimum_s) if catalog is not None else 60.0
 
     # -- control -------------------------------------------------------------------------------
-    def wait(self, timeout: float | None = None) -> RunView:
+    def wait(self, timeout: float | None = None) -> RemoteRun:
         """Block until the run ends; raise if it failed (``RuntimeError``) or ``timeout`` passed."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self.done:
@@ -154,7 +162,7 @@ class RunView:
             )
         return self
 
-    def stop(self, wait: bool = True, timeout: float | None = 120) -> RunView:
+    def stop(self, wait: bool = True, timeout: float | None = 120) -> RemoteRun:
         """Ask the head to stop the run (trainers stop after their current step)."""
         if not self.done:
             self.cluster._request({"action": "run-stop", "run": self.id})
@@ -175,6 +183,6 @@ class RunView:
         acc = f", accuracy {self.accuracy:.3f}" if self.accuracy is not None else ""
         state = self.reason or ("running" if not self.done else "gone")
         return (
-            f"<RunView {self.id} on {self.cluster.name}: {self.model} on {self.data}, "
+            f"<RemoteRun {self.id} on {self.cluster.name}: {self.model} on {self.data}, "
             f"step {self.step}/{steps}{acc}, {state}>"
         )
