@@ -29,7 +29,9 @@ from typing import Any
 
 import psutil
 import pytest
-from conftest import require, require_module  # tests/conftest.py
+from conftest import require, require_module, wait_for_sync  # tests/conftest.py
+
+from transient_nb import connect, train
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -260,7 +262,7 @@ def test_panel_shows_preempts_connects_stops_and_creates(lab: Lab, kernel_cluste
             expect(panel.locator(".tnb-Empty")).to_be_visible()
             page.screenshot(path=ARTIFACTS / "4-stopped-empty.png")
 
-            # A cluster from the panel's own form, started in the server process.
+            # A cluster from the panel's own form: detached, in a head process of its own.
             panel.locator(".tnb-Empty button").click()
             form = page.locator(".jp-Dialog .tnb-NewClusterForm")
             expect(form).to_be_visible()
@@ -272,12 +274,21 @@ def test_panel_shows_preempts_connects_stops_and_creates(lab: Lab, kernel_cluste
             expect(created.locator('div.tnb-Worker[data-state="joined"]')).to_have_count(
                 2, timeout=SLOW_MS
             )
-            expect(created.locator(".tnb-Placement")).to_contain_text("started here")
+            # Detached: a head process of its own owns it, not the server, not a kernel.
+            expect(created.locator(".tnb-Placement")).to_contain_text("head pid")
+            # A run on it that no kernel owns (started through the head, from this process):
+            # the panel shows it and stops it with its cluster.
+            remote = connect("panel-demo")
+            run = train(remote, model="resnet8", data="digits", steps=1_000_000, eval_images=200)
+            expect(created.locator(".tnb-Training")).to_contain_text("Training", timeout=SLOW_MS)
             page.screenshot(path=ARTIFACTS / "6-created-from-panel.png")
             created.locator(".tnb-StopButton").click()
             page.locator(".jp-Dialog .jp-mod-accept").click()
             expect(created).to_have_count(0, timeout=SLOW_MS)
             expect(panel.locator(".tnb-Empty")).to_be_visible()
+            # The head stopped the run before it closed the cluster.
+            assert wait_for_sync(lambda: run.reason, 60) == "stopped", run
+            remote.close()
         except Exception:
             page.screenshot(path=ARTIFACTS / "failure.png")
             raise

@@ -47,6 +47,16 @@ def _positive_int(value: Any, what: str) -> int:
     return value
 
 
+def check_name(name: Any) -> str:
+    """``name`` if it is an allowed cluster name; a ``ValueError`` saying what is allowed if not."""
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise ValueError(
+            f"Cluster name {name!r} is not allowed: use lowercase letters, digits and dashes, "
+            "starting with a letter (at most 42 characters), e.g. 'demo-1'."
+        )
+    return name
+
+
 class TransientCluster(SpecCluster):
     """A Dask cluster of preemptible (Spot) GPU workers plus a never-preemptible PS host.
 
@@ -258,12 +268,7 @@ class TransientCluster(SpecCluster):
             parse_timedelta(config.get("replacement.crash-backoff-max"), default="seconds") or 0
         )
         self._check_hourly_cost(self._target)
-        name = name or f"transient-{uuid.uuid4().hex[:6]}"
-        if not _NAME_RE.match(name):
-            raise ValueError(
-                f"Cluster name {name!r} is not allowed: use lowercase letters, digits and dashes, "
-                "starting with a letter (at most 42 characters), e.g. 'demo-1'."
-            )
+        name = check_name(name or f"transient-{uuid.uuid4().hex[:6]}")
         for entry in registry.entries():
             if entry["name"] == name and not entry["stale"]:
                 raise ValueError(

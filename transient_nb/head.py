@@ -96,7 +96,9 @@ def launch(
     RuntimeError
         The head exited while starting (the message quotes its log).
     """
-    name = name or f"transient-{uuid.uuid4().hex[:6]}"
+    from transient_nb.cluster import check_name
+
+    name = check_name(name or f"transient-{uuid.uuid4().hex[:6]}")
     for known in registry.entries():
         if known["name"] == name and not known["stale"]:
             raise ValueError(

@@ -8,32 +8,31 @@ RPC (:data:`~transient_nb.events.EVENTS_RPC`), folds it with :class:`~transient_
 per cluster with :func:`make_cluster_model`. Control actions
 (scale, preempt, stop) travel to the cluster that owns a scheduler as events on the
 ``transient-control`` topic; the owning kernel's cluster acts on them and answers with a
-``control`` event. Clusters started from the panel are created here, in the server process, and
-kept until the panel stops them or the server shuts down.
+``control`` event. Clusters started from the panel are detached: each runs in a head process of
+its own (:mod:`transient_nb.head`), started from a thread so that the server keeps answering,
+and outlives the server.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import hashlib
 import json
 import logging
 import math
-import os
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
-from distributed.core import ConnectionPool, Status
+from distributed.core import ConnectionPool
 
 from transient_nb import config, registry
 from transient_nb.backends.tls import security_from_registry
-from transient_nb.cluster import TransientCluster
 from transient_nb.events import CONTROL_TOPIC, EVENTS_RPC, read_run_record
+from transient_nb.head import launch
 from transient_nb.prices import PriceCatalog, shipped_catalogs
 from transient_nb.state import MAX_GONE_ROWS, ClusterState, RunProgress
 
@@ -246,6 +245,14 @@ def fingerprint(models: Sequence[Mapping[str, Any]]) -> str:
 
 # -- the manager ------------------------------------------------------------------------------------
 @dataclass
+class _Starting:
+    """A head being started from the panel: its launch (in a thread) and what the form asked."""
+
+    task: asyncio.Future[Any]
+    info: dict[str, Any]
+
+
+@dataclass
 class _Tracked:
     """What the manager remembers about one registered cluster between refreshes."""
 
@@ -288,8 +295,7 @@ class ClusterManager:
         self.rpc_timeout = rpc_timeout
         self.answer_timeout = answer_timeout
         self.min_refresh_s = min_refresh_s
-        self._owned: dict[str, TransientCluster] = {}
-        self._starting: dict[str, asyncio.Task[Any]] = {}
+        self._starting: dict[str, _Starting] = {}
         self._tracked: dict[str, _Tracked] = {}
         self._pool: ConnectionPool | None = None
         #: Pools of TLS clusters, one per scheduler (each cluster has its own CA).
@@ -378,7 +384,7 @@ class ClusterManager:
                 entry,
                 tracked.events,
                 status=status,
-                owner="panel" if name in self._owned else "kernel",
+                owner="head" if entry.get("detached") else "kernel",
                 state=state,
             )
             tracked.built_at, tracked.built_from = time.time(), key
@@ -398,23 +404,12 @@ class ClusterManager:
                 tracked = self._tracked.pop(name)
                 if tracked.address:
                     await self._forget_connections(tracked.address, "cluster gone")
-        for name, cluster in list(self._owned.items()):
+        for name, pending in list(self._starting.items()):
             if name in entries:
                 continue
-            if cluster.status in (Status.closed, Status.closing, Status.failed):
-                if name not in self._starting:
-                    self._owned.pop(name, None)
-                continue
-            # Started here but not registered yet: its scheduler is still coming up.
-            entry = {
-                "name": name,
-                "backend": cluster.backend.name,
-                "gpu": cluster.gpu,
-                "zone": cluster.zone,
-                "spot": cluster.spot,
-                "pid": os.getpid(),
-            }
-            models.append(make_cluster_model(entry, [], status="starting", owner="panel"))
+            # Started from the panel, not registered yet: its head is still coming up.
+            entry = {"name": name, "pid": None, **pending.info}
+            models.append(make_cluster_model(entry, [], status="starting", owner="head"))
         models.sort(key=lambda m: m["name"])
         self._models, self._refreshed_at = models, time.monotonic()
         return models
@@ -459,7 +454,11 @@ class ClusterManager:
 
     # -- creating -------------------------------------------------------------------------------
     async def create(self, params: Mapping[str, Any], wait: float = 30.0) -> dict[str, Any]:
-        """Start a cluster in this server process, as the panel's "new cluster" form asks.
+        """Start a detached cluster (a head process of its own), as the panel's form asks.
+
+        The head outlives this server: a cluster started from the panel runs on when JupyterLab
+        stops, and is stopped from the panel, the CLI (``transient-nb down``) or a notebook. The
+        head starts in a thread, so the server answers other requests meanwhile.
 
         Parameters
         ----------
@@ -467,8 +466,8 @@ class ClusterManager:
             Keyword arguments of :class:`~transient_nb.cluster.TransientCluster` among
             :data:`CREATE_PARAMETERS`; anything else, or a wrong type, is a ``ValueError``.
         wait
-            Seconds to wait for the cluster to register before answering with its model (the
-            workers keep coming up afterwards).
+            Seconds to wait for the head to register the cluster before answering with its
+            model (the workers keep coming up afterwards); the head goes on starting after that.
         """
         if not isinstance(params, Mapping):
             raise ValueError("Send the new cluster's parameters as a JSON object.")
@@ -484,47 +483,41 @@ class ClusterManager:
                 kind = " or ".join(_TYPE_NAMES[t] for t in types)
                 raise ValueError(f"{key}={value!r} must be {kind}.")
             kwargs[key] = value
-        name = kwargs.get("name")
-        if name is not None and (name in self._owned or name in self._starting):
+        name = str(kwargs.pop("name", None) or f"transient-{uuid.uuid4().hex[:6]}")
+        if name in self._starting or any(
+            e["name"] == name and not e["stale"] for e in registry.entries()
+        ):
             raise ValueError(f"A transient cluster named {name!r} is already running.")
-        # The constructor checks everything (GPU, zone, preemption spec) before starting anything.
-        cluster = TransientCluster(asynchronous=True, **kwargs)
-        self._owned[cluster.name] = cluster
-        task = asyncio.ensure_future(self._start(cluster))
-        self._starting[cluster.name] = task
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline and not task.done():
-            if any(e["name"] == cluster.name for e in registry.entries()):
-                break
-            await asyncio.sleep(0.05)
-        failure = task.result() if task.done() and not task.cancelled() else None
-        if failure is not None:
-            raise failure
-        self._refreshed_at = 0.0  # the next listing must show it
-        return await self.get_cluster(cluster.name)
-
-    async def _start(self, cluster: TransientCluster) -> Exception | None:
-        """Start an owned cluster; its failure is returned (and logged), never left unretrieved."""
+        # The head checks everything (GPU, zone, preemption spec) before it starts anything, and
+        # says what was wrong (launch raises its ValueError here).
+        task = asyncio.ensure_future(asyncio.to_thread(launch, kwargs, name=name))
+        info = {k: kwargs.get(k) for k in ("backend", "gpu", "zone", "spot")}
+        self._starting[name] = _Starting(task, info)
+        task.add_done_callback(functools.partial(self._started, name))
         try:
-            await cluster
-            return None
-        except asyncio.CancelledError:
-            raise  # stopped from the panel while starting: ``stop`` closes it
-        except Exception as e:
-            logger.exception("cluster %s failed to start", cluster.name)
-            self._owned.pop(cluster.name, None)
-            with contextlib.suppress(Exception):
-                await _close(cluster)
-            return e
-        finally:
-            self._starting.pop(cluster.name, None)
+            await asyncio.wait_for(asyncio.shield(task), wait)
+        except asyncio.TimeoutError:
+            pass  # still starting: the listing shows it so, and it registers later
+        self._refreshed_at = 0.0  # the next listing must show it
+        if task.done():
+            task.result()  # the head refused: its ValueError goes back to the form
+            return await self.get_cluster(name)
+        entry = {"name": name, "pid": None, **info}
+        return make_cluster_model(entry, [], status="starting", owner="head")
+
+    def _started(self, name: str, task: asyncio.Future[Any]) -> None:
+        self._starting.pop(name, None)
+        self._refreshed_at = 0.0
+        if not task.cancelled() and task.exception() is not None:
+            # Retrieved here (the form may have had its answer already); the log keeps it.
+            logger.warning("cluster %s failed to start: %s", name, task.exception())
 
     # -- controlling ------------------------------------------------------------------------------
     async def _entry(self, name: str) -> dict[str, Any]:
         for entry in registry.entries():
             if entry["name"] == name:
                 return entry
-        if name in self._owned:
+        if name in self._starting:
             raise ValueError(f"Cluster {name!r} is still starting; try again in a moment.")
         known = ", ".join(e["name"] for e in registry.entries()) or "none"
         raise ClusterNotFound(f"No transient cluster named {name!r} (known: {known}).")
@@ -577,15 +570,10 @@ class ClusterManager:
 
     async def stop(self, name: str) -> dict[str, Any]:
         """Stop cluster ``name``; a stale entry (its owner is gone) is just removed."""
-        cluster = self._owned.get(name)
-        if cluster is not None:
-            task = self._starting.get(name)
-            if task is not None:
-                task.cancel()
-            self._owned.pop(name, None)
-            await _close(cluster)
-            self._refreshed_at = 0.0
-            return {"action": "stop", "answered": True}
+        pending = self._starting.get(name)
+        if pending is not None:
+            # Still starting: wait for its head to register, then stop it like any other.
+            await asyncio.shield(pending.task)
         entry = await self._entry(name)
         if entry.get("stale"):
             registry.unregister(name)
@@ -594,15 +582,9 @@ class ClusterManager:
         return await self._control(name, {"action": "stop"})
 
     async def close(self) -> None:
-        """Stop the clusters started from the panel and close connections (server shutdown)."""
+        """Close connections (server shutdown). Clusters started from the panel are detached:
+        they run on, and the panel of the next server lists them again."""
         self._closed = True
-        for task in list(self._starting.values()):
-            task.cancel()
-        owned, self._owned = list(self._owned.values()), {}
-        results = await asyncio.gather(*(_close(c) for c in owned), return_exceptions=True)
-        for cluster, result in zip(owned, results, strict=True):
-            if isinstance(result, BaseException):
-                logger.warning("closing cluster %s failed: %r", cluster.name, result)
         if self._pool is not None:
             await self._pool.close()
             self._pool = None
@@ -632,11 +614,6 @@ class ClusterManager:
             "catalogs": shipped_catalogs(),
             "preemption_examples": ["none", "paper:k80", "paper:v100", "exp:mean=60s"],
         }
-
-
-async def _close(cluster: TransientCluster) -> None:
-    # The clusters here are asynchronous: Dask's dual API hands back an awaitable.
-    await cast("Awaitable[None]", cluster.close())
 
 
 @functools.lru_cache(maxsize=16)

@@ -232,7 +232,13 @@ export class TransientSidebar extends Widget {
       c.target_workers !== null
         ? `target ${c.target_workers} worker${c.target_workers === 1 ? '' : 's'}`
         : '',
-      c.owner === 'panel' ? 'started here' : c.pid ? `kernel pid ${c.pid}` : ''
+      c.owner === 'head'
+        ? `head pid ${c.pid}`
+        : c.owner === 'panel'
+          ? 'started here'
+          : c.pid
+            ? `kernel pid ${c.pid}`
+            : ''
     ].filter(Boolean);
     card.appendChild(el('div', 'tnb-Placement', placement.join(' · ')));
 

@@ -44,7 +44,7 @@ export interface ITraining {
 export interface ICluster {
   name: string;
   status: ClusterStatus;
-  owner: 'panel' | 'kernel';
+  owner: 'panel' | 'kernel' | 'head';
   pid: number | null;
   backend: string | null;
   scheduler_address: string | null;
