@@ -87,3 +87,37 @@ def test_run_refuses_worker_counts_and_hourly_costs_above_the_limits(tmp_path, c
     assert main(["run", "--workers", "4", "--max-hourly-cost", "0.5", "--out", str(out)]) == 2
     assert "above max_hourly_cost=$0.50/h" in capsys.readouterr().err
     assert not (out / "events.jsonl").exists() and list(out.glob("*/events.jsonl")) == []
+
+
+@pytest.mark.slow
+def test_detached_run_status_attach_and_down(tmp_path, capsys):
+    import psutil
+
+    from transient_nb import registry
+
+    argv = ["--name", "cli-det", "--workers", "1", "--preemption", "none"]
+    argv += ["--provisioning-delay", "0s"]
+    assert (
+        main(
+            ["run", "--detach", *argv, "--data", "digits", "--steps", "150", "--eval-images", "100"]
+        )
+        == 0
+    )
+    started = capsys.readouterr().out
+    assert "transient-nb attach cli-det" in started
+    head = int(registry.lookup("cli-det")["pid"])
+    # attach follows the run the head drives to its end, then prints its summary.
+    assert main(["attach", "cli-det", "--quiet"]) == 0
+    attached = capsys.readouterr().out
+    import re
+
+    steps = int(re.search(r"global steps\s+(\d+)", attached).group(1))
+    assert steps >= 150
+    assert main(["status", "cli-det"]) == 0
+    status = capsys.readouterr().out
+    assert f"head pid {head}" in status and f"step {steps}/150" in status and ", steps" in status
+    assert main(["down", "cli-det"]) == 0
+    assert not psutil.pid_exists(head) or psutil.Process(head).status() == psutil.STATUS_ZOMBIE
+    assert registry.entries() == []
+    assert main(["status", "cli-det"]) == 2  # gone: a clear error, not a traceback
+    assert "cli-det" in capsys.readouterr().err

@@ -31,6 +31,7 @@ from distributed import Client, Variable
 from transient_nb import limits
 from transient_nb.events import TOPIC, make_event
 from transient_nb.state import event_log
+from transient_nb.state import summarize as summarize  # re-exported: run records are read with it
 from transient_nb.training import checkpoint
 from transient_nb.training import resume as resuming
 from transient_nb.training.data import check_data_spec, load_dataset, to_tensor
