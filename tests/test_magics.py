@@ -6,6 +6,7 @@ dummy comm). Clusters are real and small.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,7 +31,10 @@ def ip() -> Iterator[InteractiveShell]:
     yield shell
     magics: TransientMagics = shell.magics_manager.registry["TransientMagics"]
     for cluster in list(magics.clusters.values()):
-        cluster.close()
+        if getattr(cluster, "detached", False) and cluster.status.name == "running":
+            cluster.shutdown()  # a head left by a failed test: closing the handle would not end it
+        else:
+            cluster.close()
     magics.clusters.clear()
     magics.cluster = None
     for name in ("cluster", "run", "c2"):
@@ -273,3 +277,28 @@ def test_train_shows_the_run_not_a_second_cluster_panel(ip: InteractiveShell) ->
 def TransientMagics_views(ip: InteractiveShell) -> list[Any]:
     magics: TransientMagics = ip.magics_manager.registry["TransientMagics"]
     return [v for views in magics.views.values() for v in views]
+
+
+@pytest.mark.slow
+def test_a_detached_session(ip: InteractiveShell) -> None:
+    import psutil
+
+    from transient_nb.connect import RemoteCluster
+
+    with capture_output():
+        cluster = magic(
+            ip, "up --detach --workers 1 --provisioning-delay 0s --notice 1s --name magic-head"
+        )
+    assert isinstance(cluster, RemoteCluster) and cluster.detached
+    head = int(cluster.entry["pid"])
+    assert head != os.getpid()
+    with capture_output() as captured:
+        run = magic(ip, "train --model resnet8 --data digits --steps 40 --batch-size 16 --wait")
+    assert ip.user_ns["run"] is run and run.reason == "steps" and run.step >= 40
+    texts = [o.data["text/plain"] for o in widgets_shown(captured)]
+    assert texts[0].startswith("<RunPanel") and texts[1].startswith("BokehModel(")
+    with capture_output() as captured:
+        magic(ip, "down")
+    assert "is down" in captured.stdout
+    psutil.Process(head).wait(timeout=120) if psutil.pid_exists(head) else None
+    assert not psutil.pid_exists(head) or psutil.Process(head).status() == psutil.STATUS_ZOMBIE

@@ -601,7 +601,9 @@ class TransientMagics(Magics):
             raise UsageError(
                 f"Unknown section {unknown[0]!r}: the cell takes `cluster:` and `train:` only."
             )
-        allowed = _signature_names(TransientCluster.__init__, ("self", "asynchronous", "loop"))
+        allowed = _signature_names(
+            TransientCluster.__init__, ("self", "asynchronous", "loop", "_head_info")
+        )
         cluster_kwargs = _settings(spec.get("cluster"), "cluster", [*allowed, *BACKEND_OPTIONS])
         train_kwargs: dict[str, Any] | None = None
         if spec.get("train") is not None or "train" in spec:
@@ -624,7 +626,7 @@ class TransientMagics(Magics):
                 raise UsageError(f"Unknown model {model!r}: use one of {', '.join(MODELS)}.")
             with _usage_errors("train: "):
                 check_data_spec(train_kwargs.get("data", "synthetic"))
-                not_checked = ("budget", "checkpoint_url", "seed", "device", "wait")
+                not_checked = ("budget", "checkpoint_url", "seed", "device", "wait", "resume")
                 check_train_args(**{k: v for k, v in train_kwargs.items() if k not in not_checked})
                 budget = train_kwargs.get("budget")
                 if budget is not None and (
