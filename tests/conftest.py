@@ -167,3 +167,24 @@ def vm_pids(cluster: Any) -> set[int]:
         except psutil.NoSuchProcess:
             pass
     return pids
+
+
+@pytest.fixture
+def kernel_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """A kernel's environment: everything it writes goes under ``tmp_path``, and its registry
+    and run folders are this test's (those of ``_isolated_dirs``).
+
+    Set here too, so that the kernel manager in this process (connection files) follows it.
+    """
+    for var, sub in (
+        ("DASK_TRANSIENT__RUN_DIR", "runs"),
+        ("DASK_TRANSIENT__REGISTRY_DIR", "clusters"),
+        ("IPYTHONDIR", "ipython"),
+        ("JUPYTER_CONFIG_DIR", "jupyter/config"),
+        ("JUPYTER_DATA_DIR", "jupyter/data"),
+        ("JUPYTER_RUNTIME_DIR", "jupyter/runtime"),
+    ):
+        monkeypatch.setenv(var, str(tmp_path / sub))
+    # The default data path (the venv's share/jupyter) stays: the python3 kernel spec is there.
+    monkeypatch.delenv("JUPYTER_PATH", raising=False)
+    return dict(os.environ)

@@ -44,22 +44,6 @@ def _kinds(events: list[dict[str, Any]], run_id: str | None = None) -> list[str]
     return [e["kind"] for e in events if run_id is None or e.get("run") in (None, run_id)]
 
 
-@pytest.fixture
-def kernel_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    """A kernel whose registry and run folders are this test's (the conftest's paths)."""
-    for var, sub in (
-        ("DASK_TRANSIENT__RUN_DIR", "runs"),
-        ("DASK_TRANSIENT__REGISTRY_DIR", "clusters"),
-        ("IPYTHONDIR", "ipython"),
-        ("JUPYTER_CONFIG_DIR", "jupyter/config"),
-        ("JUPYTER_DATA_DIR", "jupyter/data"),
-        ("JUPYTER_RUNTIME_DIR", "jupyter/runtime"),
-    ):
-        monkeypatch.setenv(var, str(tmp_path / sub))
-    monkeypatch.delenv("JUPYTER_PATH", raising=False)
-    return dict(os.environ)
-
-
 def _kernel(env: dict[str, str], cwd: Path) -> tuple[KernelManager, Any]:
     km = KernelManager(kernel_name="python3")
     km.start_kernel(env=env, cwd=str(cwd))

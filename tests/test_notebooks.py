@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import re
 import sys
 import urllib.request
@@ -27,26 +26,6 @@ NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 WIDGET = "application/vnd.jupyter.widget-view+json"
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
-
-
-@pytest.fixture
-def kernel_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    """The kernel's environment: everything it writes goes under ``tmp_path``.
-
-    Set here too, so that the kernel manager in this process (connection files) follows it.
-    """
-    for var, sub in (
-        ("DASK_TRANSIENT__RUN_DIR", "runs"),
-        ("DASK_TRANSIENT__REGISTRY_DIR", "clusters"),
-        ("IPYTHONDIR", "ipython"),
-        ("JUPYTER_CONFIG_DIR", "jupyter/config"),
-        ("JUPYTER_DATA_DIR", "jupyter/data"),
-        ("JUPYTER_RUNTIME_DIR", "jupyter/runtime"),
-    ):
-        monkeypatch.setenv(var, str(tmp_path / sub))
-    # The default data path (the venv's share/jupyter) stays: the python3 kernel spec is there.
-    monkeypatch.delenv("JUPYTER_PATH", raising=False)
-    return dict(os.environ)
 
 
 def execute(name: str, tmp_path: Path, env: dict[str, str]) -> Any:

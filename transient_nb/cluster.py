@@ -269,12 +269,7 @@ class TransientCluster(SpecCluster):
         )
         self._check_hourly_cost(self._target)
         name = check_name(name or f"transient-{uuid.uuid4().hex[:6]}")
-        for entry in registry.entries():
-            if entry["name"] == name and not entry["stale"]:
-                raise ValueError(
-                    f"A transient cluster named {name!r} is already running (pid {entry['pid']}): "
-                    "pick another name, or connect to it."
-                )
+        registry.check_free(name)
         seed = config.get("seed", override_with=seed)
         self._rng = random.Random(seed)
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")

@@ -99,12 +99,7 @@ def launch(
     from transient_nb.cluster import check_name
 
     name = check_name(name or f"transient-{uuid.uuid4().hex[:6]}")
-    for known in registry.entries():
-        if known["name"] == name and not known["stale"]:
-            raise ValueError(
-                f"A transient cluster named {name!r} is already running (pid {known['pid']}): "
-                "pick another name, or connect to it."
-            )
+    registry.check_free(name)
     spec = {
         "name": name,
         "cluster": _json_ready(cluster_kwargs),

@@ -79,3 +79,13 @@ def lookup(name: str, path: str | None = None) -> dict[str, Any]:
             return entry
     known = ", ".join(e["name"] for e in entries(path)) or "none"
     raise KeyError(f"No transient cluster named {name!r} is registered (known: {known}).")
+
+
+def check_free(name: str, path: str | None = None) -> None:
+    """Raise ``ValueError`` if a live cluster (not a stale entry) already has ``name``."""
+    for entry in entries(path):
+        if entry["name"] == name and not entry["stale"]:
+            raise ValueError(
+                f"A transient cluster named {name!r} is already running (pid {entry['pid']}): "
+                "pick another name, or connect to it."
+            )

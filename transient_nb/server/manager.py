@@ -484,10 +484,9 @@ class ClusterManager:
                 raise ValueError(f"{key}={value!r} must be {kind}.")
             kwargs[key] = value
         name = str(kwargs.pop("name", None) or f"transient-{uuid.uuid4().hex[:6]}")
-        if name in self._starting or any(
-            e["name"] == name and not e["stale"] for e in registry.entries()
-        ):
-            raise ValueError(f"A transient cluster named {name!r} is already running.")
+        if name in self._starting:
+            raise ValueError(f"A transient cluster named {name!r} is already starting.")
+        registry.check_free(name)
         # The head checks everything (GPU, zone, preemption spec) before it starts anything, and
         # says what was wrong (launch raises its ValueError here).
         task = asyncio.ensure_future(asyncio.to_thread(launch, kwargs, name=name))
