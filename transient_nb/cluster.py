@@ -757,8 +757,15 @@ class TransientCluster(SpecCluster):
     def _membership(self, kind: str, name: str) -> None:
         """A worker joined or left the scheduler (called by the monitor)."""
         if kind == "joined":
+            vm = self.workers.get(name)
+            if isinstance(vm, TransientVM):
+                vm.worker_left = False
             self._joined.add(name)
             self._failures = 0  # a VM that works ends a run of failures
+        elif kind == "left":
+            vm = self.workers.get(name)
+            if isinstance(vm, TransientVM):
+                vm.mark_left()
 
     async def _join_watchdog(self, vm: TransientVM) -> None:
         """Delete and replace a VM that runs but whose worker never joins (it would bill on)."""
