@@ -113,3 +113,31 @@ async def test_notice_drains_posts_and_closes_the_worker(c: Any, s: Any) -> None
     assert drained[0]["worker"] == w.address  # the scheduler stamps the sender's address
     assert 0 < drained[0]["seconds"] < 5
     await wait_for(lambda: not s.workers, timeout=30)
+
+
+@pytest.mark.slow
+def test_a_gpu_worker_imports_torch_and_the_trainer_while_it_joins() -> None:
+    from conftest import wait_for_sync
+
+    from transient_nb import TransientCluster
+
+    # Defined here: cloudpickle sends it by value (the workers cannot import this test module).
+    def _trainer_imported() -> bool:
+        import sys
+
+        return "transient_nb.training.trainer" in sys.modules
+
+    with TransientCluster(workers=1, preemption="none", provisioning_delay=0) as cluster:
+        cluster.wait_for_workers(1, timeout=120)
+        client = cluster.get_client()
+        info = client.scheduler_info(n_workers=-1)["workers"]
+        gpu = [a for a, w in info.items() if "gpu" in w.get("resources", {})]
+        ps = [a for a, w in info.items() if "gpu" not in w.get("resources", {})]
+        assert gpu and ps
+        # No trainer was ever asked for: only the warm-up can have imported it.
+        wait_for_sync(
+            lambda: all(client.run(_trainer_imported, workers=gpu).values()),
+            120,
+            "the GPU worker never warmed up",
+        )
+        assert not any(client.run(_trainer_imported, workers=ps).values())  # the PS host: no

@@ -13,6 +13,7 @@ import inspect
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -107,3 +108,23 @@ def dask_setup(worker: Any) -> None:
         return "draining"
 
     worker.handlers["transient_notice"] = transient_notice
+    if getattr(getattr(worker, "state", None), "total_resources", {}).get("gpu"):
+        _warm_up()
+
+
+def _warm_up() -> None:
+    """Import torch and the trainer in a thread while the worker registers.
+
+    A replacement's first update waits for these imports (1-3 s of torch alone on a cold
+    process); started here, they overlap with the worker's registration and the driver's
+    actor submission instead of following them. The import lock makes a trainer that comes
+    first simply wait for the rest of the import.
+    """
+
+    def load() -> None:
+        try:
+            import transient_nb.training.trainer  # noqa: F401  (torch, models, data)
+        except Exception:  # a worker without torch still serves the cluster
+            logger.debug("Warm-up import failed", exc_info=True)
+
+    threading.Thread(target=load, name="transient-warm-up", daemon=True).start()
