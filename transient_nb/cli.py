@@ -439,8 +439,10 @@ def list_clusters() -> int:
         return 0
     for e in entries:
         state = "stale (owner gone)" if e["stale"] else "running"
+        owner = f"{'head' if e.get('detached') else 'kernel'} {e.get('pid')}"
         print(
-            f"{e['name']:<24} {e.get('backend', '?'):<6} {state:<20} {e.get('scheduler_address', '')}"
+            f"{e['name']:<24} {e.get('backend', '?'):<6} {state:<20} {owner:<14} "
+            f"{e.get('scheduler_address', '')}"
         )
     return 0
 
