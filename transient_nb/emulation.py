@@ -325,17 +325,18 @@ class StepPacer:
             time.sleep(pause)
         return pause
 
-    def behind(self) -> dict[str, float] | None:
+    def behind(self, final: bool = False) -> dict[str, float] | None:
         """Once a window is over: the figures of a host that fell behind, else None.
 
         Returns ``{"target_steps_per_s", "achieved_steps_per_s", "window_s"}`` (wall-clock
         rates: the pace, and what the host's own work allowed) at most every
-        :data:`BEHIND_REPEAT_S`.
+        :data:`BEHIND_REPEAT_S`. ``final`` judges the window so far (the trainer stops), so
+        that a run shorter than a window is judged too.
         """
         now = self._clock()
         win = self._window
         span = now - win.t0
-        if span < BEHIND_WINDOW_S or win.steps < 3:
+        if (span < BEHIND_WINDOW_S and not final) or win.steps < 3:
             return None
         self._window = _Window(now)
         work = win.work_s / win.steps

@@ -402,11 +402,12 @@ class Trainer:
         )
         return None if step_s is None else StepPacer(step_s)
 
-    def _pace(self, pacer: StepPacer | None) -> None:
+    def _pace(self, pacer: StepPacer | None, final: bool = False) -> None:
         if pacer is None:
             return
-        pacer.wait(self._stop)
-        behind = pacer.behind()
+        if not final:
+            pacer.wait(self._stop)
+        behind = pacer.behind(final)
         if behind is not None:
             self._post("emulation-behind", worker=self.name, role="worker", gpu=self.gpu, **behind)
 
@@ -517,6 +518,7 @@ class Trainer:
                     if self._newer_generation():
                         pending = None
                         shards, version = self._rejoin(flat)
+            self._pace(pacer, final=True)  # a run shorter than a judging window is judged too
             if pending is not None:  # the last push in flight: its reply still counts
                 try:
                     self._accept(flat, *_merge(self._gather(pending))[:2])
