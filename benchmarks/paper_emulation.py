@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
                 cols,
                 [
                     [label, *row]
-                    for label, row in zip(table.index, table.values.tolist(), strict=True)
+                    for label, row in zip(table.index, table.astype(object).values.tolist(), strict=True)
                 ],
             )
         )
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             seed=args.seed,
             log=log,
         )
-        print(md_table(list(curve.columns), curve.values.tolist()))
+        print(md_table(list(curve.columns), curve.astype(object).values.tolist()))
         print()
         print(
             f"Curve: global steps/s in the paper's units; 'paper shape' = min(workers x the "
