@@ -75,7 +75,9 @@ def main(argv: list[str] | None = None) -> int:
                 cols,
                 [
                     [label, *row]
-                    for label, row in zip(table.index, table.astype(object).values.tolist(), strict=True)
+                    for label, row in zip(
+                        table.index, table.astype(object).values.tolist(), strict=True
+                    )
                 ],
             )
         )

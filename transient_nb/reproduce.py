@@ -240,7 +240,7 @@ def run_setup(
     ``wall_pace``: wall-clock steps/s of one worker per paper step/s (a K80 then steps 4.56 x
     ``wall_pace`` times a second here).
     """
-    from transient_nb import train
+    from transient_nb.training.run import train
 
     step_scale = PAPER_STEPS / steps
     time_scale = wall_pace * step_scale
@@ -359,7 +359,7 @@ def speed_curve(
     is measured over ``window_s`` wall seconds once every trainer runs. ``wall_pace`` as in
     :func:`run_setup` (0.3: 8 V100s ask for 37 steps/s here, the PS caps them at 13.5/23.6).
     """
-    from transient_nb import train
+    from transient_nb.training.run import train
 
     step_scale = 10.0
     time_scale = wall_pace * step_scale
