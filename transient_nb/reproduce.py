@@ -320,6 +320,9 @@ def paper_table(
                     r["workers"] * revoked_by(gpu, r["hours"]) if "transient" in str(label) else 0.0
                 ),
                 "global steps/s": r["global_steps_per_s"],
+                # What the host delivered of the emulated model's rate: the paced workers, up
+                # to the PS's capacity. Below ~0.9 the host (not the emulation) set the pace.
+                "of model": r["global_steps_per_s"] / paper_speed(gpu, int(r["workers"]), 1),
                 "accuracy": r["accuracy"],
                 "steps": int(r["steps"]),
                 "time_scale": r["time_scale"],
@@ -404,6 +407,7 @@ def speed_curve(
                         "PS": sh,
                         "paper shape": paper_speed(gpu, n, sh),
                         "ours": rate * step_scale / time_scale,
+                        "of model": rate * step_scale / time_scale / paper_speed(gpu, n, sh),
                         "behind": behind,
                     }
                     rows.append(row)
