@@ -149,3 +149,17 @@ def test_vm_gpu_comes_from_the_vm(monkeypatch):
 
 def test_paper_rates_are_the_papers():
     assert PAPER_STEPS_PER_S == {"k80": 4.56, "p100": 12.2, "v100": 15.6}
+
+
+def test_a_slow_reply_counts_as_the_hosts_work_only_when_the_ps_is_not_paced():
+    clock = Clock()
+    own, ours = StepPacer(0.1, clock=clock), StepPacer(0.1, clock=clock, count_reply=True)
+    for _ in range(10):
+        own.begin(), ours.begin()
+        clock.t += 0.02  # the trainer's own work
+        own.computed(), ours.computed()
+        clock.t += 0.2  # the reply: a paced PS's queue, or this host's slowness
+        own.wait(), ours.wait()
+    assert own.behind() is None  # the emulated PS's plateau, not the host's fault
+    behind = ours.behind()
+    assert behind is not None and behind["achieved_steps_per_s"] == pytest.approx(1 / 0.22)

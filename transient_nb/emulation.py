@@ -275,11 +275,12 @@ class StepPacer:
     """Stretches a trainer's steps to ``step_s`` wall seconds each, and says when it cannot.
 
     A step's cycle is the trainer's own work (batch, forward, backward, gradients), the push and
-    its reply (which holds the PS's emulated service time and its queue), then a pause up to
-    ``step_s`` from the cycle's start. The host is *behind* when its own work per step, averaged
-    over a window, exceeds ``step_s``: then no pause can hide it, and the emulated rate is not
-    reached. A slow reply is not the host's fault: it is the emulated PS saturating (the plateau
-    the pacing exists to show), so it is not counted.
+    its reply, then a pause up to ``step_s`` from the cycle's start. The host is *behind* when
+    its work per step, averaged over a window, exceeds ``step_s``: then no pause can hide it, and
+    the emulated rate is not reached. With ``count_reply`` (the PS is not paced) the push and
+    its reply are the host's work too; without it (the PS is paced), a slow reply is the emulated
+    PS's queue, the plateau the pacing exists to show, so only the trainer's own work counts
+    (the PS says itself when it cannot keep its capacity).
 
     Examples
     --------
@@ -289,8 +290,9 @@ class StepPacer:
     True
     """
 
-    def __init__(self, step_s: float, clock: Any = time.monotonic):
+    def __init__(self, step_s: float, clock: Any = time.monotonic, count_reply: bool = False):
         self.step_s = float(step_s)
+        self.count_reply = count_reply
         self._clock = clock
         self._t0 = clock()
         self._work = 0.0
@@ -314,9 +316,10 @@ class StepPacer:
         ``stop`` ends the pause early (a notice must not wait for the pace).
         """
         self.steps += 1
+        elapsed = self._clock() - self._t0
         self._window.steps += 1
-        self._window.work_s += self._work
-        pause = self.step_s - (self._clock() - self._t0)
+        self._window.work_s += elapsed if self.count_reply else self._work
+        pause = self.step_s - elapsed
         if pause <= 0:
             return 0.0
         if stop is not None:

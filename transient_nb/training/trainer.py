@@ -400,7 +400,10 @@ class Trainer:
             time_scale=scale,
             step_scale=self.hp.emulate_step_scale,
         )
-        return None if step_s is None else StepPacer(step_s)
+        if step_s is None:
+            return None
+        # An unpaced PS's replies are this host's work; a paced PS's queue is the emulation's.
+        return StepPacer(step_s, count_reply=emu.ps_steps_per_s is None)
 
     def _pace(self, pacer: StepPacer | None, final: bool = False) -> None:
         if pacer is None:
