@@ -18,6 +18,7 @@ Examples::
     python benchmarks/paper_emulation.py               # both tables (~8 min on 2 cores)
     python benchmarks/paper_emulation.py --table       # Table I/III only (~3 min)
     python benchmarks/paper_emulation.py --curve --gpus v100 --workers 1 4 8
+    python benchmarks/paper_emulation.py --today       # T4/L4/V100/A100 at gce-2025 prices
     python benchmarks/paper_emulation.py --tiny        # smoke configuration (CI)
 """
 
@@ -38,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tiny", action="store_true", help="seconds-long smoke configuration")
     parser.add_argument("--table", action="store_true", help="only Table I/III")
     parser.add_argument("--curve", action="store_true", help="only the speed curve")
+    parser.add_argument(
+        "--today", action="store_true", help="only the same question at today's prices (gce-2025)"
+    )
     parser.add_argument("--steps-per-worker", type=int, default=160, help="Table: steps per worker")
     parser.add_argument(
         "--wall-pace", type=float, default=1.2, help="Table: wall steps/s per paper step/s"
@@ -51,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shards", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    both = not (args.table or args.curve)
+    both = not (args.table or args.curve or args.today)
     quiet()
     os.environ.setdefault("TRANSIENT_NB_STRICT_EVENTS", "1")
     from transient_nb import reproduce
@@ -114,6 +118,24 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 "WARNING: this host could not keep the emulated pace in some rows (see 'behind')."
             )
+    if args.today:
+        t0 = time.time()
+        today = reproduce.today_table(steps_per_worker=args.steps_per_worker, seed=args.seed)
+        print(
+            md_table(
+                ["setup", *today.columns],
+                [
+                    [i, *r]
+                    for i, r in zip(today.index, today.astype(object).values.tolist(), strict=True)
+                ],
+            )
+        )
+        print()
+        print(
+            f"Today: gce-2025 list prices (GPU + machine type; PS n1-standard-4 on demand), Spot "
+            f"lifetimes from the paper's K80 curve (none measured for these GPUs), T4/L4/A100 step "
+            f"rates estimated (transient_nb.emulation). Seed {args.seed}, {time.time() - t0:.0f} s."
+        )
     return 0
 
 

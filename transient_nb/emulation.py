@@ -57,7 +57,7 @@ PAPER_STEPS_PER_S: dict[str, float] = {"k80": 4.56, "p100": 12.2, "v100": 15.6}
 #: T4 (8.1 TFLOPS FP32, 320 GB/s, 70 W, clocks down under load): about 0.7x a P100.
 #: L4 (30 TFLOPS FP32 but 300 GB/s): about a V100. A100-40GB (19.5 FP32 / 156 TF32, 1.5 TB/s):
 #: about 1.35x a V100. Replace them with your own measurements (``emulate="paper,t4=7.9"``).
-ESTIMATED_STEPS_PER_S: dict[str, float] = {"t4": 8.5, "l4": 15.0, "a100": 21.0}
+ESTIMATED_STEPS_PER_S: dict[str, float] = {"t4": 8.5, "l4": 15.0, "a100": 21.0, "a100-40gb": 21.0}
 
 #: Global steps/s that one 4-vCPU PS served at most (the paper's plateau: 43-47 with P100s and
 #: V100s from 4-5 workers on).
