@@ -161,11 +161,14 @@ def test_paper_emulation():
         timeout=400,
     )
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    blocks = [b for b in proc.stdout.split("\n\n") if b.strip().startswith("|")]
+    blocks = [
+        [ln.strip() for ln in b.splitlines() if ln.strip().startswith("|")]
+        for b in proc.stdout.split("\n\n")
+    ]
+    blocks = [b for b in blocks if b]
     assert len(blocks) == 2, proc.stdout
     tables = []
-    for block in blocks:
-        lines = [ln.strip() for ln in block.splitlines() if ln.strip().startswith("|")]
+    for lines in blocks:
         header = [c.strip() for c in lines[0].strip("|").split("|")]
         tables.append(
             [
