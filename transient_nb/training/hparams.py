@@ -37,6 +37,11 @@ class HParams:
     so that shorter runs get the same shape, and so are the default checkpoint and evaluation
     intervals (the paper's 4K of 64K: 1/16).
 
+    ``emulate`` paces the run to emulated GPUs and PS (:mod:`transient_nb.emulation`):
+    ``train(cluster, ..., emulate="paper", emulate_step_scale=64000 / steps)`` makes every
+    trainer step at its VM's GPU type's rate and the PS serve at most a 4-vCPU PS's capacity,
+    both divided by the cluster's ``time_scale``.
+
     Examples
     --------
     >>> hp = HParams(steps=1000, warmup_steps=0).validate()
