@@ -65,8 +65,9 @@ def main(argv: list[str] | None = None) -> int:
         setups = setups[:2]
         args.steps_per_worker, args.gpus, args.workers, args.shards = 40, ["v100"], [4], [1]
         args.window = 3.0
-    print(reproduce.note())
-    print()
+    if not (args.today and not both):
+        print(reproduce.note())
+        print()
     if args.table or both:
         t0 = time.time()
         log(f"Table I/III: {len(setups)} setups, {args.steps_per_worker} steps per worker")
