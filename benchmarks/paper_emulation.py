@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         setups = setups[:2]
         args.steps_per_worker, args.gpus, args.workers, args.shards = 40, ["v100"], [4], [1]
         args.window = 3.0
-    if not (args.today and not both):
+    if args.table or args.curve or both:
         print(reproduce.note())
         print()
     if args.table or both:
