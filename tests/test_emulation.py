@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
@@ -66,6 +67,11 @@ def test_ps_model_fits_the_paper_one_and_two_shard_points():
     assert emu.ps_service_s(1, time_scale=10, step_scale=2) == pytest.approx(2 / 450)
 
 
+#: A stop event already set: a pacer's pause returns at once (these tests use a fake clock).
+NO_PAUSE = threading.Event()
+NO_PAUSE.set()
+
+
 class Clock:
     def __init__(self):
         self.t = 0.0
@@ -82,8 +88,7 @@ def test_step_pacer_flags_a_host_slower_than_the_pace_and_only_then():
             pacer.begin()
             clock.t += work
             pacer.computed()
-        fast._t0 = slow._t0 = clock.t  # no real sleeping in this test
-        fast.wait(), slow.wait()
+        fast.wait(NO_PAUSE), slow.wait(NO_PAUSE)
         clock.t += 0.1
     assert fast.behind() is None
     behind = slow.behind()
@@ -159,7 +164,7 @@ def test_a_slow_reply_counts_as_the_hosts_work_only_when_the_ps_is_not_paced():
         clock.t += 0.02  # the trainer's own work
         own.computed(), ours.computed()
         clock.t += 0.2  # the reply: a paced PS's queue, or this host's slowness
-        own.wait(), ours.wait()
+        own.wait(NO_PAUSE), ours.wait(NO_PAUSE)
     assert own.behind() is None  # the emulated PS's plateau, not the host's fault
     behind = ours.behind()
     assert behind is not None and behind["achieved_steps_per_s"] == pytest.approx(1 / 0.22)
