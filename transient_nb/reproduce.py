@@ -319,7 +319,18 @@ def run_setup(
         if setup.spot:
             _wait_for_trainers(run, setup.workers)
             arm_lifetimes(cluster, lifetimes or f"paper:{setup.gpu}")
-        run.wait(timeout)
+        deadline = time.monotonic() + timeout
+        while not run.done() and time.monotonic() < deadline:
+            if not any(
+                vm.spec.role == "worker" and not vm.stopped for vm in list(cluster.workers.values())
+            ):
+                # Revoked workers are not replaced (the paper's rule): nobody is left to train.
+                run.stop(timeout=60)
+                raise RuntimeError(
+                    f"{setup.label}: every worker was revoked before the run had its steps "
+                    "(revoked workers are not replaced, as in the paper); try another seed."
+                )
+            time.sleep(0.5)
         if run.reason != "steps":
             raise RuntimeError(f"{setup.label}: the run ended with {run.reason}: {run.error}")
         out = measure(
