@@ -182,7 +182,7 @@ def arm_lifetimes(cluster: Any, spec: str) -> None:
 def _wait_for_trainers(run: Any, n: int, timeout: float = 180.0) -> None:
     deadline = time.monotonic() + timeout
     while len(_paced_times(run.events())) < n and time.monotonic() < deadline:
-        if run.done():
+        if run.done:
             return
         time.sleep(0.2)
 
@@ -320,7 +320,7 @@ def run_setup(
             _wait_for_trainers(run, setup.workers)
             arm_lifetimes(cluster, lifetimes or f"paper:{setup.gpu}")
         deadline = time.monotonic() + timeout
-        while not run.done() and time.monotonic() < deadline:
+        while not run.done and time.monotonic() < deadline:
             if not any(
                 vm.spec.role == "worker" and not vm.stopped for vm in list(cluster.workers.values())
             ):
