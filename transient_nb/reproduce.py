@@ -551,6 +551,7 @@ def note() -> str:
         "asynchronous PS, gradients of a small model, preemptions drawn from the paper's K80 "
         "lifetimes with notice, the learning rate, per-second billing at the paper's prices. "
         f"Each step stands for 64000/steps of the paper's: a run lasts the paper's simulated "
-        f"time, so lifetimes are NOT rescaled and the expected revocations per run are the "
+        f"time, so lifetimes are NOT rescaled (they start when training runs) and the expected "
+        f"revocations per run are the "
         f"paper's ({revoked} of {servers} servers over its runs)."
     )
