@@ -148,3 +148,41 @@ def test_pipeline_accuracy():
     assert header == ["data", "pipeline", "steps", "accuracy", "accuracy range", "wall s"]
     assert [(r["data"], r["pipeline"]) for r in rows] == [("digits", "off"), ("digits", "on")]
     assert_positive(rows, "steps", "accuracy", "wall s")
+
+
+@pytest.mark.timeout(420)
+def test_paper_emulation():
+    """The paced reproduction of the paper's Table I/III and speed curve, its --tiny form: two
+    tables; the baseline is the paper's by construction, the PS cap holds at 4 V100s."""
+    proc = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "paper_emulation.py"), "--tiny"],
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    blocks = [
+        [ln.strip() for ln in b.splitlines() if ln.strip().startswith("|")]
+        for b in proc.stdout.split("\n\n")
+    ]
+    blocks = [b for b in blocks if b]
+    assert len(blocks) == 2, proc.stdout
+    tables = []
+    for lines in blocks:
+        header = [c.strip() for c in lines[0].strip("|").split("|")]
+        tables.append(
+            [
+                dict(zip(header, (c.strip() for c in ln.strip("|").split("|")), strict=True))
+                for ln in lines[2:]
+            ]
+        )
+    table, curve = tables
+    assert [r["setup"] for r in table] == ["1 on-demand K80", "2 transient K80"]
+    assert_positive(table, "ours h", "ours $", "global steps/s")
+    base, two = table
+    if base["behind"] == two["behind"] == "0":  # the host kept the pace
+        assert float(base["ours h"]) == pytest.approx(3.9, rel=0.1)  # 64K / 4.56 steps/s
+        assert 1.6 <= float(two["ours speedup"]) <= 2.05  # two workers, one PS, async
+    assert [(r["gpu"], r["workers"], r["PS"]) for r in curve] == [("v100", "4", "1")]
+    assert float(curve[0]["ours"]) <= 45 * 1.05  # the PS's emulated capacity holds
+    assert "NOT rescaled" in proc.stdout

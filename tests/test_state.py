@@ -257,3 +257,50 @@ def test_speedup_only_where_one_worker_was_measured_alone():
     assert shared["speedup_over_one_worker"] is None and "share a GPU" in shared["speedup_note"]
     old = summarize(_speedup_log(["unknown"]))  # a record from before devices were reported
     assert old["speedup_over_one_worker"] is None
+
+
+def test_the_summary_says_whether_the_host_kept_the_emulated_pace():
+    from transient_nb.events import make_event
+
+    paced = [
+        make_event(
+            "emulation-paced",
+            run="r",
+            worker="w-0",
+            role="worker",
+            gpu="k80",
+            steps_per_s=4.56,
+            wall_steps_per_s=22.8,
+            time_scale=5.0,
+            step_scale=1.0,
+        ),
+        make_event(
+            "emulation-paced",
+            run="r",
+            worker="w-1",
+            role="worker",
+            gpu="h100",
+            steps_per_s=None,
+            wall_steps_per_s=None,
+            time_scale=5.0,
+            step_scale=1.0,
+        ),
+    ]
+    kept = summarize(paced)
+    assert kept["emulated"] and kept["emulation_behind"] == 0
+    assert "kept the emulated pace" in kept["emulation_note"] and "w-1" in kept["emulation_note"]
+    behind = make_event(
+        "emulation-behind",
+        run="r",
+        worker="w-0",
+        role="worker",
+        gpu="k80",
+        target_steps_per_s=22.8,
+        achieved_steps_per_s=11.4,
+        window_s=2.0,
+    )
+    s = summarize([*paced, behind])
+    assert s["emulation_behind"] == 1 and "could NOT keep" in s["emulation_note"]
+    assert "50%" in s["emulation_note"]
+    plain = summarize([])
+    assert not plain["emulated"] and plain["emulation_note"].startswith("not emulated")

@@ -145,6 +145,30 @@ EVENTS: dict[str, tuple[str, ...]] = {
     "gradient-lost": ("run", "worker", "step"),  # a worker died with a gradient in flight
     "trainer-failed": ("run", "worker", "error", "attempt", "gave_up"),
     "trainer-restarted": ("run", "worker", "attempt", "delay_s"),
+    # A trainer (or PS shard) paces itself to an emulated GPU (or PS): its rates in simulated
+    # and in wall-clock steps/s (transient_nb.emulation).
+    "emulation-paced": (
+        "run",
+        "worker",
+        "role",
+        "shard",
+        "gpu",
+        "steps_per_s",
+        "wall_steps_per_s",
+        "time_scale",
+        "step_scale",
+    ),
+    # The host could not keep an emulated pace: its own work per step was slower (wall rates).
+    "emulation-behind": (
+        "run",
+        "worker",
+        "role",
+        "shard",
+        "gpu",
+        "target_steps_per_s",
+        "achieved_steps_per_s",
+        "window_s",
+    ),
     "train-finished": (
         "run",
         "reason",  # steps|accuracy|budget|deadline|stopped|error|trainer-failed
@@ -190,6 +214,8 @@ TRAINING_EVENTS = (
     "gradient-lost",
     "trainer-failed",
     "trainer-restarted",
+    "emulation-paced",
+    "emulation-behind",
     "train-finished",
 )
 

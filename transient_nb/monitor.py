@@ -134,9 +134,13 @@ class TransientMonitor(SchedulerPlugin):
         if self.on_control is not None:
             self.on_control({**fields, "action": "provider-notice", "vm": sender})
 
-    def get_events(self, since: int = 0) -> list[dict[str, Any]]:
-        """Events from index ``since`` on (RPC handler ``transient_events``)."""
-        return self.events[since:]
+    def get_events(self, since: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
+        """Events from index ``since`` on, at most ``limit`` (RPC handler ``transient_events``).
+
+        ``limit`` lets a worker read the first events (the cluster's ``started``: its time
+        scale) without fetching a long run's whole log.
+        """
+        return self.events[since:] if limit is None else self.events[since : since + limit]
 
     # -- SchedulerPlugin hooks ---------------------------------------------------------------------
     def log_event(self, topic: str, msg: Any) -> None:

@@ -420,6 +420,8 @@ class RunSummary:
         self._trainer_failures: list[float] = []
         self._rates: list[float] = []
         self._devices: dict[str, str] = {}  # worker -> the device its trainer reported
+        self._paced: dict[str, Event] = {}  # worker or PS host -> its emulation-paced event
+        self._behind: dict[str, float] = {}  # ... -> the lowest achieved/target ratio seen
 
     def feed_one(self, e: Event) -> None:
         """Read one event not seen before."""
@@ -450,6 +452,36 @@ class RunSummary:
             self._devices[str(e.get("worker"))] = str(e.get("device", "unknown"))
         elif kind == "metrics":
             self.last_metrics_step = e["step"]
+        elif kind == "emulation-paced":
+            self._paced[f"{e.get('role')}:{e.get('worker')}"] = e
+        elif kind == "emulation-behind":
+            key = f"{e.get('role')}:{e.get('worker')}"
+            target = float(e.get("target_steps_per_s") or 0.0)
+            ratio = float(e.get("achieved_steps_per_s") or 0.0) / target if target > 0 else 0.0
+            self._behind[key] = min(ratio, self._behind.get(key, ratio))
+
+    def _emulation_note(self) -> str:
+        """What was emulated, and whether the host kept the pace (a sentence for views)."""
+        if not self._paced:
+            return "not emulated: every rate is this host's own"
+        unpaced = sorted(
+            str(e.get("worker"))
+            for e in self._paced.values()
+            if e.get("role") == "worker" and e.get("wall_steps_per_s") is None
+        )
+        parts = []
+        if self._behind:
+            worst = min(self._behind.values())
+            parts.append(
+                f"the host could NOT keep the emulated pace on {len(self._behind)} of "
+                f"{len(self._paced)} paced processes (its own work as slow as {worst:.0%} of the "
+                "pace): the emulated figures are too slow; use a smaller time_scale or model"
+            )
+        else:
+            parts.append("the host kept the emulated pace of every paced process")
+        if unpaced:
+            parts.append(f"no step rate for the GPU type of {', '.join(unpaced)}: not paced")
+        return "; ".join(parts)
 
     def result(self) -> dict[str, Any]:
         """The summary: the same dict as :func:`summarize`."""
@@ -493,6 +525,9 @@ class RunSummary:
             "img_per_s": cluster_rate,
             "speedup_over_one_worker": speedup,
             "speedup_note": note,
+            "emulated": bool(self._paced),
+            "emulation_behind": len(self._behind),
+            "emulation_note": self._emulation_note(),
         }
 
     def _speedup(self, cluster_rate: float) -> tuple[float | None, str]:
@@ -521,7 +556,9 @@ def summarize(events: Iterable[Event], minimum_s: float = 60.0) -> dict[str, Any
     Keys: run, model, data, reason, error,
     trainer_failures, steps, wall_s, accuracy, preemptions, replacements, ps_recoveries, steps_lost, lost_in_flight, cost,
     cost_on_demand, saved, saved_fraction, img_per_s, speedup_over_one_worker (None where no
-    one-worker rate was measured alone: see ``speedup_note``), speedup_note.
+    one-worker rate was measured alone: see ``speedup_note``), speedup_note, emulated (paced
+    GPU or PS emulation, :mod:`transient_nb.emulation`), emulation_behind (paced processes whose
+    host could not keep the pace), emulation_note.
 
     Examples
     --------

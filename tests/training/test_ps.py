@@ -630,3 +630,55 @@ def test_metrics_are_posted_once_exactly_one_interval_has_passed(tmp_path, monke
     clock[0] = 1005.0
     asyncio.run(ps.push_pull(trainer="a", grad=g, base_version=1, local_step=2))
     assert [f["updates"] for f in posted] == [2]
+
+
+# -- paced emulation of the paper's PS capacity (transient_nb.emulation) ---------------------------
+
+
+@pytest.mark.parametrize(("shards", "cap"), [(1, 50.0), (2, 50.0 * 1.75)])
+def test_an_emulated_ps_serves_at_most_its_capacity(tmp_path, shards, cap):
+    hparams = HParams(steps=1000, warmup_steps=0, emulate="ps=50").to_dict()
+    w = np.zeros(6, np.float32)
+    ps = ParameterServer("r", 0, shards, w, np.ones(6, np.uint8), None, hparams, str(tmp_path))
+    g = np.zeros(6, np.float32)
+
+    async def pusher(name):
+        for i in range(15):
+            await ps.push_pull(trainer=name, grad=g, base_version=ps.version, local_step=i + 1)
+
+    async def main():
+        t0 = time.monotonic()
+        await asyncio.gather(*(pusher(f"t{i}") for i in range(4)))
+        return time.monotonic() - t0
+
+    rate = 60 / asyncio.run(main())
+    assert cap * 0.8 <= rate <= cap * 1.02  # four eager trainers meet the cap, never pass it
+    assert ps.version == 60
+
+
+def test_a_ps_without_an_emulated_capacity_is_not_paced(tmp_path):
+    ps = _ps(tmp_path, emulate="k80=4.56")  # workers paced, the PS not
+    g = np.zeros(6, np.float32)
+    t0 = time.monotonic()
+    for i in range(50):
+        asyncio.run(ps.push_pull(trainer="t", grad=g, base_version=i, local_step=i + 1))
+    assert ps._service is None and time.monotonic() - t0 < 1.0
+
+
+def test_a_ps_slower_than_its_emulated_capacity_says_so(tmp_path, monkeypatch):
+    monkeypatch.setattr("transient_nb.emulation.BEHIND_WINDOW_S", 0.05)
+    ps = _ps(tmp_path, emulate="ps=1000000")  # 1 us a push: no host serves that
+    posted = []
+    monkeypatch.setattr(ps, "_post", lambda kind, **f: posted.append({"kind": kind, **f}))
+    g = np.zeros(6, np.float32)
+
+    async def main():
+        for i in range(200):
+            await ps.push_pull(trainer="t", grad=g, base_version=i, local_step=i + 1)
+            if i % 20 == 0:
+                await asyncio.sleep(0.01)
+
+    asyncio.run(main())
+    behind = [e for e in posted if e["kind"] == "emulation-behind"]
+    assert behind and behind[0]["role"] == "ps" and behind[0]["achieved_steps_per_s"] < 1e6
+    assert next(e for e in posted if e["kind"] == "emulation-paced")["steps_per_s"] == 1e6

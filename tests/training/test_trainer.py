@@ -66,6 +66,7 @@ class PSDouble:
         self.error: Exception | None = None
         self.calls = 0
         self.staleness: list[int] = []
+        self.push_times: list[float] = []
 
     def __getattr__(self, name):
         method = getattr(self.ps, name)
@@ -78,6 +79,9 @@ class PSDouble:
                 await asyncio.sleep(0.01)
             if name == "push_pull":
                 self.staleness.append(self.ps.version - kwargs["base_version"])
+                reply = await method(*args, **kwargs)
+                self.push_times.append(time.monotonic())
+                return reply
             return await method(*args, **kwargs)
 
         return lambda *a, **k: _Future(asyncio.run_coroutine_threadsafe(call(*a, **k), self.loop))
@@ -130,9 +134,11 @@ class Published:
         return self.generation, list(self.shards)
 
 
-def _trainer(locate, hp=HP, name="w-0"):
+def _trainer(locate, hp=HP, name="w-0", **kwargs):
     n = len(get_flat(flat_layout(build_model("resnet8", num_classes=10))[0]))
-    return Trainer("r", "resnet8", "digits", hp.to_dict(), "v", [(0, n)], name=name, locate=locate)
+    return Trainer(
+        "r", "resnet8", "digits", hp.to_dict(), "v", [(0, n)], name=name, locate=locate, **kwargs
+    )
 
 
 def _start(trainer):
@@ -385,3 +391,51 @@ def test_flat_load_reads_read_only_replies_without_a_warning():
         warnings.simplefilter("error")
         flat.load([piece], [(0, 3)])
     np.testing.assert_array_equal(flat.weights(), np.ones(3))
+
+
+# -- paced emulation (transient_nb.emulation) ----------------------------------------------------
+
+
+def test_a_paced_trainer_runs_at_its_gpus_rate_divided_by_time_scale(loop, tmp_path):
+    # K80 at 4.56 steps/s, time_scale 5: 22.8 steps/s (this host does a step in a few ms).
+    hp = HP.with_(steps=50, emulate="paper,ps=none")
+    double = _double(loop, tmp_path, hp=hp)
+    trainer = _trainer(Published(double), hp=hp, gpu="k80", time_scale=5.0)
+    thread, box = _start(trainer)
+    thread.join(60)
+    assert box["result"]["state"] == "finished"
+    times = double.push_times[5:]  # after the first steps (data, model, join)
+    rate = (len(times) - 1) / (times[-1] - times[0])
+    paced = next(e for e in trainer.posted if e["kind"] == "emulation-paced")
+    assert paced["gpu"] == "k80" and paced["wall_steps_per_s"] == pytest.approx(22.8)
+    behind = [e for e in trainer.posted if e["kind"] == "emulation-behind"]
+    if not behind:  # the pace held, as on any host that is not overloaded many times over
+        assert rate == pytest.approx(4.56 * 5, rel=0.1)
+    else:  # the host could not keep it: then the trainer said so, with what it could do
+        assert rate < 22.8 and behind[0]["achieved_steps_per_s"] < 22.8
+
+
+def test_an_impossible_pace_is_reported_not_hidden(loop, tmp_path, monkeypatch):
+    monkeypatch.setattr("transient_nb.emulation.BEHIND_WINDOW_S", 0.3)
+    hp = HP.with_(steps=80, emulate="k80=100000")  # 10 us a step: no host keeps that
+    double = _double(loop, tmp_path, hp=hp)
+    trainer = _trainer(Published(double), hp=hp, gpu="k80", time_scale=1.0)
+    thread, box = _start(trainer)
+    thread.join(60)
+    assert box["result"]["state"] == "finished"
+    behind = [e for e in trainer.posted if e["kind"] == "emulation-behind"]
+    assert behind and behind[0]["worker"] == "w-0" and behind[0]["role"] == "worker"
+    assert behind[0]["achieved_steps_per_s"] < behind[0]["target_steps_per_s"] / 10
+
+
+def test_a_gpu_type_without_a_rate_is_said_unpaced(loop, tmp_path, monkeypatch):
+    monkeypatch.setenv("TRANSIENT_NB_VM", '{"name": "w-0", "gpu": "h100"}')  # from the VM
+    hp = HP.with_(steps=10, emulate="k80=1")
+    double = _double(loop, tmp_path, hp=hp)
+    trainer = _trainer(Published(double), hp=hp, time_scale=1.0)
+    t0 = time.monotonic()
+    thread, box = _start(trainer)
+    thread.join(60)
+    assert box["result"]["state"] == "finished" and time.monotonic() - t0 < 9  # not 1 step/s
+    paced = [e for e in trainer.posted if e["kind"] == "emulation-paced"]
+    assert paced[0]["gpu"] == "h100" and paced[0]["wall_steps_per_s"] is None

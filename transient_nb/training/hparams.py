@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
+from transient_nb.emulation import parse_emulation
+
 #: Wire formats of gradients and weights between trainers and the PS.
 WIRE_DTYPES = ("float32", "float16")
 
@@ -34,6 +36,11 @@ class HParams:
     The decay points are kept as fractions of the run's length (32K/64K = 0.5, 48K/64K = 0.75)
     so that shorter runs get the same shape, and so are the default checkpoint and evaluation
     intervals (the paper's 4K of 64K: 1/16).
+
+    ``emulate`` paces the run to emulated GPUs and PS (:mod:`transient_nb.emulation`):
+    ``train(cluster, ..., emulate="paper", emulate_step_scale=64000 / steps)`` makes every
+    trainer step at its VM's GPU type's rate and the PS serve at most a 4-vCPU PS's capacity,
+    both divided by the cluster's ``time_scale``.
 
     Examples
     --------
@@ -66,6 +73,16 @@ class HParams:
     )
     wire_dtype: str = "float32"  # gradients and weights on the wire: float32 or float16
     pipeline: bool = False  # overlap step k's push with step k+1's compute (+1 staleness)
+    # Paced emulation of GPU step times and of the PS's capacity (see transient_nb.emulation):
+    # None, "paper", or a table such as "k80=4.56,ps=45" (a dict is accepted and kept as text).
+    emulate: str | None = None
+    emulate_step_scale: float = 1.0  # emulated steps each global step stands for (64000/steps)
+
+    def __post_init__(self) -> None:
+        # A dict table becomes its canonical text: HParams stays hashable and JSON-friendly.
+        if self.emulate is not None and not isinstance(self.emulate, str):
+            emu = parse_emulation(self.emulate)
+            object.__setattr__(self, "emulate", emu.spec if emu is not None else None)
 
     @property
     def checkpoint_interval(self) -> int:
@@ -131,6 +148,9 @@ class HParams:
         _whole("trainer_restarts", self.trainer_restarts, 0)
         if not isinstance(self.pipeline, bool):
             raise ValueError(f"pipeline={self.pipeline!r} must be True or False.")
+        if self.emulate is not None:
+            parse_emulation(self.emulate)  # raises a ValueError that names the bad item
+        _positive("emulate_step_scale", self.emulate_step_scale)
         if self.wire_dtype not in WIRE_DTYPES:
             raise ValueError(
                 f"wire_dtype={self.wire_dtype!r}: use one of {', '.join(map(repr, WIRE_DTYPES))}."

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from distributed import get_worker
 
+from transient_nb.emulation import ServicePacer, cluster_time_scale_async, parse_emulation
 from transient_nb.events import TOPIC, make_event
 from transient_nb.training import checkpoint
 from transient_nb.training.hparams import HParams
@@ -137,6 +138,11 @@ class ParameterServer:
         self.last_checkpoint = self.version
         self._window = {"t": time.time(), "updates": 0, "images": 0, "loss": 0.0, "stale": 0}
         self._snapshot: dict[str, Any] | None = None
+        # Paced emulation of the paper's PS capacity (``hparams["emulate"]`` with ``ps=``): set
+        # up at the first push, once the cluster's time scale is read from its event log.
+        emu = parse_emulation(self.hp.emulate)
+        self._ps_capacity = emu if emu is not None and emu.ps_steps_per_s is not None else None
+        self._service: ServicePacer | None = None
 
     # -- membership ------------------------------------------------------------------------------
     def active(self) -> list[str]:
@@ -204,8 +210,12 @@ class ParameterServer:
 
         ``base_version`` is the version the gradient was computed from (its staleness is the
         difference); ``local_step`` counts the trainer's gradients from 1, so a jump means lost
-        gradients; ``final`` marks the last push of a trainer that is draining.
+        gradients; ``final`` marks the last push of a trainer that is draining. With an emulated
+        PS capacity, the push first waits for its service slot (:class:`ServicePacer`).
         """
+        if self._ps_capacity is not None:
+            await self._pace_service()
+        t_work = time.perf_counter()
         lr = self.hp.lr_at(self.version, max(1, len(self.active())))
         self._apply(grad, lr)
         if bn_delta is not None and self.bn is not None:
@@ -232,7 +242,37 @@ class ParameterServer:
         now = time.time()
         if self.shard == 0 and now - win["t"] >= self.hp.metrics_interval_s:
             self._post_metrics(now, lr)
-        return self._reply()
+        reply = self._reply()
+        if self._service is not None:
+            self._service.worked(time.perf_counter() - t_work)
+            behind = self._service.behind()
+            if behind is not None:
+                self._post("emulation-behind", worker=self._host(), role="ps", **behind)
+        return reply
+
+    def _host(self) -> str:
+        return str(self._worker.name) if self._worker is not None else "ps"
+
+    async def _pace_service(self) -> None:
+        if self._service is None:
+            assert self._ps_capacity is not None
+            scale = await cluster_time_scale_async(self._worker)
+            service_s = self._ps_capacity.ps_service_s(
+                self.shards, scale, self.hp.emulate_step_scale
+            )
+            if self._service is None and service_s is not None:  # another push may have won
+                self._service = ServicePacer(service_s)
+                self._post(
+                    "emulation-paced",
+                    worker=self._host(),
+                    role="ps",
+                    steps_per_s=1.0 / (service_s * scale / self.hp.emulate_step_scale),
+                    wall_steps_per_s=1.0 / service_s,
+                    time_scale=scale,
+                    step_scale=self.hp.emulate_step_scale,
+                )
+        if self._service is not None:
+            await self._service.serve()
 
     def _post_metrics(self, now: float, lr: float) -> None:
         win = self._window

@@ -30,6 +30,7 @@ from distributed import Variable, get_worker
 from distributed.actor import Actor
 
 from transient_nb.agent import register_drain_hook, unregister_drain_hook
+from transient_nb.emulation import StepPacer, cluster_time_scale, parse_emulation, vm_gpu
 from transient_nb.events import TOPIC, make_event
 from transient_nb.training.data import BatchStream, load_dataset
 from transient_nb.training.flat import FlatModel, flat_layout
@@ -135,6 +136,9 @@ class Trainer:
         The trainer's name (default: the VM's name, else the worker's).
     locate
         How to find the current PS (default: read ``variable``); tests pass an in-process double.
+    gpu, time_scale
+        For ``hparams["emulate"]``: the GPU type to pace to (default: the VM's, from
+        ``TRANSIENT_NB_VM``) and the cluster's time scale (default: its ``started`` event's).
 
     Notes
     -----
@@ -160,6 +164,8 @@ class Trainer:
         device: str | None = None,
         name: str | None = None,
         locate: Locator | None = None,
+        gpu: str | None = None,
+        time_scale: float | None = None,
     ):
         self.run_id = run
         self.model_name = model
@@ -177,6 +183,8 @@ class Trainer:
             except (KeyError, ValueError):
                 name = str(self.worker.name) if self.worker is not None else "trainer"
         self.name = name
+        self.gpu = gpu or vm_gpu()
+        self._time_scale = time_scale
         self._locate: Locator = locate or (lambda timeout: lookup_ps(self.variable, timeout))
         self._custom_locate = locate is not None
         self.seed = (seed * 1_000_003 + zlib.crc32(self.name.encode())) % 2**31
@@ -373,6 +381,39 @@ class Trainer:
             flat.load(pieces, self.bounds, bn)
             return shards, version
 
+    # -- emulation ------------------------------------------------------------------------------------
+    def _pacer(self) -> StepPacer | None:
+        """A pacer to the emulated step time of this VM's GPU type, if the run emulates one."""
+        emu = parse_emulation(self.hp.emulate)
+        if emu is None:
+            return None
+        scale = self._time_scale or cluster_time_scale(self.worker)
+        step_s = emu.step_s(self.gpu, scale, self.hp.emulate_step_scale)
+        # Posted unpaced too (steps_per_s None): a GPU type with no rate is said, not hidden.
+        self._post(
+            "emulation-paced",
+            worker=self.name,
+            role="worker",
+            gpu=self.gpu,
+            steps_per_s=emu.steps_per_s.get(self.gpu or ""),
+            wall_steps_per_s=None if step_s is None else 1.0 / step_s,
+            time_scale=scale,
+            step_scale=self.hp.emulate_step_scale,
+        )
+        if step_s is None:
+            return None
+        # An unpaced PS's replies are this host's work; a paced PS's queue is the emulation's.
+        return StepPacer(step_s, count_reply=emu.ps_steps_per_s is None)
+
+    def _pace(self, pacer: StepPacer | None, final: bool = False) -> None:
+        if pacer is None:
+            return
+        if not final:
+            pacer.wait(self._stop)
+        behind = pacer.behind(final)
+        if behind is not None:
+            self._post("emulation-behind", worker=self.name, role="worker", gpu=self.gpu, **behind)
+
     # -- the loop -------------------------------------------------------------------------------------
     def train(self) -> dict[str, Any]:
         """The training loop (blocking); :meth:`run` runs it in its own thread."""
@@ -398,6 +439,7 @@ class Trainer:
         flat = FlatModel(model, self.hp.wire_dtype)
         device_id = _device_id(flat.w.device)
         stream = BatchStream(dataset, self.hp.batch_size, seed=self.seed)
+        pacer = self._pacer()
         shards: list[Any] = []
         t_report, imgs = time.time(), 0
         try:
@@ -409,6 +451,8 @@ class Trainer:
             # per step.
             pending: list[Any] | None = None
             while not self._stopping():
+                if pacer is not None:
+                    pacer.begin()
                 x, y = next(stream)
                 x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
                 flat.mark_statistics()
@@ -416,6 +460,8 @@ class Trainer:
                 model.zero_grad(set_to_none=False)  # in place: the gradients stay views
                 loss.backward()
                 grad, bn_delta = flat.grads()  # host buffers in the wire dtype, no allocation
+                if pacer is not None:
+                    pacer.computed()
                 base = version
                 final = self._draining.is_set()
                 try:
@@ -468,12 +514,14 @@ class Trainer:
                 if version >= self.hp.steps:
                     self.state = "finished"  # the run has all its steps
                     break
+                self._pace(pacer)
                 if self.generation >= 0 and now - self._t_generation >= GENERATION_CHECK_S:
                     # The driver may have re-created the PS while the old one still answers.
                     self._t_generation = now
                     if self._newer_generation():
                         pending = None
                         shards, version = self._rejoin(flat)
+            self._pace(pacer, final=True)  # a run shorter than a judging window is judged too
             if pending is not None:  # the last push in flight: its reply still counts
                 try:
                     self._accept(flat, *_merge(self._gather(pending))[:2])

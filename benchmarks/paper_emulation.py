@@ -1,0 +1,144 @@
+"""The paper's Table I/III and its speed-against-workers curve, reproduced with paced emulation.
+
+Runs real worker processes on the local backend (:mod:`transient_nb.reproduce`): 1 on-demand K80
+against 2, 4 and 8 transient K80 plus one PS, with the paper's K80 lifetimes, start-up delays and
+2019 prices; then the cluster speed of 1-8 K80, P100 and V100 workers with one and two PS. Each
+GPU's step time and the PS's capacity are emulated (paced); everything else is real. The paper's
+figures are printed beside ours.
+
+Scaling: a run of ``steps`` global steps stands for the paper's 64K (``emulate_step_scale =
+64000 / steps``), so it lasts the paper's simulated time and the paper's lifetimes apply
+unchanged (expected revocations per run are the paper's); ``time_scale = wall_pace *
+emulate_step_scale`` makes one K80 step 4.56 x wall_pace times a wall second. The host must keep
+the pace: the ``behind`` column counts paced processes that could not (then the row's figures
+are too slow, not emulated ones).
+
+Examples::
+
+    python benchmarks/paper_emulation.py               # both tables (~8 min on 2 cores)
+    python benchmarks/paper_emulation.py --table       # Table I/III only (~3 min)
+    python benchmarks/paper_emulation.py --curve --gpus v100 --workers 1 4 8
+    python benchmarks/paper_emulation.py --today       # T4/L4/V100/A100 at gce-2025 prices
+    python benchmarks/paper_emulation.py --tiny        # smoke configuration (CI)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _common import log, md_table, quiet
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tiny", action="store_true", help="seconds-long smoke configuration")
+    parser.add_argument("--table", action="store_true", help="only Table I/III")
+    parser.add_argument("--curve", action="store_true", help="only the speed curve")
+    parser.add_argument(
+        "--today", action="store_true", help="only the same question at today's prices (gce-2025)"
+    )
+    parser.add_argument("--steps-per-worker", type=int, default=160, help="Table: steps per worker")
+    parser.add_argument(
+        "--wall-pace", type=float, default=1.2, help="Table: wall steps/s per paper step/s"
+    )
+    parser.add_argument("--curve-pace", type=float, default=0.3, help="Curve: the same, lower")
+    parser.add_argument(
+        "--window", type=float, default=6.0, help="Curve: seconds measured per point"
+    )
+    parser.add_argument("--gpus", nargs="+", default=["k80", "p100", "v100"])
+    parser.add_argument("--workers", nargs="+", type=int, default=[1, 2, 4, 8])
+    parser.add_argument("--shards", nargs="+", type=int, default=[1, 2])
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    both = not (args.table or args.curve or args.today)
+    quiet()
+    os.environ.setdefault("TRANSIENT_NB_STRICT_EVENTS", "1")
+    from transient_nb import reproduce
+
+    setups = reproduce.TABLE_SETUPS
+    if args.tiny:
+        setups = setups[:2]
+        args.steps_per_worker, args.gpus, args.workers, args.shards = 40, ["v100"], [4], [1]
+        args.window = 3.0
+    if args.table or args.curve or both:
+        print(reproduce.note())
+        print()
+    if args.table or both:
+        t0 = time.time()
+        log(f"Table I/III: {len(setups)} setups, {args.steps_per_worker} steps per worker")
+        table = reproduce.paper_table(
+            setups, steps_per_worker=args.steps_per_worker, wall_pace=args.wall_pace, seed=args.seed
+        )
+        cols = ["setup", *table.columns]
+        print(
+            md_table(
+                cols,
+                [
+                    [label, *row]
+                    for label, row in zip(
+                        table.index, table.astype(object).values.tolist(), strict=True
+                    )
+                ],
+            )
+        )
+        print()
+        print(
+            f"Table: seed {args.seed}, wall pace {args.wall_pace}, {time.time() - t0:.0f} s. "
+            "'paper saved' and 'ours saved' are over 1 on-demand K80; costs at the paper's prices "
+            "(K80 $0.723/h on demand, $0.256 preemptible; PS $0.143/h; the baseline has no PS)."
+        )
+        if table["behind"].sum():
+            print(
+                "WARNING: this host could not keep the emulated pace in some rows (see 'behind')."
+            )
+        print()
+    if args.curve or both:
+        t0 = time.time()
+        curve = reproduce.speed_curve(
+            args.gpus,
+            args.workers,
+            args.shards,
+            wall_pace=args.curve_pace,
+            window_s=args.window,
+            seed=args.seed,
+            log=log,
+        )
+        print(md_table(list(curve.columns), curve.astype(object).values.tolist()))
+        print()
+        print(
+            f"Curve: global steps/s in the paper's units; 'paper shape' = min(workers x the "
+            f"paper's per-worker rate, 45 for one PS or 78.75 for two). Wall pace "
+            f"{args.curve_pace}, {args.window} s windows, {time.time() - t0:.0f} s."
+        )
+        if curve["behind"].sum():
+            print(
+                "WARNING: this host could not keep the emulated pace in some rows (see 'behind')."
+            )
+    if args.today:
+        t0 = time.time()
+        today = reproduce.today_table(steps_per_worker=args.steps_per_worker, seed=args.seed)
+        print(
+            md_table(
+                ["setup", *today.columns],
+                [
+                    [i, *r]
+                    for i, r in zip(today.index, today.astype(object).values.tolist(), strict=True)
+                ],
+            )
+        )
+        print()
+        print(
+            f"Today: gce-2025 list prices (GPU + machine type; PS n1-standard-4 on demand), Spot "
+            f"lifetimes from the paper's K80 curve (none measured for these GPUs), T4/L4/A100 step "
+            f"rates estimated (transient_nb.emulation). Seed {args.seed}, {time.time() - t0:.0f} s."
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,557 @@
+"""The paper's experiments, run with real processes on the local backend and paced emulation.
+
+Li et al. (ICAC 2019) compared one on-demand K80 with 2, 4 and 8 transient K80s plus one PS
+(their Table I/III), and measured cluster speed against the number of K80, P100 and V100 workers
+with one and two PS. This module runs the same experiments on a :class:`~transient_nb.
+TransientCluster` whose trainers and PS are paced (:mod:`transient_nb.emulation`), and puts the
+paper's figures beside ours. ``benchmarks/paper_emulation.py`` prints them;
+``notebooks/reproduce_paper.ipynb`` shows them.
+
+How a run is scaled down (the same for every setup):
+
+- ``steps`` global steps stand for the paper's 64K: ``emulate_step_scale = 64000 / steps``, so
+  each step is paced to that many GPU step times, and the run lasts, in simulated time, as long
+  as the paper's did. The paper's lifetimes (``preemption="paper:k80"``), start-up delays and
+  per-second prices therefore apply unchanged, and the expected number of revocations per run is
+  the paper's; nothing else is rescaled. Lifetimes start when training runs
+  (:func:`arm_lifetimes`), not when this host's slow process start-up begins.
+- ``time_scale`` is then chosen so that one worker steps ``wall_pace`` times a second per
+  paper step/s (``time_scale = wall_pace * emulate_step_scale``), a pace this host keeps.
+
+What is real: processes, the asynchronous PS and its staleness, gradients (a small model on
+small data, computed faster than the pace), preemptions with notice, the learning-rate scaling,
+the bill. What is emulated: a GPU's step time and a 4-vCPU PS's capacity. Times are measured from
+the moment every trainer of the cluster runs (the start-up of worker processes on this host would
+otherwise count minutes of simulated time) to the end of the run, and extrapolated to the whole
+run at that rate; costs are billed over the same window and extrapolated the same way.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from transient_nb.emulation import PAPER_PS_STEPS_PER_S, PAPER_TWO_SHARD_GAIN, parse_emulation
+from transient_nb.preemption import PAPER_LIFETIME_CDF
+from transient_nb.state import Bill, summarize
+
+#: Global steps of the paper's runs.
+PAPER_STEPS = 64_000
+
+#: The paper's Table I/III (mean of 32 clusters): hours, dollars. 4 K80: $1.05-1.16 in the
+#: paper, whose "62.9% cheaper than 1 on-demand K80" is $1.05.
+PAPER_TABLE: dict[str, dict[str, float]] = {
+    "1 on-demand K80": {"workers": 1, "hours": 3.91, "cost": 2.83},
+    "2 transient K80": {"workers": 2, "hours": 2.16, "cost": 1.31},
+    "4 transient K80": {"workers": 4, "hours": 1.05, "cost": 1.05},
+    "8 transient K80": {"workers": 8, "hours": 0.51, "cost": 1.11},
+}
+#: The paper's revocations: 13 of 128 transient servers over its 32 clusters.
+PAPER_REVOKED = (13, 128)
+
+
+@dataclass(frozen=True)
+class Setup:
+    """One cluster of the experiments: ``workers`` GPUs of one type, Spot or on-demand.
+
+    ``machine``: the worker's machine type (the paper's prices are whole-VM prices on the GPU,
+    so ``n1-standard-8`` costs nothing extra in ``paper-2019``; today's catalog bills it).
+    """
+
+    label: str
+    gpu: str
+    workers: int
+    spot: bool
+    shards: int = 1
+    machine: str = "n1-standard-8"
+
+
+#: The rows of Table I/III.
+TABLE_SETUPS = (
+    Setup("1 on-demand K80", "k80", 1, False),
+    Setup("2 transient K80", "k80", 2, True),
+    Setup("4 transient K80", "k80", 4, True),
+    Setup("8 transient K80", "k80", 8, True),
+)
+
+#: The paper's question at today's prices (``gce-2025``): one on-demand T4 against four Spot
+#: GPUs of each current type, one PS. Step rates of T4/L4/A100 are estimates
+#: (:data:`~transient_nb.emulation.ESTIMATED_STEPS_PER_S`).
+TODAY_SETUPS = (
+    Setup("1 on-demand T4", "t4", 1, False),
+    Setup("4 Spot T4", "t4", 4, True),
+    Setup("4 Spot L4", "l4", 4, True, machine="g2-standard-4"),
+    Setup("4 Spot V100", "v100", 4, True),
+    Setup("4 Spot A100", "a100-40gb", 4, True, machine="a2-highgpu-1g"),
+)
+
+
+def revoked_by(gpu: str, hours: float) -> float:
+    """Fraction of the paper's ``gpu`` servers revoked within ``hours`` (its Fig. 3 CDF).
+
+    Examples
+    --------
+    >>> round(revoked_by("k80", 1.05), 3)
+    0.081
+    """
+    cdf = PAPER_LIFETIME_CDF[gpu]
+    xs = [h for h, _ in cdf]
+    i = min(max(bisect.bisect_right(xs, hours), 1), len(xs) - 1)
+    (h0, f0), (h1, f1) = cdf[i - 1], cdf[i]
+    return f0 + (f1 - f0) * min(max(hours - h0, 0.0), h1 - h0) / (h1 - h0)
+
+
+@contextlib.contextmanager
+def local_cluster(
+    setup: Setup,
+    *,
+    time_scale: float,
+    seed: int = 0,
+    prices: str = "paper-2019",
+    **options: Any,
+) -> Iterator[Any]:
+    """A local cluster of ``setup`` at ``prices``, its records in a temporary folder.
+
+    No preemptions yet: :func:`arm_lifetimes` starts the workers' lifetimes once training runs
+    (see there why). Revoked workers are not replaced (the paper's clusters went on with the
+    workers they had left).
+    """
+    import dask
+
+    from transient_nb import TransientCluster
+
+    folder = tempfile.mkdtemp(prefix="transient-paper-")
+    settings = {"transient.run-dir": folder, "transient.registry-dir": folder}
+    with dask.config.set(settings):
+        kwargs: dict[str, Any] = {
+            "workers": setup.workers,
+            "gpu": setup.gpu,
+            "spot": setup.spot,
+            "zone": "us-central1-a",
+            "prices": prices,
+            "machine_type": setup.machine,
+            "ps_machine_type": "n1-standard-4",
+            "time_scale": time_scale,
+            "preemption": "none",
+            "provisioning_delay": "paper",
+            "replace": False,
+            "seed": seed,
+            **options,
+        }
+        cluster = TransientCluster(**kwargs)
+        try:
+            cluster.wait_for_workers(setup.workers, timeout=300)
+            yield cluster
+        finally:
+            cluster.close()
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def arm_lifetimes(cluster: Any, spec: str) -> None:
+    """Draw every running worker's lifetime from ``spec`` now, and use it for later workers.
+
+    Why not from the VM's start, as the simulator does: starting a worker process and its
+    trainer takes seconds here, which at a time scale of 60-480 are minutes to hours of
+    simulated time; a K80 revoked in those (the paper's curve revokes 7.8% within the first
+    hour) would be gone before training began, where the paper's servers started training about
+    two minutes after they booted. From the moment training runs, the paper's curve applies as
+    measured.
+    """
+    from transient_nb.preemption import parse_preemption
+
+    model = parse_preemption(spec)
+
+    async def arm() -> None:
+        cluster.simulator.model = model
+        for name, vm in list(cluster.workers.items()):
+            spec_ = getattr(vm, "spec", None)
+            if spec_ is not None and spec_.role == "worker" and not vm.stopped:
+                cluster.simulator.vm_running(name)
+
+    cluster.sync(arm)
+
+
+def _wait_for_trainers(run: Any, n: int, timeout: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout
+    while len(_paced_times(run.events())) < n and time.monotonic() < deadline:
+        if run.done:
+            return
+        time.sleep(0.2)
+
+
+def _paced_times(events: Sequence[Mapping[str, Any]]) -> list[float]:
+    return sorted(
+        float(e["time"])
+        for e in events
+        if e.get("kind") == "emulation-paced" and e.get("role") == "worker"
+    )
+
+
+def _metrics(events: Sequence[Mapping[str, Any]]) -> list[tuple[float, int]]:
+    return [
+        (float(e["time"]), int(e["step"]))
+        for e in events
+        if e.get("kind") == "metrics" and e.get("shard", 0) == 0
+    ]
+
+
+def measure(
+    events: Sequence[Mapping[str, Any]],
+    *,
+    workers: int,
+    steps: int,
+    time_scale: float,
+    step_scale: float,
+    with_ps: bool = True,
+) -> dict[str, Any]:
+    """The figures of one finished run, from its events alone.
+
+    Parameters
+    ----------
+    events
+        The run's events (``run.events()``).
+    workers
+        Trainers the cluster started with: the window opens once that many run.
+    steps, time_scale, step_scale
+        The run's global steps and its two clocks (see the module's docstring).
+    with_ps
+        Bill the PS host (False for the paper's one-GPU baseline, which had none).
+
+    Returns
+    -------
+    ``hours`` (the whole run in simulated hours), ``cost`` and ``cost_on_demand`` (dollars,
+    the whole run), ``global_steps_per_s`` (in the emulated run's steps), ``revocations``,
+    ``behind`` (paced processes that fell behind) and ``note`` (the summary's emulation note).
+    """
+    finished = next((e for e in events if e.get("kind") == "train-finished"), None)
+    started = next((e for e in events if e.get("kind") == "train-started"), None)
+    if finished is None or started is None:
+        raise ValueError("measure() needs a finished run's events")
+    paced = _paced_times(events)
+    t_all = paced[min(workers, len(paced)) - 1] if paced else float(started["time"])
+    # From the first PS metrics once every trainer runs to the last one: the run's final
+    # evaluation and checkpoint (the driver's, before ``train-finished``) are no training time.
+    after = [(t, s) for t, s in _metrics(events) if t >= t_all]
+    if len(after) < 2:
+        raise ValueError("the run was too short to measure: fewer than two metrics events")
+    (t_a, s_a), (t_b, s_b) = after[0], after[-1]
+    rate = (s_b - s_a) / (t_b - t_a) if t_b > t_a and s_b > s_a else float("nan")
+    t_end = float(finished["time"])
+    full_wall_s = steps / rate
+    bill = Bill()
+    for e in events:
+        bill.feed(e)
+    per_vm = bill.report(now=t_b).per_vm
+    cost = cost_od = 0.0
+    for _, vm in per_vm.iterrows():
+        if vm["start"] is None or pd.isna(vm["start"]) or (vm["role"] == "ps" and not with_ps):
+            continue
+        end = t_b if vm["end"] is None or pd.isna(vm["end"]) else float(vm["end"])
+        overlap = max(0.0, min(end, t_b) - max(float(vm["start"]), t_a))
+        cost += vm["price"] * overlap * time_scale / 3600
+        cost_od += vm["price_on_demand"] * overlap * time_scale / 3600
+    stretch = full_wall_s / (t_b - t_a) if t_b > t_a else float("nan")
+    t_s = float(started["time"])
+    revocations = sum(
+        1
+        for e in events
+        if e.get("kind") == "preempted" and e.get("role") == "worker" and t_s <= e["time"] <= t_end
+    )
+    summary = summarize(events)
+    return {
+        "hours": full_wall_s * time_scale / 3600,
+        "cost": cost * stretch,
+        "cost_on_demand": cost_od * stretch,
+        "global_steps_per_s": rate * step_scale / time_scale,
+        "revocations": revocations,
+        "behind": summary["emulation_behind"],
+        "note": summary["emulation_note"],
+        "accuracy": summary["accuracy"],
+    }
+
+
+def run_setup(
+    setup: Setup,
+    *,
+    steps: int,
+    wall_pace: float = 1.2,
+    model: str = "resnet8",
+    data: str = "digits",
+    batch_size: int = 32,
+    emulate: str = "paper",
+    seed: int = 0,
+    timeout: float = 900,
+    prices: str = "paper-2019",
+    lifetimes: str | None = None,
+) -> dict[str, Any]:
+    """Run ``setup`` for ``steps`` global steps standing for the paper's 64K; its figures.
+
+    ``wall_pace``: wall-clock steps/s of one worker per paper step/s (a K80 then steps 4.56 x
+    ``wall_pace`` times a second here).
+    """
+    from transient_nb.training.run import train
+
+    step_scale = PAPER_STEPS / steps
+    time_scale = wall_pace * step_scale
+    with local_cluster(setup, time_scale=time_scale, seed=seed, prices=prices) as cluster:
+        run = train(
+            cluster,
+            model=model,
+            data=data,
+            steps=steps,
+            shards=setup.shards,
+            batch_size=batch_size,
+            emulate=emulate,
+            emulate_step_scale=step_scale,
+            warmup_steps=max(0, round(100 / step_scale)),  # the paper's 100 of 64K steps
+            metrics_interval_s=0.5,
+            eval_every=max(1, steps // 4),
+            seed=seed,
+        )
+        if setup.spot:
+            _wait_for_trainers(run, setup.workers)
+            arm_lifetimes(cluster, lifetimes or f"paper:{setup.gpu}")
+        deadline = time.monotonic() + timeout
+        while not run.done and time.monotonic() < deadline:
+            if not any(
+                vm.spec.role == "worker" and not vm.stopped for vm in list(cluster.workers.values())
+            ):
+                # Revoked workers are not replaced (the paper's rule): nobody is left to train.
+                run.stop(timeout=60)
+                raise RuntimeError(
+                    f"{setup.label}: every worker was revoked before the run had its steps "
+                    "(revoked workers are not replaced, as in the paper); try another seed."
+                )
+            time.sleep(0.5)
+        if run.reason != "steps":
+            raise RuntimeError(f"{setup.label}: the run ended with {run.reason}: {run.error}")
+        out = measure(
+            run.events(),
+            workers=setup.workers,
+            steps=steps,
+            time_scale=time_scale,
+            step_scale=step_scale,
+            with_ps=setup.workers > 1,
+        )
+    return {
+        "setup": setup.label,
+        "gpu": setup.gpu,
+        "workers": setup.workers,
+        "steps": steps,
+        "time_scale": time_scale,
+        "step_scale": step_scale,
+        **out,
+    }
+
+
+def paper_table(
+    setups: Sequence[Setup] = TABLE_SETUPS,
+    *,
+    steps_per_worker: int = 160,
+    wall_pace: float = 1.2,
+    seed: int = 0,
+    **options: Any,
+) -> pd.DataFrame:
+    """Table I/III, the paper's figures beside ours, one row per setup.
+
+    Each setup runs ``steps_per_worker`` x workers global steps (so every run takes about the
+    same wall time). Speedups and savings are over the first setup (1 on-demand K80).
+    """
+    rows = []
+    for setup in setups:
+        steps = steps_per_worker * setup.workers
+        rows.append(run_setup(setup, steps=steps, wall_pace=wall_pace, seed=seed, **options))
+    ours = pd.DataFrame(rows).set_index("setup")
+    base = ours.iloc[0]
+    out = []
+    for label, r in ours.iterrows():
+        paper = PAPER_TABLE.get(str(label), {})
+        p_base = PAPER_TABLE["1 on-demand K80"]
+        gpu = "k80"
+        out.append(
+            {
+                "setup": label,
+                "paper h": paper.get("hours"),
+                "ours h": r["hours"],
+                "paper speedup": p_base["hours"] / paper["hours"] if paper else None,
+                "ours speedup": base["hours"] / r["hours"],
+                "paper $": paper.get("cost"),
+                "ours $": r["cost"],
+                "paper saved": 1 - paper["cost"] / p_base["cost"] if paper else None,
+                "ours saved": 1 - r["cost"] / base["cost"],
+                "revocations": int(r["revocations"]),
+                "expected revocations": (
+                    r["workers"] * revoked_by(gpu, r["hours"]) if "transient" in str(label) else 0.0
+                ),
+                "global steps/s": r["global_steps_per_s"],
+                # What the host delivered of the emulated model's rate: the paced workers, up
+                # to the PS's capacity. Below ~0.9 the host (not the emulation) set the pace.
+                "of model": r["global_steps_per_s"] / paper_speed(gpu, int(r["workers"]), 1),
+                "accuracy": r["accuracy"],
+                "steps": int(r["steps"]),
+                "time_scale": r["time_scale"],
+                "behind": int(r["behind"]),
+            }
+        )
+    return pd.DataFrame(out).set_index("setup")
+
+
+def today_table(
+    setups: Sequence[Setup] = TODAY_SETUPS,
+    *,
+    steps_per_worker: int = 160,
+    wall_pace: float = 1.2,
+    seed: int = 0,
+    lifetimes: str = "paper:k80",
+    **options: Any,
+) -> pd.DataFrame:
+    """The paper's experiment with today's GPUs and prices (``gce-2025``); speedups and savings
+    over the first setup.
+
+    No lifetime study of today's GPUs is at hand: Spot workers get ``lifetimes`` (the paper's K80
+    curve by default). Step rates other than K80/P100/V100 are estimates. Faster GPUs get a
+    lower ``wall_pace`` so that every setup asks this host for about a K80's wall rate.
+    """
+    rows = []
+    for setup in setups:
+        pace = wall_pace * _rate("k80") / max(_rate("k80"), _rate(setup.gpu))
+        r = run_setup(
+            setup,
+            steps=steps_per_worker * setup.workers,
+            wall_pace=pace,
+            seed=seed,
+            prices="gce-2025",
+            lifetimes=lifetimes,
+            **options,
+        )
+        rows.append(r)
+    ours = pd.DataFrame(rows).set_index("setup")
+    base = ours.iloc[0]
+    return pd.DataFrame(
+        {
+            "gpu": ours["gpu"],
+            "hours": ours["hours"],
+            "speedup": base["hours"] / ours["hours"],
+            "cost $": ours["cost"],
+            "saved": 1 - ours["cost"] / base["cost"],
+            "on-demand $": ours["cost_on_demand"],
+            "global steps/s": ours["global_steps_per_s"],
+            "of model": [
+                r["global_steps_per_s"] / paper_speed(r["gpu"], int(r["workers"]), 1)
+                for _, r in ours.iterrows()
+            ],
+            "revocations": ours["revocations"].astype(int),
+            "behind": ours["behind"].astype(int),
+        }
+    )
+
+
+def _rate(gpu: str) -> float:
+    emu = parse_emulation("paper")
+    assert emu is not None
+    return emu.steps_per_s[gpu]
+
+
+def paper_speed(gpu: str, workers: int, shards: int) -> float:
+    """The paper's cluster speed (global steps/s), as its shape: each worker's rate, up to
+    the PS's plateau (45 for one PS, 1.75x that for two). Measured points: K80 linear to 8
+    (36/s), P100/V100 plateau at 43-47 from 4-5 workers, about 80 at 8 V100 with two PS."""
+    emu = parse_emulation("paper")
+    assert emu is not None
+    cap = PAPER_PS_STEPS_PER_S * (PAPER_TWO_SHARD_GAIN if shards == 2 else 1.0)
+    return min(workers * emu.steps_per_s[gpu], cap)
+
+
+def speed_curve(
+    gpus: Sequence[str] = ("k80", "p100", "v100"),
+    workers: Sequence[int] = (1, 2, 4, 8),
+    shards: Sequence[int] = (1, 2),
+    *,
+    wall_pace: float = 0.3,
+    window_s: float = 6.0,
+    settle_s: float = 1.5,
+    model: str = "resnet8",
+    data: str = "digits",
+    batch_size: int = 32,
+    seed: int = 0,
+    log: Any = None,
+) -> pd.DataFrame:
+    """Cluster speed against the number of workers, one and two PS, the paper's shape beside.
+
+    One cluster per GPU type, scaled up through ``workers``; for every size and PS count a run
+    is measured over ``window_s`` wall seconds once every trainer runs. ``wall_pace`` as in
+    :func:`run_setup` (0.3: 8 V100s ask for 37 steps/s here, the PS caps them at 13.5/23.6).
+    """
+    from transient_nb.training.run import train
+
+    step_scale = 10.0
+    time_scale = wall_pace * step_scale
+    rows = []
+    for gpu in gpus:
+        setup = Setup(f"{gpu}", gpu, workers[0], True)
+        with local_cluster(setup, time_scale=time_scale, seed=seed) as cluster:
+            for n in workers:
+                cluster.scale(n)
+                cluster.wait_for_workers(n, timeout=300)
+                for sh in shards:
+                    run = train(
+                        cluster,
+                        model=model,
+                        data=data,
+                        steps=10**8,  # stopped after the window
+                        shards=sh,
+                        batch_size=batch_size,
+                        emulate="paper",
+                        emulate_step_scale=step_scale,
+                        warmup_steps=0,
+                        metrics_interval_s=0.5,
+                        eval_every=10**8,
+                        checkpoint_every=10**8,
+                        seed=seed,
+                    )
+                    _wait_for_trainers(run, n)
+                    time.sleep(settle_s)
+                    t_a = time.time()
+                    time.sleep(window_s)
+                    t_b = time.time()
+                    run.stop(timeout=60)
+                    events = run.events()
+                    m = [(t, s) for t, s in _metrics(events) if t_a <= t <= t_b]
+                    rate = (m[-1][1] - m[0][1]) / (m[-1][0] - m[0][0]) if len(m) > 1 else 0.0
+                    behind = summarize(events)["emulation_behind"]
+                    row = {
+                        "gpu": gpu,
+                        "workers": n,
+                        "PS": sh,
+                        "paper shape": paper_speed(gpu, n, sh),
+                        "ours": rate * step_scale / time_scale,
+                        "of model": rate * step_scale / time_scale / paper_speed(gpu, n, sh),
+                        "behind": behind,
+                    }
+                    rows.append(row)
+                    if log is not None:
+                        log(f"{gpu} x{n}, {sh} PS: {row['ours']:.1f} global steps/s")
+    return pd.DataFrame(rows)
+
+
+def note() -> str:
+    """How the runs were scaled and what was emulated, in words (for the notebook and script)."""
+    revoked, servers = PAPER_REVOKED
+    return (
+        "Emulated: each GPU's step time (paper: K80 4.56, P100 12.2, V100 15.6 steps/s) and one "
+        "4-vCPU PS's capacity (45 global steps/s; two shards 1.75x). Real: worker processes, the "
+        "asynchronous PS, gradients of a small model, preemptions drawn from the paper's K80 "
+        "lifetimes with notice, the learning rate, per-second billing at the paper's prices. "
+        f"Each step stands for 64000/steps of the paper's: a run lasts the paper's simulated "
+        f"time, so lifetimes are NOT rescaled (they start when training runs) and the expected "
+        f"revocations per run are the "
+        f"paper's ({revoked} of {servers} servers over its runs)."
+    )
