@@ -238,9 +238,21 @@ def test_trainer_that_raises_on_one_worker_only(record):
         client = cluster.get_client()
         bad = next(a for a, w in client.scheduler_info()["workers"].items() if w["name"] == "w-1")
         client.run(_break_data, workers=[bad])
-        run = start(cluster, steps=500, trainer_restarts=2)
-        run.wait(timeout=RUN_BOUND_S)
-        finished = assert_finished(run, 500, lost_at_most=0)
+        # A run longer than any backoff: it ends when we say so, once w-1 was given up (not
+        # when w-0 happens to reach a step count first).
+        run = start(cluster, steps=1_000_000, trainer_restarts=2)
+        until(
+            lambda: any(e["gave_up"] for e in kinds(run, "trainer-failed", worker="w-1")),
+            RUN_BOUND_S,
+            "w-1 was never given up",
+        )
+        until(lambda: run.step >= 100, RUN_BOUND_S, "w-0 did not train on alone")
+        run.stop(timeout=RUN_BOUND_S)
+        finished = kinds(run, "train-finished")[-1]
+        assert finished["reason"] == "stopped" and finished["lost_in_flight"] == 0
+        status = run.status
+        assert sum(status["accepted"].values()) == status["step"] == finished["step"]
+        assert set(status["accepted"]) == {"w-0"}  # w-1 never contributed a step
         failed = kinds(run, "trainer-failed", worker="w-1")
         assert [e["attempt"] for e in failed] == [1, 2, 3]
         assert all("disk unreadable" in e["error"] for e in failed)
