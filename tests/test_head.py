@@ -256,3 +256,19 @@ def test_train_on_a_detached_cluster_checks_its_input_before_the_head_starts_any
         assert cluster.runs() == []
     finally:
         cluster.shutdown()
+
+
+def test_shutdown_succeeds_when_the_head_closes_before_its_answer_is_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # CI found this race: the head answers "stop" and closes its scheduler before the client's
+    # next read of the event log, which then fails to connect. Reading slowly makes it certain.
+    connect_module = sys.modules["transient_nb.connect"]  # the package exports the function
+
+    cluster = TransientCluster(workers=1, detached=True, **FAST)
+    name, head_pid = cluster.name, int(cluster.entry["pid"])
+    monkeypatch.setattr(connect_module, "POLL_S", 8.0)
+    answer = cluster.shutdown()
+    assert answer["action"] == "stop" and answer["closed"] is True
+    psutil.Process(head_pid).wait(timeout=60) if psutil.pid_exists(head_pid) else None
+    assert all(e["name"] != name or e["stale"] for e in registry.entries())

@@ -22,6 +22,7 @@ from typing import Any
 
 import pandas as pd
 from distributed import Client
+from distributed.comm.core import CommClosedError
 from distributed.core import Status
 from distributed.deploy.spec import SpecCluster
 
@@ -38,6 +39,9 @@ logger = logging.getLogger(__name__)
 
 #: Failed reads of the event log in a row after which a remote cluster counts as gone.
 MAX_FAILURES = 8
+
+#: Seconds between reads of the scheduler's log while waiting for a control answer.
+POLL_S = 0.05
 
 
 class RemoteEventLog:
@@ -230,19 +234,39 @@ class RemoteCluster:
         timeout = self.answer_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            await asyncio.sleep(POLL_S)
             # Read the scheduler's log directly: the answer must not wait for the next mirror tick.
-            new = await getattr(self._scheduler, EVENTS_RPC)(since=since)
+            try:
+                new = await getattr(self._scheduler, EVENTS_RPC)(since=since)
+            except (OSError, CommClosedError):
+                # A "stop" may close the scheduler before its answer is read: that is the answer,
+                # once the owner's registry entry confirms it.
+                if msg["action"] == "stop" and await self._owner_gone(deadline):
+                    return {"action": "stop", "ok": True, "request": request, "closed": True}
+                raise
             for e in new:
                 if e.get("kind") == "control" and e.get("request") == request:
                     if not e.get("ok"):
                         raise ValueError(str(e.get("error") or "the cluster refused"))
-                    return dict(e)
+                    answer = dict(e)
+                    if msg["action"] == "stop":
+                        answer["closed"] = await self._owner_gone(deadline)
+                    return answer
             since += len(new)
-            await asyncio.sleep(0.05)
         raise TimeoutError(
             f"Cluster {self.name!r} did not answer the {msg['action']!r} request within "
             f"{timeout:g} s; its owning process may be gone or busy."
         )
+
+    async def _owner_gone(self, deadline: float) -> bool:
+        """Whether the cluster's registry entry went (or went stale) before ``deadline``."""
+        while True:
+            current = [e for e in registry.entries() if e["name"] == self.name]
+            if not current or current[0]["stale"] or current[0].get("pid") != self.entry.get("pid"):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(POLL_S)
 
     def _request(self, msg: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
         if self.status != Status.running:
