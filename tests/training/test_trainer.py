@@ -439,3 +439,191 @@ def test_a_gpu_type_without_a_rate_is_said_unpaced(loop, tmp_path, monkeypatch):
     assert box["result"]["state"] == "finished" and time.monotonic() - t0 < 9  # not 1 step/s
     paced = [e for e in trainer.posted if e["kind"] == "emulation-paced"]
     assert paced[0]["gpu"] == "h100" and paced[0]["wall_steps_per_s"] is None
+
+
+# -- the module's helpers and the actor's own surface ----------------------------------------------
+
+
+def test_lookup_ps_and_current_generation_read_the_runs_variable():
+    import json
+
+    from distributed import Client, Variable
+
+    from transient_nb.training.trainer import current_generation, lookup_ps
+
+    with Client(processes=False, n_workers=1, threads_per_worker=1, dashboard_address=None):
+        Variable("ps-of-r").set(
+            json.dumps({"generation": 3, "shards": [["tcp://a:1", "ps-0"], ["tcp://b:2", "ps-1"]]})
+        )
+        generation, actors = lookup_ps("ps-of-r", timeout=5)
+        assert generation == 3
+        assert [(a._address, a.key, a._cls) for a in actors] == [
+            ("tcp://a:1", "ps-0", ParameterServer),
+            ("tcp://b:2", "ps-1", ParameterServer),
+        ]
+        assert current_generation("ps-of-r") == 3
+        # Nothing published (yet), or not readable: -1, below every real generation.
+        assert current_generation("no-such-variable", timeout=0.2) == -1
+        Variable("garbled").set("not json")
+        assert current_generation("garbled", timeout=1) == -1
+        with pytest.raises(TimeoutError):
+            lookup_ps("no-such-variable", timeout=0.2)
+
+
+def test_a_trainer_is_named_after_its_vm_and_draws_batches_of_its_own(monkeypatch):
+    n = len(get_flat(flat_layout(build_model("resnet8", num_classes=10))[0]))
+
+    def make(**kw):
+        return Trainer("r", "resnet8", "digits", HP.to_dict(), "v", [(0, n)], **kw)
+
+    monkeypatch.setenv("TRANSIENT_NB_VM", '{"name": "demo-w-3", "gpu": "V100"}')
+    t = make(seed=7)
+    assert (t.name, t.gpu, t.variable, t.bounds) == ("demo-w-3", "v100", "v", [(0, n)])
+    assert t.hp == HP and t.device == "cpu" and t.worker is None
+    assert t._counters() == {
+        "worker": "demo-w-3",
+        "state": "created",
+        "local_step": 0,
+        "accepted": 0,
+        "ps_failures": 0,
+        "rejoins": 0,
+        "generation": -1,
+    }
+    # The seed depends on the base seed and the name: same inputs, same batches.
+    assert (
+        t.seed
+        == make(seed=7).seed
+        == (7 * 1_000_003 + __import__("zlib").crc32(b"demo-w-3")) % 2**31
+    )
+    assert make(seed=8).seed != t.seed and make(seed=7, name="demo-w-4").seed != t.seed
+    assert make(name="x", gpu="t4").gpu == "t4"
+    monkeypatch.setenv("TRANSIENT_NB_VM", "not json")
+    assert make().name == "trainer" and make().gpu is None
+    monkeypatch.delenv("TRANSIENT_NB_VM")
+    assert make().name == "trainer"
+
+
+def test_run_answers_with_the_counters_and_reraises_what_the_loop_raised(loop, tmp_path):
+    hp = HP.with_(steps=8)
+    double = _double(loop, tmp_path, hp=hp)
+    trainer = _trainer(Published(double), hp=hp)
+
+    async def run_and_status():
+        result = await trainer.run()
+        return result, await trainer.status()
+
+    result, status = asyncio.run(run_and_status())
+    assert (
+        result
+        == status
+        == {
+            "worker": "w-0",
+            "state": "finished",
+            "local_step": 8,
+            "accepted": 8,
+            "ps_failures": 0,
+            "rejoins": 0,
+            "generation": 0,
+        }
+    )
+    # Stopped at the end: the PS no longer counts it as registered.
+    assert "w-0" not in double.ps.registered
+    broken = Trainer(
+        "r",
+        "resnet8",
+        "no-such-data",
+        hp.to_dict(),
+        "v",
+        [(0, 1)],
+        name="w-1",
+        locate=Published(double),
+    )
+    with pytest.raises(ValueError, match="no-such-data"):
+        asyncio.run(broken.run())
+    assert broken.state == "failed" and broken._done.is_set()
+
+
+def test_the_trainer_posts_its_metrics_with_the_run_and_its_device(loop, tmp_path, monkeypatch):
+    import transient_nb.training.trainer as trainer_module
+
+    monkeypatch.setattr(trainer_module, "METRICS_EVERY_S", 0.0)
+    hp = HP.with_(steps=5)
+    double = _double(loop, tmp_path, hp=hp)
+    trainer = _trainer(Published(double), hp=hp)
+    thread, box = _start(trainer)
+    thread.join(120)
+    assert box["result"]["state"] == "finished"
+    metrics = [e for e in trainer.posted if e["kind"] == "worker-metrics"]
+    assert [e["local_step"] for e in metrics] == [1, 2, 3, 4, 5]
+    assert [e["step"] for e in metrics] == [1, 2, 3, 4, 5]
+    assert all(
+        e["run"] == "r" and e["worker"] == "w-0" and e["device"] == "cpu" and e["img_per_s"] > 0
+        for e in metrics
+    )
+
+
+def test_two_shards_each_get_their_slice_and_only_the_first_the_statistics(loop, tmp_path):
+    hp = HP.with_(steps=6)
+    model = build_model("resnet8", num_classes=10)
+    params, buffers = flat_layout(model)
+    w, mask, n = get_flat(params), decay_mask(model), len(get_flat(params))
+    bounds = [(0, n // 2), (n // 2, n)]
+    seen: list[tuple[int, int, bool]] = []
+
+    class Recording(PSDouble):
+        def __init__(self, ps, loop, shard):
+            super().__init__(ps, loop)
+            self.shard = shard
+
+        def __getattr__(self, name):
+            call = super().__getattr__(name)
+            if name != "push_pull":
+                return call
+
+            def push_pull(*a, **k):
+                seen.append((self.shard, len(k["grad"]), k["bn_delta"] is not None))
+                return call(*a, **k)
+
+            return push_pull
+
+    doubles = [
+        Recording(
+            ParameterServer(
+                "r",
+                i,
+                2,
+                w[a:b],
+                mask[a:b],
+                get_flat(buffers) if i == 0 else None,
+                hp.to_dict(),
+                str(tmp_path),
+            ),
+            loop,
+            i,
+        )
+        for i, (a, b) in enumerate(bounds)
+    ]
+    trainer = Trainer(
+        "r",
+        "resnet8",
+        "digits",
+        hp.to_dict(),
+        "v",
+        bounds,
+        name="w-0",
+        locate=lambda timeout: (0, list(doubles)),
+    )
+    thread, box = _start(trainer)
+    thread.join(120)
+    assert box["result"]["state"] == "finished"
+    assert [d.ps.version for d in doubles] == [6, 6]
+    assert sorted(set(seen)) == [(0, n // 2, True), (1, n - n // 2, False)]
+
+
+def test_set_flat_takes_any_float_vector_and_an_empty_layout():
+    t = [torch.zeros(2, 2), torch.zeros(3)]
+    set_flat(t, np.arange(7, dtype=np.float64))
+    assert t[0].dtype == torch.float32
+    assert t[0].tolist() == [[0, 1], [2, 3]] and t[1].tolist() == [4, 5, 6]
+    set_flat([], np.zeros(0))  # nothing to copy into
+    assert get_flat([]).shape == (0,) and get_flat([]).dtype == np.float32

@@ -80,10 +80,14 @@ def set_flat(tensors: Sequence[torch.Tensor], flat: np.ndarray) -> None:
             offset += n
 
 
+def _published(variable: str, timeout: float) -> dict[str, Any]:
+    # The driver publishes JSON text (``{"generation": g, "shards": [[address, key], ...]}``).
+    return dict(json.loads(Variable(variable).get(timeout=timeout)))
+
+
 def lookup_ps(variable: str, timeout: float) -> tuple[int, list[Actor]]:
     """The current PS generation and shard handles, from the run's Dask Variable."""
-    value = Variable(variable).get(timeout=timeout)
-    info = json.loads(value) if isinstance(value, str) else value
+    info = _published(variable, timeout)
     actors = [Actor(ParameterServer, addr, key) for addr, key in info["shards"]]
     return int(info["generation"]), actors
 
@@ -91,8 +95,7 @@ def lookup_ps(variable: str, timeout: float) -> tuple[int, list[Actor]]:
 def current_generation(variable: str, timeout: float = 5.0) -> int:
     """The generation published in the run's Variable, or -1 when it cannot be read."""
     try:
-        value = Variable(variable).get(timeout=timeout)
-        return int(json.loads(value)["generation"])
+        return int(_published(variable, timeout)["generation"])
     except Exception:
         return -1
 
