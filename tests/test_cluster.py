@@ -307,6 +307,25 @@ def test_manual_preemption_drains_and_replaces(
 
 # -- scaling by hand while the simulator preempts -----------------------------------------------
 @pytest.mark.slow
+def test_a_worker_that_joins_during_its_notice_still_drains(cleanup: None) -> None:
+    """A notice given while the VM boots reaches its worker once it joins (as GCE's metadata
+    server would): the worker drains and leaves before the VM stops, not killed mid-step."""
+    with TransientCluster(
+        workers=1, notice="60s", provisioning_delay=0, name="late-join"
+    ) as cluster:
+        wait_for_sync(lambda: "running" in kinds(snapshot(cluster), worker="w-0"), timeout=60)
+        assert "joined" not in kinds(snapshot(cluster), worker="w-0")  # still importing Dask
+        cluster.preempt("w-0")
+        wait_for_sync(lambda: "preempted" in kinds(snapshot(cluster), worker="w-0"), timeout=60)
+        mine = kinds(snapshot(cluster), worker="w-0")
+    assert mine.index("notice") < mine.index("joined") < mine.index("left")
+    assert mine.index("left") < mine.index("preempted")
+    # Gone once drained: far sooner than the 60 s notice.
+    events = of_kind(snapshot(cluster), "preempted", worker="w-0")
+    notice = of_kind(snapshot(cluster), "notice", worker="w-0")[0]
+    assert events[0]["time"] - notice["time"] < 30
+
+
 def test_scale_up_and_down_while_preempting(cleanup: None) -> None:
     with TransientCluster(
         workers=1,
@@ -596,6 +615,8 @@ BAD_INPUT = [
     ({"fallback_gpus": ["tpu"]}, ValueError, r"Unknown GPU type 'tpu'"),
     ({"machine_type": "n9-huge"}, ValueError, r"Unknown machine type 'n9-huge'"),
     ({"nthreads": 0}, ValueError, r"nthreads=0 must be at least 1"),
+    ({"ps_hosts": 0}, ValueError, r"ps_hosts=0 must be a whole number of at least 1"),
+    ({"ps_hosts": "two"}, ValueError, r"ps_hosts='two' must be a whole number"),
     ({"cuda": "sometimes"}, ValueError, r"Bad cuda='sometimes'"),
     ({"wokers": 3}, TypeError, r"wokers"),
     # Limits (transient_nb.limits), refused before any spend.
@@ -603,6 +624,12 @@ BAD_INPUT = [
     ({"workers": 5, "max_workers": 4}, ValueError, r"5 workers is above max_workers=4"),
     ({"max_workers": 0}, ValueError, r"max_workers=0 must be a whole number"),
     ({"workers": 8, "max_hourly_cost": 1.0}, ValueError, r"above max_hourly_cost=\$1.00/h"),
+    # Every PS host is billed: 1 worker ($0.22/h) and 4 PS hosts ($0.19/h each) is $0.98/h.
+    (
+        {"workers": 1, "ps_hosts": 4, "max_hourly_cost": 0.9},
+        ValueError,
+        r"\$0.98/h .*plus \$0.760/h for the PS hosts",
+    ),
     ({"max_hourly_cost": -2}, ValueError, r"max_hourly_cost=-2 must be a positive number"),
     # Priced at the dearest placement allowed: here the on-demand fallback.
     (

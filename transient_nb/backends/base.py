@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -135,6 +136,8 @@ class TransientVM(ProcessInterface):
         self.connection_args: dict[str, Any] = {}
         #: True once this VM's worker has left the scheduler (set by the cluster).
         self.worker_left = False
+        #: When a notice was given and the VM stops (epoch seconds); None without a notice.
+        self.notice_deadline: float | None = None
         self._left_waiters: list[asyncio.Future[None]] = []
 
     def mark_left(self) -> None:
@@ -208,10 +211,24 @@ class TransientVM(ProcessInterface):
         """Stop the VM as the provider would; ``notice`` first if asked for."""
         self.stopped = True  # from here on, the VM going away is expected
         if notice and deadline is not None:
+            self.notice_deadline = deadline
             if not self.provider_notice:
                 await self._notify(deadline)
             await self._wait_gone(deadline)
         await self._kill()
+
+    async def joined_during_notice(self) -> None:
+        """The VM's worker joined after its notice was given: deliver the notice now.
+
+        On a cloud the notice reaches the VM itself (GCE's metadata server), whenever its worker
+        starts; a notice the cluster sent before the worker joined had no one to reach.
+        """
+        if (
+            self.notice_deadline is not None
+            and not self.provider_notice
+            and time.time() < self.notice_deadline
+        ):
+            await self._notify_late(self.notice_deadline)
 
     async def running(self) -> None:
         """To be called by subclasses when the VM is booted."""
@@ -230,6 +247,11 @@ class TransientVM(ProcessInterface):
 
     async def _notify(self, deadline: float) -> None:
         raise NotImplementedError
+
+    async def _notify_late(self, deadline: float) -> None:
+        """Deliver a notice to a worker that joined after it was given (default: as
+        :meth:`_notify`)."""
+        await self._notify(deadline)
 
     async def _wait_exit(self, deadline: float) -> None:
         """Wait until the VM's worker has left by itself, or the deadline."""

@@ -202,6 +202,12 @@ class GCEVM(TransientVM):
         # On-demand workers are not preempted by a maintenance event: tell the worker directly.
         await self._tell_worker(deadline)
 
+    async def _notify_late(self, deadline: float) -> None:
+        # A Spot VM's agent reads the notice from its metadata server when its worker starts:
+        # a second maintenance event would be wrong. An on-demand worker is told directly.
+        if not self.spec.spot:
+            await self._tell_worker(deadline)
+
     async def _tell_worker(self, deadline: float) -> None:
         try:
             addr = await self._worker_address()
