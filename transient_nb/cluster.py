@@ -81,6 +81,10 @@ class TransientCluster(SpecCluster):
         Cluster name (lowercase letters, digits, dashes); a fresh one if not given.
     machine_type, ps_machine_type
         Machine types billed for workers (beside the GPU) and for the PS/scheduler host.
+    ps_hosts
+        Number of never-preemptible PS hosts (default 1). ``train(shards=N)`` places shard ``i``
+        on host ``i % ps_hosts``: with as many hosts as shards, every shard has a process (and
+        the host's cores) of its own, as in the paper's two-PS configuration.
     prices
         Price catalog name (``"gce-2025"``, ``"paper-2019"``), YAML path, or a ``PriceCatalog``.
     notice
@@ -166,6 +170,7 @@ class TransientCluster(SpecCluster):
         name: str | None = None,
         machine_type: str | None = None,
         ps_machine_type: str | None = None,
+        ps_hosts: int | None = None,
         prices: str | PriceCatalog | None = None,
         notice: str | float | None = None,
         provisioning_delay: str | float | None = None,
@@ -202,6 +207,7 @@ class TransientCluster(SpecCluster):
         self.zone = str(config.get("zone", override_with=zone))
         self.machine_type = str(config.get("machine-type", override_with=machine_type))
         self.ps_machine_type = str(config.get("ps-machine-type", override_with=ps_machine_type))
+        self.ps_hosts = _positive_int(config.get("ps-hosts", override_with=ps_hosts), "ps_hosts")
         self.catalog = prices if isinstance(prices, PriceCatalog) else PriceCatalog.load(prices)
         fallback_zones = list(
             config.get("replacement.fallback-zones", override_with=fallback_zones)
@@ -386,6 +392,7 @@ class TransientCluster(SpecCluster):
                 "gpu": self.gpu,
                 "zone": self.zone,
                 "spot": self.spot,
+                "ps_hosts": self.ps_hosts,
                 "run_path": self.run_path,
                 "detached": False,
                 **self._head_info,
@@ -393,8 +400,9 @@ class TransientCluster(SpecCluster):
         )
         await self.backend.start(self.scheduler_address)  # e.g. GCE's firewall rule
         self._spawn(self._guard_limits())
-        if await self._provision("ps") is None:
-            # Without a PS host no training can run: refuse to start, and leave nothing behind.
+        placed = await asyncio.gather(*(self._provision("ps") for _ in range(self.ps_hosts)))
+        if any(p is None for p in placed):
+            # Without its PS hosts no training can run: refuse to start, leave nothing behind.
             why = self._last_failure or "no capacity in any allowed zone"
             await self._close()
             raise RuntimeError(
@@ -500,7 +508,7 @@ class TransientCluster(SpecCluster):
         ps = max(
             self.catalog.machine_price(self.ps_machine_type, z).rate(False) for z in self._zones()
         )
-        self.limits.check_hourly_cost(n, worker, ps)
+        self.limits.check_hourly_cost(n, worker, ps * self.ps_hosts)
 
     async def _guard_limits(self) -> None:
         budget, deadline_s = self.limits.budget, self.limits.deadline_s
@@ -760,6 +768,8 @@ class TransientCluster(SpecCluster):
             vm = self.workers.get(name)
             if isinstance(vm, TransientVM):
                 vm.worker_left = False
+                if vm.notice_deadline is not None:
+                    self._spawn(vm.joined_during_notice())
             self._joined.add(name)
             self._failures = 0  # a VM that works ends a run of failures
         elif kind == "left":
@@ -972,14 +982,14 @@ class TransientCluster(SpecCluster):
                 working = joined[joined["state"] == "joined"]
                 n_gpu = int((working["role"] == "worker").sum())
                 n_ps = int((working["role"] == "ps").sum())
-                if n_gpu >= n and n_ps >= 1:
+                if n_gpu >= n and n_ps >= self.ps_hosts:
                     return
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"Only some of {n} workers joined within {timeout}.")
             await asyncio.sleep(0.05)
 
     def wait_for_workers(self, n_workers: int | None = None, timeout: float | None = None) -> Any:
-        """Block until ``n_workers`` GPU workers (default: the target) and the PS host have joined."""
+        """Block until ``n_workers`` GPU workers (default: the target) and the PS hosts have joined."""
         return self.sync(self._wait_for_workers, n_workers, timeout)
 
     def __repr__(self) -> str:

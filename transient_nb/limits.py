@@ -118,7 +118,7 @@ class Limits:
             )
 
     def check_hourly_cost(self, n: int, worker_hourly: float, ps_hourly: float) -> None:
-        """Refuse ``n`` workers whose hourly cost (with the PS host) is above ``max_hourly_cost``.
+        """Refuse ``n`` workers whose hourly cost (with the PS hosts) is above ``max_hourly_cost``.
 
         ``worker_hourly`` is the dearest hourly price a worker may be placed at.
         """
@@ -129,7 +129,7 @@ class Limits:
             most = max(0, int((self.max_hourly_cost - ps_hourly) // worker_hourly))
             raise ValueError(
                 f"{n} workers could cost ${hourly:.2f}/h (${worker_hourly:.3f}/h each at the "
-                f"dearest allowed placement, plus ${ps_hourly:.3f}/h for the PS host), above "
+                f"dearest allowed placement, plus ${ps_hourly:.3f}/h for the PS hosts), above "
                 f"max_hourly_cost=${self.max_hourly_cost:.2f}/h: ask for at most {most} "
                 "workers, or raise max_hourly_cost (transient.limits.max-hourly-cost)."
             )

@@ -127,6 +127,44 @@ def test_losing_the_ps_recovers_from_its_checkpoint():
     assert any(e["kind"] == "joined" and e.get("worker") == "ps-1" for e in run.events())
 
 
+def test_two_ps_hosts_give_each_shard_a_process_and_a_lost_one_is_recovered():
+    """ps_hosts=2: the shards default to 2 and live in two worker processes; killing one host
+    recovers both shards from the checkpoint onto the hosts left, and both hosts are billed."""
+    with TransientCluster(
+        workers=2, ps_hosts=2, notice="1s", provisioning_delay=0, seed=5
+    ) as cluster:
+        cluster.wait_for_workers(timeout=120)
+        run = train(
+            cluster,
+            model="resnet8",
+            data="digits",
+            steps=500,
+            batch_size=32,
+            checkpoint_every=100,
+            eval_every=500,
+        )
+        until(lambda: run.step >= 150, what="step 150")
+        assert run.shards == 2
+        hosts = {ps._address for ps in run._ps}
+        ps_vms = {n: vm for n, vm in cluster.workers.items() if n.startswith("ps-")}
+        assert len(hosts) == 2 and sorted(ps_vms) == ["ps-0", "ps-1"]
+        with cluster.get_client() as client:
+            pids = set(client.run(os.getpid, workers=sorted(hosts)).values())
+        assert len(pids) == 2  # two processes, one shard each
+        os.killpg(ps_vms["ps-1"].pid, signal.SIGKILL)
+        run.wait(timeout=400)
+        summary = run.summary()
+        cost = cluster.cost()
+    lost, recovered = kinds(run, "ps-lost"), kinds(run, "ps-recovered")
+    assert len(lost) == 1 and len(recovered) == 1
+    assert len(lost[0]["addresses"]) == 2 and recovered[0]["source"] == "checkpoint"
+    assert summary["reason"] == "steps" and summary["steps"] >= 500
+    assert summary["accuracy"] > 0.5
+    billed = cost.per_vm[cost.per_vm["role"] == "ps"]
+    assert {"ps-0", "ps-1"} <= set(billed.index)
+    assert (billed["cost"] > 0).all()
+
+
 def test_bad_input_fails_before_any_trainer_starts(tmp_path):
     not_cifar = tmp_path / "not-cifar"
     not_cifar.mkdir()

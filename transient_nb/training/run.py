@@ -49,6 +49,8 @@ TRAINER_BACKOFF_S = 1.0
 TRAINER_BACKOFF_MAX_S = 30.0
 #: A PS status answer older than this makes the driver check that the PS host is still there.
 PS_OVERDUE_S = 1.0
+#: Seconds a start waits for one PS host per shard before it places shards on fewer hosts.
+PS_HOSTS_GRACE_S = 30.0
 #: Bound of setting things up: creating an actor, the first checkpoint (seconds).
 SETUP_TIMEOUT_S = 120.0
 #: Complete checkpoints kept under the run's URL (older ones are deleted).
@@ -151,7 +153,8 @@ class TrainingRun:
         self._released: list[Any] = []  # futures of ended trainers, released at cleanup
         self._ps: list[Any] = []
         self._ps_futures: list[Any] = []
-        self._ps_address: str | None = None
+        #: The hosts of the current PS generation's shards (shard i on the i-th, round robin).
+        self._ps_addresses: list[str] = []
         self._ps_left = False
         self._generation = 0
         self._bounds: list[tuple[int, int]] = []
@@ -420,20 +423,36 @@ class TrainingRun:
         # Overdue: is its host still a member? (A call to a killed host can hang rather than
         # fail, so waiting for the call alone took up to call_timeout_s: measured 31 s.)
         workers = self._workers()
-        if workers is not None and self._ps_address is not None and self._ps_address not in workers:
-            return True  # a confirmed listing without the PS host
+        if workers is not None and any(a not in workers for a in self._ps_addresses):
+            return True  # a confirmed listing without a PS host
         return silent > self.hp.ps_lost_after_s
 
-    def _wait_for_ps_host(self, exclude: str | None, timeout: float) -> str:
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            for addr, info in (self._workers() or {}).items():
-                if "ps" in info.get("resources", {}) and addr != exclude:
-                    return str(addr)
+    def _ps_host_count(self) -> int:
+        return max(1, int(getattr(self.cluster, "ps_hosts", 1) or 1))
+
+    def _wait_for_ps_hosts(self, exclude: set[str], want: int, timeout: float) -> list[str]:
+        """The PS hosts to place shards on (sorted, at most ``want``), none of ``exclude``.
+
+        Waits for ``want`` hosts, but goes on with fewer (at least one) once ``grace`` seconds
+        have passed: a recovery must not wait out the provisioning of a lost host's
+        replacement; its shards then share a surviving host until the next generation.
+        """
+        t0 = time.time()
+        grace = min(timeout, PS_HOSTS_GRACE_S)
+        while True:
+            hosts = sorted(
+                str(addr)
+                for addr, info in (self._workers() or {}).items()
+                if "ps" in info.get("resources", {}) and addr not in exclude
+            )
+            waited = time.time() - t0
+            if len(hosts) >= want or (hosts and waited >= grace):
+                return hosts[:want]
+            if waited >= timeout:
+                raise TimeoutError(f"No PS host joined within {timeout:.0f} s.")
             if self._stop.is_set():
                 raise RuntimeError("stopped while waiting for a PS host")
             self._stop.wait(0.1)
-        raise TimeoutError(f"No PS host joined within {timeout:.0f} s.")
 
     def _resume_states(self, n_params: int) -> tuple[list[dict[str, Any]], int, Any]:
         """The PS shards' states from the newest complete checkpoint of the resumed run."""
@@ -467,8 +486,12 @@ class TrainingRun:
             delay = float(getattr(self.cluster, "provisioning_delay", 0) or 0)
         except (TypeError, ValueError):  # "paper": start-ups drawn from the paper's 81-98 s
             delay = 100.0
-        addr = self._wait_for_ps_host(
-            None if not self._ps_left else self._ps_address, timeout=120 + 2 * delay
+        # A recovery takes the surviving hosts at once; a start waits for one host per shard.
+        recovering = self._generation > 0
+        hosts = self._wait_for_ps_hosts(
+            set(self._ps_addresses) if self._ps_left else set(),
+            want=1 if recovering else min(self.shards, self._ps_host_count()),
+            timeout=120 + 2 * delay,
         )
         futures = [
             self._client.submit(
@@ -487,7 +510,7 @@ class TrainingRun:
                 generation=self._generation,
                 counters=counters if i == 0 else None,
                 actor=True,
-                workers=[addr],
+                workers=[hosts[i % len(hosts)]],
                 allow_other_workers=False,
                 pure=False,
                 key=f"ps-{self.id}-g{self._generation}-s{i}",
@@ -501,7 +524,7 @@ class TrainingRun:
         self._ps_futures = futures
         for f in old:  # the previous generation's actors are released from their worker
             f.release()
-        self._ps_address = addr
+        self._ps_addresses = [hosts[i % len(hosts)] for i in range(len(self._ps))]
         self._ps_left = False
         self._ps_answered = time.monotonic()
         self._status_future = None
@@ -527,7 +550,12 @@ class TrainingRun:
 
     def _recover(self) -> None:
         lost_at = self._known_step
-        self._post("ps-lost", step=lost_at, address=self._ps_address)
+        self._post(
+            "ps-lost",
+            step=lost_at,
+            address=self._ps_addresses[0] if self._ps_addresses else None,
+            addresses=list(dict.fromkeys(self._ps_addresses)),
+        )
         t0 = time.time()
         self._abandon_checkpoint()
         states = self._old_ps_state()
@@ -748,9 +776,9 @@ class TrainingRun:
             elif (
                 kind == "left"
                 and e.get("address") is not None
-                and e.get("address") == self._ps_address
+                and e.get("address") in self._ps_addresses
             ):
-                self._ps_left = True  # the scheduler removed the PS host: gone for sure
+                self._ps_left = True  # the scheduler removed a PS host: gone for sure
             elif kind in ("left", "preempted") and role == "worker" and name in self._slots:
                 slot = self._slots.pop(str(name))
                 if slot.future is not None:
@@ -924,7 +952,7 @@ def train(
         hyperparameters (any given here must agree, except ``steps`` and the stop conditions).
         The step count goes on; ``summary()`` and ``history`` join the earlier record.
     shards
-        Number of PS shards (default 1).
+        Number of PS shards (default: the cluster's ``ps_hosts``, so one shard per PS host).
     target_accuracy, budget, deadline
         Further stop conditions: test accuracy in [0, 1], dollars, a duration or datetime.
     checkpoint_url
@@ -972,7 +1000,8 @@ def train(
         )
     model = model or "resnet32"
     data = data or "synthetic"
-    shards = 1 if shards is None else shards
+    # One shard per PS host by default: each shard then has a process of its own.
+    shards = int(getattr(cluster, "ps_hosts", 1) or 1) if shards is None else shards
     hp = check_train_args(
         model=model,
         data=data,
