@@ -121,3 +121,21 @@ def test_detached_run_status_attach_and_down(tmp_path, capsys):
     assert registry.entries() == []
     assert main(["status", "cli-det"]) == 2  # gone: a clear error, not a traceback
     assert "cli-det" in capsys.readouterr().err
+
+
+def test_ps_hosts_reach_the_cluster_and_set_the_default_shards():
+    from transient_nb.cli import _cluster_kwargs, _parser, _train_kwargs
+
+    args = _parser().parse_args(["run", "--ps-hosts", "2"])
+    assert _cluster_kwargs(args)["ps_hosts"] == 2 and _train_kwargs(args)["shards"] == 2
+    args = _parser().parse_args(["run", "--ps-hosts", "2", "--shards", "3"])
+    assert _train_kwargs(args)["shards"] == 3
+    args = _parser().parse_args(["run"])
+    assert _cluster_kwargs(args)["ps_hosts"] is None and _train_kwargs(args)["shards"] == 1
+
+
+def test_zero_ps_hosts_is_refused_before_anything_starts(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["run", "--ps-hosts", "0", "--out", str(out), "--quiet"]) == 2
+    assert "ps_hosts=0 must be a whole number of at least 1" in capsys.readouterr().err
+    assert list(out.glob("*/events.jsonl")) == []

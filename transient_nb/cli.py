@@ -35,6 +35,12 @@ def _add_cluster_options(r: argparse.ArgumentParser) -> None:
     r.add_argument("--name", default=None, help="cluster name (default: a fresh one)")
     r.add_argument("--workers", type=int, default=4, help="preemptible GPU workers (default 4)")
     r.add_argument(
+        "--ps-hosts",
+        type=int,
+        default=None,
+        help="never-preemptible PS hosts (default 1); shards default to one per host",
+    )
+    r.add_argument(
         "--max-workers",
         type=int,
         default=None,
@@ -93,7 +99,12 @@ def _add_train_options(r: argparse.ArgumentParser) -> None:
         "--batch-size", type=int, default=None, help="images per worker step (default 32)"
     )
     r.add_argument("--lr", type=float, default=None, help="base learning rate (default 0.1)")
-    r.add_argument("--shards", type=int, default=None, help="parameter-server shards (default 1)")
+    r.add_argument(
+        "--shards",
+        type=int,
+        default=None,
+        help="parameter-server shards (default: one per PS host)",
+    )
     r.add_argument("--target-accuracy", type=float, default=None, help="stop at this test accuracy")
     r.add_argument(
         "--budget", type=float, default=None, help="stop when this many dollars are spent"
@@ -220,6 +231,7 @@ def _cluster_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "seed": args.seed,
         "budget": args.cluster_budget,
         "deadline": args.cluster_deadline,
+        "ps_hosts": getattr(args, "ps_hosts", None),
     }
 
 
@@ -237,6 +249,8 @@ def _train_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         given = {k: v for k, v in given.items() if v is not None}
     else:
         given = {k: CLI_DEFAULTS[k] if v is None else v for k, v in given.items()}
+        if args.shards is None:  # one shard per PS host, as train() does
+            given["shards"] = getattr(args, "ps_hosts", None) or CLI_DEFAULTS["shards"]
     return {
         **given,
         "resume": args.resume,

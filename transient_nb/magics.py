@@ -114,6 +114,7 @@ _NO_PANEL = argument("--no-panel", action="store_true", help="do not show the co
 @argument("--spot", dest="spot", action="store_true", default=None, help="Spot workers")
 @argument("--on-demand", dest="spot", action="store_false", help="on-demand workers")
 @argument("--zone", help="zone of the workers, e.g. us-central1-a")
+@argument("--ps-hosts", type=_whole("PS hosts", 1), metavar="N", help="PS hosts (default 1)")
 @argument(
     "--preemption", help="none | paper:k80 | paper:v100 | exp:mean=60s | trace:PATH (local backend)"
 )
@@ -181,7 +182,11 @@ def _status() -> None:
 @argument("--steps", type=_whole("steps", 1), default=64_000, help="global steps (default 64000)")
 @argument("--batch-size", type=_whole("images", 1), default=128, help="images per worker step")
 @argument("--lr", type=_positive("learning rate"), default=0.1, help="base learning rate")
-@argument("--shards", type=_whole("PS shards", 1), default=1, help="parameter-server shards")
+@argument(
+    "--shards",
+    type=_whole("PS shards", 1),
+    help="parameter-server shards (default: one per PS host)",
+)
 @argument("--target-accuracy", type=_fraction, help="stop at this test accuracy, e.g. 0.9")
 @argument("--budget", type=_positive("dollars"), help="stop when this many dollars are spent")
 @argument("--deadline", metavar="DURATION", help="stop after this long, e.g. 2h")
@@ -424,6 +429,7 @@ class TransientMagics(Magics):
                 "seed",
                 "max_workers",
                 "max_hourly_cost",
+                "ps_hosts",
             ),
         )
         if args.detach:
