@@ -143,8 +143,9 @@ def _warm_worker() -> bool:
 class DaskBench:
     """Ours: a TransientCluster with one ps worker and ``trainers`` gpu workers.
 
-    ``variant="legacy"`` uses the previous round's PS path (``_variants.py``); ``shard_hosts > 0`` puts
-    shard i on an extra worker process of its own instead of all shards on the ps worker.
+    ``variant="legacy"`` uses the previous round's PS path (``_variants.py``); ``shard_hosts > 0``
+    starts the cluster with that many PS hosts (``TransientCluster(ps_hosts=...)``, each its own
+    process) and puts shard i on host i, as ``train(shards=N)`` does.
     """
 
     def __init__(self, trainers: int, variant: str = "current", shard_hosts: int = 0):
@@ -152,11 +153,12 @@ class DaskBench:
 
         self.variant = variant
         self.trainers = trainers
-        self._cm = _common.transient_cluster(trainers + shard_hosts)
+        self._cm = _common.transient_cluster(trainers, ps_hosts=max(1, shard_hosts))
         self.cluster = self._cm.__enter__()
         self.client = Client(self.cluster, set_as_default=False, direct_to_workers=True)
         info = self.client.scheduler_info(n_workers=-1)["workers"]
-        self.ps_addr = next(a for a, w in info.items() if "ps" in w.get("resources", {}))
+        self.ps_addrs = sorted(a for a, w in info.items() if "ps" in w.get("resources", {}))
+        self.ps_addr = self.ps_addrs[0]
         self.gpu_addrs = sorted(
             (a for a, w in info.items() if "gpu" in w.get("resources", {})),
             key=lambda a: str(info[a]["name"]),
@@ -167,7 +169,7 @@ class DaskBench:
         self.client.gather(
             [
                 self.client.submit(_warm_worker, workers=[a], allow_other_workers=False, pure=False)
-                for a in [self.ps_addr, *self.gpu_addrs]
+                for a in [*self.ps_addrs, *self.gpu_addrs]
             ]
         )
 
@@ -186,7 +188,7 @@ class DaskBench:
         mask = np.ones(n, np.uint8)
         hp = HParams(steps=10**9, wire_dtype=cfg["wire"]).to_dict()
         cls = LegacyParameterServer if self.variant == "legacy" else ParameterServer
-        hosts = self.gpu_addrs[self.trainers :] or [self.ps_addr]
+        hosts = self.ps_addrs
         futures = [
             self.client.submit(
                 cls,
@@ -237,9 +239,8 @@ class DaskBench:
         """The processes of the PS shards' hosts (for CPU accounting)."""
         import psutil
 
-        hosts = {self.ps_addr} if len(self.gpu_addrs) == self.trainers else set()
         info = self.client.scheduler_info(n_workers=-1)["workers"]
-        names = {str(info[a]["name"]) for a in (hosts or self.gpu_addrs[self.trainers :])}
+        names = {str(info[a]["name"]) for a in self.ps_addrs}
         pids = []
         for name in names:
             top = psutil.Process(self.cluster.workers[name].pid)
@@ -500,8 +501,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--shard-processes",
         action="store_true",
-        help="ours: every PS shard in a worker process of its own (default: all on the ps "
-        "worker, as run.py places them)",
+        help="ours: one PS host (a process of its own) per shard, ps_hosts=shards, as "
+        "train() places them on such a cluster (default: one PS host holding every shard)",
     )
     p.add_argument(
         "--rpc-transport",
@@ -629,7 +630,11 @@ def main(argv: list[str] | None = None) -> int:
         "step, warm-up included (1000 / it = the steps/s one free core could serve);"
         f" rpc transport {args.rpc_transport}; dask/45 = x the paper's saturated PS; "
         f"dask variant {args.variant}"
-        + (", one process per shard." if args.shard_processes else ", shards on one ps worker.")
+        + (
+            ", one PS host (process) per shard."
+            if args.shard_processes
+            else ", shards on one PS host."
+        )
     )
     return 0
 
