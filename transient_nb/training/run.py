@@ -430,15 +430,15 @@ class TrainingRun:
     def _ps_host_count(self) -> int:
         return max(1, int(getattr(self.cluster, "ps_hosts", 1) or 1))
 
-    def _wait_for_ps_hosts(self, exclude: set[str], want: int, timeout: float) -> list[str]:
+    def _wait_for_ps_hosts(
+        self, exclude: set[str], want: int, timeout: float, grace: float
+    ) -> list[str]:
         """The PS hosts to place shards on (sorted, at most ``want``), none of ``exclude``.
 
         Waits for ``want`` hosts, but goes on with fewer (at least one) once ``grace`` seconds
-        have passed: a recovery must not wait out the provisioning of a lost host's
-        replacement; its shards then share a surviving host until the next generation.
+        have passed.
         """
         t0 = time.time()
-        grace = min(timeout, PS_HOSTS_GRACE_S)
         while True:
             hosts = sorted(
                 str(addr)
@@ -486,12 +486,16 @@ class TrainingRun:
             delay = float(getattr(self.cluster, "provisioning_delay", 0) or 0)
         except (TypeError, ValueError):  # "paper": start-ups drawn from the paper's 81-98 s
             delay = 100.0
-        # A recovery takes the surviving hosts at once; a start waits for one host per shard.
+        # A start waits (a while) for one host per shard; a recovery takes the hosts there
+        # are at once rather than wait out a lost host's replacement: shards then share a
+        # host until the next generation.
         recovering = self._generation > 0
+        timeout = 120 + 2 * delay
         hosts = self._wait_for_ps_hosts(
             set(self._ps_addresses) if self._ps_left else set(),
-            want=1 if recovering else min(self.shards, self._ps_host_count()),
-            timeout=120 + 2 * delay,
+            want=min(self.shards, self._ps_host_count()),
+            timeout=timeout,
+            grace=0.0 if recovering else min(timeout, PS_HOSTS_GRACE_S),
         )
         futures = [
             self._client.submit(
