@@ -1,0 +1,181 @@
+"""The planner: liveput, hazards, the PS plateau and goal choices, on synthetic observations."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from transient_nb.planner import (
+    Configuration,
+    Kind,
+    Planner,
+    kinds_from_catalog,
+    paper_hazard_per_h,
+    plan_fields,
+)
+from transient_nb.prices import PriceCatalog
+
+K80 = Kind("k80", "us-central1-a", True, 0.256)
+V100 = Kind("v100", "us-central1-a", True, 0.861)
+K80_OD = Kind("k80", "us-central1-a", False, 0.723)
+V100_OD = Kind("v100", "us-central1-a", False, 2.144)
+PS = 0.143
+
+
+def test_hazards_come_from_the_papers_first_hour_and_follow_what_is_observed():
+    assert paper_hazard_per_h("k80") == pytest.approx(-math.log(1 - 0.078))
+    assert paper_hazard_per_h("V100") == pytest.approx(-math.log(1 - 0.273))
+    planner = Planner([K80, K80_OD], PS)
+    assert planner.hazard_per_h(K80_OD) == 0.0
+    prior = planner.hazard_per_h(K80)
+    # 4 revocations in 2 server-hours: (prior * 2 h + 4) / (2 h + 2 h).
+    planner.observe_exposure("k80", "us-central1-a", hours=2.0, revocations=4)
+    assert planner.hazard_per_h(K80) == pytest.approx((prior * 2 + 4) / 4)
+    # Another zone keeps the prior; calm hours lower the rate again.
+    other = Kind("k80", "us-east1-c", True, 0.256)
+    assert planner.hazard_per_h(other) == pytest.approx(prior)
+    planner.observe_exposure("k80", "us-east1-c", hours=98.0)
+    assert planner.hazard_per_h(other) == pytest.approx(prior * 2 / 100)
+
+
+def test_step_rates_start_from_the_paper_and_follow_the_workers():
+    planner = Planner([K80], PS)
+    assert planner.rate("k80") == 4.56 and planner.rate("V100") == 15.6
+    assert planner.rate("tpu") == 0.0
+    for r in (5.0, 7.0, 6.0, float("nan"), -1.0):
+        planner.observe_rate("k80", r)
+    assert planner.rate("k80") == 6.0  # the median of what was seen; nonsense ignored
+
+
+def test_the_ps_capacity_is_the_papers_plateau_and_a_second_shard_adds_three_quarters():
+    planner = Planner([K80], PS)
+    assert planner.ps_capacity(1) == pytest.approx(45.0)
+    assert planner.ps_capacity(2) == pytest.approx(45.0 * 1.75)
+    assert planner.ps_capacity(4) > planner.ps_capacity(2)
+    assert Planner([K80], PS, ps_steps_per_s=None).ps_capacity(1) == math.inf
+
+
+def test_liveput_is_the_expected_rate_under_preemptions_capped_by_the_ps():
+    planner = Planner([K80, V100, K80_OD, V100_OD], PS, startup_s=100.0)
+    # On demand: no revocations, the sum of the rates (K80 scales linearly to 8, as the paper).
+    assert planner.liveput(Configuration.of({K80_OD: 8})) == pytest.approx(8 * 4.56)
+    # Fast GPUs hit the single PS's plateau; a second shard lifts it.
+    assert planner.liveput(Configuration.of({V100_OD: 8})) == pytest.approx(45.0)
+    assert planner.liveput(Configuration.of({V100_OD: 8}, shards=2)) == pytest.approx(78.75)
+    # Spot: each worker is up mttf / (mttf + startup) of the time.
+    p = planner.availability(K80)
+    mttf = 3600 / planner.hazard_per_h(K80)
+    assert p == pytest.approx(mttf / (mttf + 100.0)) and 0.97 < p < 1
+    assert planner.liveput(Configuration.of({K80: 1})) == pytest.approx(p * 4.56)
+    assert planner.liveput(Configuration.of({K80: 3})) == pytest.approx(3 * p * 4.56)
+    # Below the cap in expectation but above it when all are up: exact, not min(E[sum], cap).
+    three = Configuration.of({V100: 3})
+    q = planner.availability(V100)
+    exact = sum(math.comb(3, k) * q**k * (1 - q) ** (3 - k) * min(k * 15.6, 45.0) for k in range(4))
+    assert planner.liveput(three) == pytest.approx(exact)
+    assert planner.liveput(three) < min(3 * q * 15.6, 45.0)
+    assert planner.liveput(Configuration.of({})) == 0.0
+
+
+def test_the_chance_of_losing_k_workers_within_an_hour():
+    planner = Planner([K80, K80_OD], PS)
+    q = 1 - math.exp(-planner.hazard_per_h(K80))
+    two = Configuration.of({K80: 2, K80_OD: 3})  # on-demand ones are never revoked
+    assert planner.p_lose_at_least(two, 0) == pytest.approx(1.0)
+    assert planner.p_lose_at_least(two, 1) == pytest.approx(1 - (1 - q) ** 2)
+    assert planner.p_lose_at_least(two, 2) == pytest.approx(q**2)
+    assert planner.p_lose_at_least(two, 3) == pytest.approx(0.0)
+    q2 = 1 - math.exp(-planner.hazard_per_h(K80) * 2)
+    assert planner.p_lose_at_least(two, 1, within_s=7200) == pytest.approx(1 - (1 - q2) ** 2)
+
+
+def test_the_frontier_stops_adding_workers_the_ps_cannot_serve():
+    planner = Planner([V100_OD], PS)
+    one_shard = [c for c in planner.frontier(max_workers=8, max_shards=2) if c.shards == 1]
+    # 3 V100s reach 45 steps/s (46.8 > 45): a 4th adds nothing, so the path ends at 3.
+    assert [c.size for c in one_shard] == [1, 2, 3]
+    two_shards = [c for c in planner.frontier(max_workers=8, max_shards=2) if c.shards == 2]
+    assert [c.size for c in two_shards] == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_deadline_gets_the_cheapest_configuration_that_meets_it():
+    planner = Planner([K80, V100], PS)
+    steps = 64_000
+    loose = planner.choose("deadline", steps, max_workers=8, deadline_s=10 * 3600)
+    tight = planner.choose("deadline", steps, max_workers=8, deadline_s=1.0 * 3600)
+    assert loose.feasible and tight.feasible
+    assert loose.chosen.eta_s <= 10 * 3600 and tight.chosen.eta_s <= 3600
+    assert loose.chosen.cost <= tight.chosen.cost
+    # Nothing cheaper among the candidates meets it.
+    for e in tight.candidates:
+        if e.eta_s <= 3600:
+            assert e.cost >= tight.chosen.cost - 1e-9
+    impossible = planner.choose("deadline", steps, max_workers=2, deadline_s=60)
+    assert not impossible.feasible and "no configuration meets the deadline" in impossible.reason
+    assert impossible.chosen.eta_s == min(e.eta_s for e in impossible.candidates)
+
+
+def test_a_budget_gets_the_fastest_configuration_within_it():
+    planner = Planner([K80, V100], PS)
+    plan = planner.choose("budget", 64_000, max_workers=8, budget=1.5)
+    assert plan.feasible and plan.chosen.cost <= 1.5
+    for e in plan.candidates:
+        if e.cost <= 1.5:
+            assert e.eta_s >= plan.chosen.eta_s - 1e-6
+    poor = planner.choose("budget", 64_000, max_workers=8, budget=0.01)
+    assert not poor.feasible and poor.chosen.cost == min(e.cost for e in poor.candidates)
+
+
+def test_cost_per_step_and_the_reason_against_the_current_configuration():
+    planner = Planner([K80, V100], PS)
+    now = Configuration.of({K80: 1})
+    plan = planner.choose("cost-per-step", 64_000, max_workers=8, current=now)
+    assert plan.chosen.cost_per_step == min(e.cost_per_step for e in plan.candidates)
+    assert plan.reason.startswith(plan.chosen.config.describe() + ": ETA ")
+    assert " -> " in plan.reason and "$/h" in plan.reason
+    fields = plan_fields(plan)
+    assert fields["goal"] == "cost-per-step" and fields["reason"] == plan.reason
+    assert sum(fields["workers"].values()) == plan.chosen.config.size
+
+
+def test_a_second_shard_is_bought_for_v100s_near_the_plateau_not_for_k80s():
+    steps = 64_000
+    fast = Planner([V100_OD], PS).choose(
+        "deadline", steps, max_workers=8, deadline_s=steps / 60.0
+    )  # needs 60 steps/s: above one PS's 45
+    assert fast.feasible and fast.chosen.config.shards == 2
+    slow = Planner([K80_OD], PS).choose(
+        "deadline", steps, max_workers=8, deadline_s=steps / 30.0
+    )  # 30 steps/s: 7 K80s, below the plateau
+    # K80s scale linearly below it, and the PS host's price is shared by more of them: all 8
+    # are cheapest (the paper's lesson), and a second PS host would only add its price.
+    assert slow.feasible and slow.chosen.config.shards == 1 and slow.chosen.config.size == 8
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"goal": "fastest"}, "goal='fastest': use one of deadline, budget, cost-per-step"),
+        ({"goal": "deadline"}, "needs a positive deadline, not None"),
+        ({"goal": "deadline", "deadline_s": -5}, "needs a positive deadline, not -5"),
+        ({"goal": "budget", "budget": 0}, "needs a positive budget in dollars, not 0"),
+    ],
+)
+def test_bad_goals_are_refused_with_what_to_do(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        Planner([K80], PS).choose(remaining_steps=1000, max_workers=4, **kwargs)
+
+
+def test_no_kinds_and_kinds_without_rates_are_refused():
+    with pytest.raises(ValueError, match="at least one kind"):
+        Planner([], PS)
+    with pytest.raises(ValueError, match="no kind of worker has a step rate"):
+        Planner([Kind("tpu", "z", True, 1.0)], PS).choose("cost-per-step", 10, max_workers=2)
+
+
+def test_kinds_come_from_the_price_catalog():
+    catalog = PriceCatalog.load("paper-2019")
+    kinds = kinds_from_catalog(catalog, ["k80", "v100", "nope"], ["us-central1-a"], "n1-standard-4")
+    assert [k.gpu for k in kinds] == ["k80", "v100"]
+    assert all(k.spot and k.hourly > 0 for k in kinds)

@@ -1,0 +1,419 @@
+"""The planner of a transient-aware policy: what a cluster configuration is expected to deliver.
+
+A *configuration* is how many workers of each kind (GPU type, zone, Spot or not) and how many PS
+shards (one PS host each). The planner turns the cluster's knowledge into expectations:
+
+- **Step rates** per GPU type: the paper's measurements (or the emulation's table) as the prior,
+  replaced by what the workers report (``worker-metrics``) once they do.
+- **Revocation hazards** per GPU type and zone: a rate per hour whose prior comes from the
+  paper's lifetime CDFs (the first hour's revocations), updated with the preemptions observed over
+  the exposure so far (a gamma-Poisson update: ``(prior_rate * prior_hours + revocations) /
+  (prior_hours + exposed_hours)``).
+- **The PS's capacity**: global steps/s that ``shards`` PS hosts serve at most (the paper's plateau
+  near 45 with one, ~1.75x with two; see :meth:`transient_nb.emulation.Emulation.ps_service_s`).
+
+From these it computes a configuration's **liveput** (Parcae's term): the expected global steps/s
+over the likely preemption scenarios, not the rate of the moment. Each worker is up with the
+probability ``mttf / (mttf + startup)`` (a lost worker is replaced after a start-up delay), and
+the cluster serves ``min(sum of the rates of the workers up, PS capacity)``; the expectation is
+exact, over the joint binomial distribution of workers up per kind. It also computes the
+probability of losing at least ``k`` workers within an hour (the paper's "cluster failure
+probability", from per-server revocation probabilities), the expected time and money to a number
+of steps, and :meth:`Planner.choose`, the configuration that best meets a goal:
+
+- ``"deadline"``: the cheapest expected to finish by the deadline;
+- ``"budget"``: the fastest expected to stay within the budget;
+- ``"cost-per-step"``: the lowest expected dollars per step.
+
+Candidates are the frontier a greedy search builds, for every shard count: from no workers, add
+the kind of worker that adds the most liveput per dollar per hour, one at a time, up to
+``max_workers``. The planner is pure (no cluster, no clock): the policy feeds it observations and
+acts on its answers; tests drive it with synthetic metric streams.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from transient_nb.emulation import PAPER_PS_STEPS_PER_S, PAPER_TWO_SHARD_GAIN, parse_emulation
+from transient_nb.preemption import HOUR, PAPER_LIFETIME_CDF, PAPER_STARTUP_S
+
+#: The goals :meth:`Planner.choose` understands.
+GOALS = ("deadline", "budget", "cost-per-step")
+
+#: Hours of exposure the prior hazard counts as (how fast observed revocations take over).
+PRIOR_HOURS = 2.0
+
+
+def paper_hazard_per_h(gpu: str) -> float:
+    """Revocations per hour of a Spot ``gpu`` server, from the paper's first-hour fraction.
+
+    Examples
+    --------
+    >>> round(paper_hazard_per_h("k80"), 4)
+    0.0812
+    >>> round(paper_hazard_per_h("t4"), 4)  # not measured by the paper: the CPU servers' figure
+    0.0408
+    """
+    cdf = PAPER_LIFETIME_CDF.get(gpu.lower(), PAPER_LIFETIME_CDF["cpu"])
+    first_hour = dict(cdf)[1]
+    return -math.log(1.0 - first_hour)
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One kind of worker the policy can ask for.
+
+    Parameters
+    ----------
+    gpu, zone, spot
+        What the backend is asked for.
+    hourly
+        USD per hour of one such worker (GPU and machine).
+    """
+
+    gpu: str
+    zone: str
+    spot: bool
+    hourly: float
+
+    def __str__(self) -> str:
+        return f"{self.gpu} in {self.zone}" + ("" if self.spot else " (on demand)")
+
+
+@dataclass(frozen=True)
+class Configuration:
+    """Workers per kind and PS shards (one PS host each)."""
+
+    workers: tuple[tuple[Kind, int], ...]
+    shards: int = 1
+
+    @classmethod
+    def of(cls, workers: Mapping[Kind, int], shards: int = 1) -> Configuration:
+        """A configuration from a mapping (kinds with 0 workers dropped; stable order)."""
+        items = tuple(
+            sorted(((k, n) for k, n in workers.items() if n > 0), key=lambda kn: str(kn[0]))
+        )
+        return cls(items, shards)
+
+    @property
+    def counts(self) -> dict[Kind, int]:
+        return dict(self.workers)
+
+    @property
+    def size(self) -> int:
+        return sum(n for _, n in self.workers)
+
+    def describe(self) -> str:
+        """E.g. ``"2 k80 in us-central1-a + 1 v100 in us-central1-a, 1 PS shard"``."""
+        parts = [f"{n} {k}" for k, n in self.workers] or ["no workers"]
+        return " + ".join(parts) + f", {self.shards} PS shard" + ("s" if self.shards > 1 else "")
+
+
+@dataclass
+class Estimate:
+    """What the planner expects of one configuration."""
+
+    config: Configuration
+    liveput: float  # expected global steps/s
+    hourly: float  # USD per hour, PS hosts included
+    eta_s: float  # expected seconds to the remaining steps (inf when nothing trains)
+    cost: float  # expected USD to the remaining steps
+
+    @property
+    def cost_per_step(self) -> float:
+        return math.inf if self.liveput <= 0 else self.hourly / HOUR / self.liveput
+
+
+@dataclass
+class Plan:
+    """The configuration chosen for a goal, the estimate behind it, and why."""
+
+    goal: str
+    chosen: Estimate
+    current: Estimate | None
+    reason: str
+    feasible: bool = True
+    candidates: list[Estimate] = field(default_factory=list, repr=False)
+
+
+class Planner:
+    """Expectations of cluster configurations, from prices, rates, hazards and the PS.
+
+    Parameters
+    ----------
+    kinds
+        The kinds of worker that can be bought (prices included).
+    ps_hourly
+        USD per hour of one PS host.
+    steps_per_s
+        Prior step rate of one worker per GPU type (default: the paper's emulation table).
+    ps_steps_per_s
+        Global steps/s one PS serves at most (default: the paper's 45); None: no bottleneck.
+    two_shard_gain
+        How much faster two PS shards serve than one (default: the paper's 1.75).
+    startup_s
+        Seconds from asking for a Spot worker to its first step (default: the paper's 81-98 s
+        boot, midpoint, plus 19 s of warm restart).
+    """
+
+    def __init__(
+        self,
+        kinds: Sequence[Kind],
+        ps_hourly: float,
+        *,
+        steps_per_s: Mapping[str, float] | None = None,
+        ps_steps_per_s: float | None = PAPER_PS_STEPS_PER_S,
+        two_shard_gain: float = PAPER_TWO_SHARD_GAIN,
+        startup_s: float | None = None,
+    ):
+        if not kinds:
+            raise ValueError("The planner needs at least one kind of worker to choose from.")
+        self.kinds = list(kinds)
+        self.ps_hourly = float(ps_hourly)
+        emu = parse_emulation("paper")
+        assert emu is not None
+        self.prior_rates = {
+            k.lower(): float(v) for k, v in (steps_per_s or emu.steps_per_s).items()
+        }
+        self.ps_steps_per_s = ps_steps_per_s
+        self.two_shard_gain = two_shard_gain
+        lo, hi = PAPER_STARTUP_S["spot"]
+        self.startup_s = float((lo + hi) / 2 + 19.0 if startup_s is None else startup_s)
+        self._observed_rates: dict[str, list[float]] = {}
+        self._revocations: dict[tuple[str, str], int] = {}
+        self._exposure_h: dict[tuple[str, str], float] = {}
+
+    # -- what it knows --------------------------------------------------------------------------
+    def observe_rate(self, gpu: str, steps_per_s: float) -> None:
+        """A worker of type ``gpu`` reported this many steps/s (``worker-metrics``)."""
+        if steps_per_s > 0 and math.isfinite(steps_per_s):
+            self._observed_rates.setdefault(gpu.lower(), []).append(float(steps_per_s))
+
+    def observe_exposure(self, gpu: str, zone: str, hours: float, revocations: int = 0) -> None:
+        """Servers of ``gpu`` in ``zone`` ran ``hours`` (summed over servers) and lost
+        ``revocations`` of theirs to preemption."""
+        key = (gpu.lower(), zone)
+        self._exposure_h[key] = self._exposure_h.get(key, 0.0) + max(0.0, hours)
+        self._revocations[key] = self._revocations.get(key, 0) + max(0, revocations)
+
+    def rate(self, gpu: str) -> float:
+        """Steps/s of one ``gpu`` worker: the median observed, else the prior (0 if none)."""
+        seen = sorted(self._observed_rates.get(gpu.lower(), []))
+        if seen:
+            return seen[len(seen) // 2]
+        return self.prior_rates.get(gpu.lower(), 0.0)
+
+    def hazard_per_h(self, kind: Kind) -> float:
+        """Revocations per hour of one worker of ``kind`` (0 for on-demand)."""
+        if not kind.spot:
+            return 0.0
+        key = (kind.gpu.lower(), kind.zone)
+        prior = paper_hazard_per_h(kind.gpu)
+        events = self._revocations.get(key, 0)
+        exposed = self._exposure_h.get(key, 0.0)
+        return (prior * PRIOR_HOURS + events) / (PRIOR_HOURS + exposed)
+
+    def ps_capacity(self, shards: int) -> float:
+        """Global steps/s that ``shards`` PS shards serve at most (inf: no bottleneck)."""
+        if self.ps_steps_per_s is None:
+            return math.inf
+        t1 = 1.0 / self.ps_steps_per_s
+        b = 2.0 * (t1 - t1 / self.two_shard_gain)
+        return 1.0 / (t1 - b + b / max(1, shards))
+
+    # -- what it expects ------------------------------------------------------------------------
+    def availability(self, kind: Kind) -> float:
+        """Long-run fraction of time a (replaced-when-lost) worker of ``kind`` is up."""
+        hazard = self.hazard_per_h(kind)
+        if hazard <= 0:
+            return 1.0
+        mttf_s = HOUR / hazard
+        return mttf_s / (mttf_s + self.startup_s)
+
+    def liveput(self, config: Configuration) -> float:
+        """Expected global steps/s of ``config`` over the preemption scenarios (see module)."""
+        cap = self.ps_capacity(config.shards)
+        dists = []
+        for kind, n in config.workers:
+            p, r = self.availability(kind), self.rate(kind.gpu)
+            dists.append(
+                [(math.comb(n, k) * p**k * (1 - p) ** (n - k), k * r) for k in range(n + 1)]
+            )
+        total = 0.0
+        for combo in itertools.product(*dists) if dists else [()]:
+            prob = math.prod(c[0] for c in combo)
+            total += prob * min(sum(c[1] for c in combo), cap)
+        return total
+
+    def hourly(self, config: Configuration) -> float:
+        """USD per hour of ``config``, its PS hosts included."""
+        return sum(k.hourly * n for k, n in config.workers) + self.ps_hourly * config.shards
+
+    def estimate(self, config: Configuration, remaining_steps: float) -> Estimate:
+        """Liveput, price, and expected time and money to ``remaining_steps`` of ``config``."""
+        live = self.liveput(config)
+        hourly = self.hourly(config)
+        eta = math.inf if live <= 0 else remaining_steps / live
+        return Estimate(config, live, hourly, eta, hourly * eta / HOUR if live > 0 else math.inf)
+
+    def p_lose_at_least(self, config: Configuration, k: int, within_s: float = HOUR) -> float:
+        """Probability that at least ``k`` of ``config``'s workers are revoked within ``within_s``.
+
+        Per-server revocation probabilities ``1 - exp(-hazard * t)``, combined exactly (the
+        number revoked is a sum of independent Bernoulli draws).
+        """
+        probs = []
+        for kind, n in config.workers:
+            q = 1.0 - math.exp(-self.hazard_per_h(kind) * within_s / HOUR)
+            probs += [q] * n
+        dist = [1.0]  # dist[j]: probability that exactly j are revoked so far
+        for q in probs:
+            dist = [
+                (dist[j] if j < len(dist) else 0.0) * (1 - q) + (dist[j - 1] * q if j >= 1 else 0.0)
+                for j in range(len(dist) + 1)
+            ]
+        return float(sum(dist[k:])) if k >= 0 else 1.0
+
+    # -- what it chooses ------------------------------------------------------------------------
+    def frontier(self, max_workers: int, max_shards: int = 2) -> list[Configuration]:
+        """Candidate configurations: the greedy path of every shard count (see module)."""
+        out: list[Configuration] = []
+        for shards in range(1, max_shards + 1):
+            counts: dict[Kind, int] = {}
+            for _ in range(max_workers):
+                base = Configuration.of(counts, shards)
+                base_live = self.liveput(base)
+
+                def gain(
+                    kind: Kind,
+                    base_live: float = base_live,
+                    counts: dict[Kind, int] = counts,
+                    shards: int = shards,
+                ) -> float:
+                    bigger = Configuration.of({**counts, kind: counts.get(kind, 0) + 1}, shards)
+                    return (self.liveput(bigger) - base_live) / max(kind.hourly, 1e-9)
+
+                best = max(self.kinds, key=gain)
+                if gain(best) <= 1e-12:
+                    break  # the PS is saturated: more workers add nothing
+                counts[best] = counts.get(best, 0) + 1
+                out.append(Configuration.of(counts, shards))
+        return out
+
+    def choose(
+        self,
+        goal: str,
+        remaining_steps: float,
+        *,
+        max_workers: int,
+        max_shards: int = 2,
+        deadline_s: float | None = None,
+        budget: float | None = None,
+        current: Configuration | None = None,
+        extra: Iterable[Configuration] = (),
+    ) -> Plan:
+        """The configuration that best meets ``goal`` for the steps left.
+
+        Parameters
+        ----------
+        goal
+            ``"deadline"`` (needs ``deadline_s``: seconds left), ``"budget"`` (needs ``budget``:
+            dollars left) or ``"cost-per-step"``.
+        remaining_steps
+            Global steps still to train.
+        max_workers, max_shards
+            Bounds of the search.
+        current
+            The cluster's configuration now: the reason compares against it.
+        extra
+            More candidates to weigh (e.g. the static configurations of an experiment).
+        """
+        if goal not in GOALS:
+            raise ValueError(f"goal={goal!r}: use one of {', '.join(GOALS)}.")
+        if goal == "deadline" and not (deadline_s is not None and deadline_s > 0):
+            raise ValueError(f"goal='deadline' needs a positive deadline, not {deadline_s!r}.")
+        if goal == "budget" and not (budget is not None and budget > 0):
+            raise ValueError(f"goal='budget' needs a positive budget in dollars, not {budget!r}.")
+        configs = list(dict.fromkeys([*self.frontier(max_workers, max_shards), *extra]))
+        estimates = [self.estimate(c, remaining_steps) for c in configs]
+        estimates = [e for e in estimates if e.liveput > 0]
+        if not estimates:
+            raise ValueError("No configuration trains at all: no kind of worker has a step rate.")
+        now = self.estimate(current, remaining_steps) if current is not None else None
+        feasible = True
+        if goal == "deadline":
+            assert deadline_s is not None
+            ok = [e for e in estimates if e.eta_s <= deadline_s]
+            feasible = bool(ok)
+            chosen = (
+                min(ok, key=lambda e: (e.cost, e.eta_s))
+                if ok
+                else min(estimates, key=lambda e: (e.eta_s, e.cost))
+            )
+        elif goal == "budget":
+            assert budget is not None
+            ok = [e for e in estimates if e.cost <= budget]
+            feasible = bool(ok)
+            chosen = (
+                min(ok, key=lambda e: (e.eta_s, e.cost))
+                if ok
+                else min(estimates, key=lambda e: (e.cost, e.eta_s))
+            )
+        else:
+            chosen = min(estimates, key=lambda e: (e.cost_per_step, e.eta_s))
+        return Plan(goal, chosen, now, _reason(chosen, now, goal, feasible), feasible, estimates)
+
+
+def _hours(seconds: float) -> str:
+    return "never" if not math.isfinite(seconds) else f"{seconds / HOUR:.2f} h"
+
+
+def _reason(chosen: Estimate, now: Estimate | None, goal: str, feasible: bool) -> str:
+    """E.g. ``"2 k80 in us-central1-a, 1 PS shard: ETA 1.90 h -> 1.20 h, +$0.44/h"``."""
+    text = chosen.config.describe()
+    if now is not None:
+        text += (
+            f": ETA {_hours(now.eta_s)} -> {_hours(chosen.eta_s)}, "
+            f"{chosen.hourly - now.hourly:+.2f} $/h"
+        )
+    else:
+        text += f": ETA {_hours(chosen.eta_s)}, {chosen.hourly:.2f} $/h"
+    text += f", expected ${chosen.cost:.2f} to finish"
+    if not feasible:
+        text += f" (no configuration meets the {goal}: the closest one)"
+    return text
+
+
+def kinds_from_catalog(
+    catalog: Any, gpus: Sequence[str], zones: Sequence[str], machine_type: str, spot: bool = True
+) -> list[Kind]:
+    """Every (GPU type, zone) pair the catalog prices, as :class:`Kind` (others skipped)."""
+    out = []
+    for gpu, zone in itertools.product(gpus, zones):
+        try:
+            price = catalog.worker_price(gpu, machine_type, zone)
+        except ValueError:
+            continue
+        out.append(Kind(gpu, zone, spot, float(price.rate(spot))))
+    return out
+
+
+def plan_fields(plan: Plan) -> dict[str, Any]:
+    """The fields of a plan for a ``policy-decision`` event."""
+    e = plan.chosen
+    return {
+        "goal": plan.goal,
+        "workers": {f"{k.gpu}@{k.zone}": n for k, n in e.config.workers},
+        "shards": e.config.shards,
+        "liveput": round(e.liveput, 4),
+        "hourly": round(e.hourly, 4),
+        "eta_s": None if not math.isfinite(e.eta_s) else round(e.eta_s, 1),
+        "expected_cost": None if not math.isfinite(e.cost) else round(e.cost, 4),
+        "feasible": plan.feasible,
+        "reason": plan.reason,
+    }
