@@ -102,6 +102,22 @@ EVENTS: dict[str, tuple[str, ...]] = {
     # A cluster-level money or time limit stopped the cluster.
     "limit-reached": ("reason", "cost", "budget", "deadline_s"),
     "closed": ("cluster",),
+    # The transient-aware policy (transient_nb.policy) chose a mix, acted on it or not, and why.
+    "policy-decision": (
+        "goal",
+        "workers",
+        "shards",
+        "liveput",
+        "hourly",
+        "eta_s",
+        "expected_cost",
+        "feasible",
+        "reason",
+        "acted",
+        "mix",
+        "remaining_steps",
+        "p_lose_1h",
+    ),
     # -- workers --
     "drained": ("worker", "hooks", "seconds", "errors"),  # drain hooks ran after a notice
     # -- the training run (every one also carries ``run``; the PS's also ``shard``) --
@@ -138,7 +154,7 @@ EVENTS: dict[str, tuple[str, ...]] = {
     "worker-metrics": ("run", "worker", "step", "img_per_s", "local_step", "device"),
     "eval": ("run", "step", "accuracy", "test_loss"),
     "checkpoint": ("run", "step", "path", "seconds"),  # all shards at one step, manifest written
-    "ps-lost": ("run", "step", "address"),
+    "ps-lost": ("run", "step", "address", "addresses"),  # addresses: every shard host
     "ps-recovered": ("run", "step", "steps_lost", "seconds", "generation", "source"),
     "ps-rejoined": ("run", "worker", "generation", "step"),  # a trainer is back after a slow call
     "trainer-ps-lost": ("run", "worker", "step", "error"),  # a trainer lost its PS mid-push
@@ -198,6 +214,7 @@ CLUSTER_EVENTS = (
     "control",
     "control-refused",
     "limit-reached",
+    "policy-decision",
     "closed",
 )
 #: Events posted by workers and by the training run (same topic, same log).

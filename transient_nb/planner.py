@@ -139,6 +139,14 @@ class Plan:
     reason: str
     feasible: bool = True
     candidates: list[Estimate] = field(default_factory=list, repr=False)
+    #: The seconds (deadline) or dollars (budget) the goal allowed; None for cost-per-step.
+    limit: float | None = None
+
+    def meets(self, e: Estimate) -> bool:
+        """Whether ``e`` is expected to meet this plan's goal (always, for cost-per-step)."""
+        if self.limit is None:
+            return True
+        return (e.eta_s if self.goal == "deadline" else e.cost) <= self.limit
 
 
 class Planner:
@@ -366,7 +374,9 @@ class Planner:
             )
         else:
             chosen = min(estimates, key=lambda e: (e.cost_per_step, e.eta_s))
-        return Plan(goal, chosen, now, _reason(chosen, now, goal, feasible), feasible, estimates)
+        limit = deadline_s if goal == "deadline" else budget if goal == "budget" else None
+        reason = _reason(chosen, now, goal, feasible)
+        return Plan(goal, chosen, now, reason, feasible, estimates, limit)
 
 
 def _hours(seconds: float) -> str:

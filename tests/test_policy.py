@@ -1,0 +1,147 @@
+"""The transient-aware policy's decision rules, on synthetic event streams and a recording cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from transient_nb.planner import Kind, Planner
+from transient_nb.policy import TransientPolicy
+
+K80 = Kind("k80", "us-central1-a", True, 0.256)
+V100 = Kind("v100", "us-central1-a", True, 0.861)
+T0 = 1_000_000.0
+
+
+class RecordingCluster:
+    """What the policy uses of a TransientCluster: the event log, cost, mix, scale, _post."""
+
+    def __init__(self, mix: dict[str, int], spent: float = 0.0):
+        self.monitor = SimpleNamespace(events=[])
+        self.mix = dict(mix)
+        self.gpu = next(iter(mix))
+        self.ps_hosts = 1
+        self.limits = SimpleNamespace(max_workers=8)
+        self.spent = spent
+        self.scaled: list[dict[str, int]] = []
+        self.posted: list[dict[str, Any]] = []
+
+    def cost(self) -> Any:
+        return SimpleNamespace(total=self.spent)
+
+    def scale(self, mix: dict[str, int]) -> None:
+        self.scaled.append(dict(mix))
+        self.mix = {g: n for g, n in mix.items() if n}
+
+    async def _post(self, kind: str, **fields: Any) -> None:
+        self.posted.append({"kind": kind, **fields})
+
+    def add(self, kind: str, t: float, **fields: Any) -> None:
+        self.monitor.events.append({"kind": kind, "time": t, **fields})
+
+
+def _vm(cluster: RecordingCluster, name: str, gpu: str, t: float, spot: bool = True) -> None:
+    fields = {"worker": name, "role": "worker", "gpu": gpu, "zone": "us-central1-a", "spot": spot}
+    cluster.add("requested", t, **fields)
+    cluster.add("running", t, **fields)
+
+
+def _policy(cluster: RecordingCluster, goal: str, **kw: Any) -> TransientPolicy:
+    return TransientPolicy(cluster, goal, planner=Planner([K80, V100], 0.143), **kw)
+
+
+def test_it_learns_rates_from_the_trainers_and_hazards_from_revocations():
+    cluster = RecordingCluster({"k80": 2})
+    policy = _policy(cluster, "cost-per-step")
+    _vm(cluster, "w-0", "k80", T0)
+    _vm(cluster, "w-1", "k80", T0)
+    for i, t in enumerate([T0 + 10, T0 + 20, T0 + 30]):
+        cluster.add("worker-metrics", t, worker="w-0", local_step=60 * i, step=0)
+    policy.observe(cluster.monitor.events)
+    assert policy.planner.rate("k80") == pytest.approx(6.0)  # 60 local steps per 10 s
+    prior = policy.planner.hazard_per_h(K80)
+    # w-1 revoked after half an hour, w-0 deleted (scaled away) after an hour: 1 revocation in
+    # 1.5 server-hours.
+    cluster.add("preempted", T0 + 1800, worker="w-1", role="worker", gpu="k80")
+    cluster.add("deleted", T0 + 3600, worker="w-0", role="worker", gpu="k80")
+    policy.observe(cluster.monitor.events)
+    assert policy.planner.hazard_per_h(K80) == pytest.approx((prior * 2 + 1) / (2 + 1.5))
+    # Seen events are not counted twice.
+    policy.observe(cluster.monitor.events)
+    assert policy.planner.hazard_per_h(K80) == pytest.approx((prior * 2 + 1) / (2 + 1.5))
+
+
+def test_no_run_no_decision_and_progress_comes_from_the_run():
+    cluster = RecordingCluster({"k80": 1})
+    policy = _policy(cluster, "cost-per-step")
+    assert policy.recommend(T0) is None
+    cluster.add("train-started", T0, run="r", steps=64_000)
+    cluster.add("metrics", T0 + 5, run="r", step=4_000, shard=0)
+    policy.observe(cluster.monitor.events)
+    assert policy.remaining_steps() == 60_000
+    cluster.add("metrics", T0 + 9, run="r", step=64_000, shard=0)
+    policy.observe(cluster.monitor.events)
+    assert policy.remaining_steps() == 0 and policy.recommend(T0) is None
+
+
+def test_a_deadline_the_cluster_would_miss_makes_it_grow_and_says_why():
+    cluster = RecordingCluster({"k80": 1})
+    policy = _policy(cluster, "deadline", deadline="1h")
+    cluster.add("train-started", time.time(), run="r", steps=64_000)
+    plan = asyncio.run(policy.adapt())
+    assert plan is not None and plan.feasible and plan.chosen.eta_s <= 3600
+    assert plan.current is not None and plan.current.eta_s > 3600  # 1 K80 needs ~4 h
+    assert len(cluster.scaled) == 1 and sum(cluster.scaled[0].values()) > 1
+    (decision,) = cluster.posted
+    assert decision["kind"] == "policy-decision" and decision["acted"] is True
+    assert decision["mix"] == cluster.scaled[0] and "ETA" in decision["reason"]
+    assert decision["reason"].startswith(plan.chosen.config.describe())
+    p1, p2, p3 = decision["p_lose_1h"]
+    assert 1 > p1 > p2 > p3 > 0
+    # The next round finds the cluster as planned: nothing to change, nothing new to say.
+    again = asyncio.run(policy.adapt())
+    assert again is not None and len(cluster.scaled) == 1 and len(cluster.posted) == 1
+
+
+def test_a_near_equal_mix_is_not_worth_a_change():
+    cluster = RecordingCluster({"k80": 8})
+    policy = _policy(cluster, "deadline", deadline="10h", hysteresis=0.5)
+    cluster.add("train-started", time.time(), run="r", steps=64_000)
+    plan = asyncio.run(policy.adapt())
+    assert plan is not None and plan.meets(plan.current)  # 8 K80s meet 10 h
+    # Whatever is cheaper, it is not 50% cheaper: keep the cluster as it is.
+    assert plan.chosen.cost > plan.current.cost * 0.5
+    assert cluster.scaled == [] and cluster.posted[0]["acted"] is False
+
+
+def test_a_budget_counts_what_was_spent_already():
+    rich, poor = RecordingCluster({"k80": 1}), RecordingCluster({"k80": 1}, spent=9.5)
+    plans = []
+    for cluster in (rich, poor):
+        policy = _policy(cluster, "budget", budget=10.0)
+        cluster.add("train-started", time.time(), run="r", steps=64_000)
+        policy.observe(cluster.monitor.events)
+        plans.append(policy.recommend())
+    assert plans[0].limit == pytest.approx(10.0) and plans[1].limit == pytest.approx(0.5)
+    assert plans[0].chosen.eta_s < plans[1].chosen.eta_s
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"goal": "speed"}, "goal='speed': use one of deadline, budget, cost-per-step"),
+        ({"goal": "deadline"}, "needs deadline= a positive duration such as '2h', not None"),
+        ({"goal": "deadline", "deadline": "soon"}, "not 'soon'"),
+        ({"goal": "budget", "budget": -1}, "needs budget= a positive number of dollars, not -1"),
+        ({"goal": "budget", "budget": True}, "not True"),
+    ],
+)
+def test_bad_goals_are_refused_before_anything_changes(kwargs, match):
+    cluster = RecordingCluster({"k80": 1})
+    with pytest.raises(ValueError, match=match):
+        TransientPolicy(cluster, planner=Planner([K80], 0.1), **kwargs)
+    assert cluster.scaled == [] and cluster.posted == []

@@ -1,0 +1,296 @@
+"""A transient-aware policy: the cluster chooses its mix of GPU workers to meet a goal.
+
+Like :class:`distributed.deploy.Adaptive`, the policy is separate from the mechanism: it is called
+periodically, reads what happened (the cluster's event log), asks the
+:class:`~transient_nb.planner.Planner` for the configuration that best meets its goal for the steps
+left, and acts only through the cluster's public API (``cluster.scale(mix)``). Every decision is a
+``policy-decision`` event with its reason, e.g. ``"3 k80 in us-central1-a + 1 v100 in
+us-central1-a, 1 PS shard: ETA 1.90 h -> 1.20 h, +0.44 $/h, expected $2.10 to finish"``, and the
+cluster's probability of losing 1, 2 or 3 workers within the next hour.
+
+What it learns from the event log (:meth:`TransientPolicy.observe`):
+
+- each GPU type's step rate, from the trainers' ``worker-metrics`` (local steps over time);
+- each GPU type's and zone's revocations (``preempted`` events of Spot workers) and exposure
+  (hours its workers ran), which update the paper's prior hazard;
+- the run's progress and target (``train-started`` and ``metrics``) and the money spent.
+
+Goals: ``"deadline"`` (the cheapest mix expected to finish in time), ``"budget"`` (the fastest
+mix expected to stay within the money left) and ``"cost-per-step"``. A new mix is applied only when
+it is expected to be better by at least ``hysteresis`` (a fraction) in the goal's measure, so the
+cluster does not flap between near-equal mixes; a mix that no longer meets the goal is always
+replaced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from dask.utils import parse_timedelta
+
+from transient_nb.planner import (
+    GOALS,
+    Configuration,
+    Plan,
+    Planner,
+    kinds_from_catalog,
+    plan_fields,
+)
+from transient_nb.preemption import HOUR
+
+logger = logging.getLogger(__name__)
+
+
+class TransientPolicy:
+    """Choose the cluster's GPU mix for a goal, periodically, from its event log.
+
+    Parameters
+    ----------
+    cluster
+        A :class:`~transient_nb.TransientCluster` (anything with ``monitor.events``, ``cost()``,
+        ``scale(mix)``, ``catalog``, ``zone``, ``machine_type``, ``ps_machine_type``, ``limits``).
+    goal
+        ``"deadline"``, ``"budget"`` or ``"cost-per-step"``.
+    deadline
+        For ``goal="deadline"``: a duration (``"2h"``, seconds) from when the policy starts.
+    budget
+        For ``goal="budget"``: dollars the cluster may spend in all (what it spent counts).
+    gpus
+        GPU types it may use (default: the cluster's own and its fallbacks).
+    max_workers
+        Largest cluster it may ask for (default: the cluster's ``max_workers`` limit, else 8).
+    interval
+        How often it decides (wall-clock).
+    hysteresis
+        Relative improvement a new mix must promise before the cluster is changed.
+    planner
+        A ready planner (tests); default: one built from the cluster's catalog.
+    """
+
+    def __init__(
+        self,
+        cluster: Any,
+        goal: str,
+        *,
+        deadline: str | float | None = None,
+        budget: float | None = None,
+        gpus: Sequence[str] | None = None,
+        max_workers: int | None = None,
+        interval: str | float = "30s",
+        hysteresis: float = 0.1,
+        planner: Planner | None = None,
+    ):
+        if goal not in GOALS:
+            raise ValueError(f"goal={goal!r}: use one of {', '.join(GOALS)}.")
+        self.deadline_s: float | None = None
+        if goal == "deadline":
+            try:
+                self.deadline_s = parse_timedelta(deadline, default="seconds")
+            except (ValueError, TypeError, KeyError, IndexError):
+                self.deadline_s = None
+            if not self.deadline_s or self.deadline_s <= 0:
+                raise ValueError(
+                    f"goal='deadline' needs deadline= a positive duration such as '2h', "
+                    f"not {deadline!r}."
+                )
+        if goal == "budget" and not (
+            isinstance(budget, (int, float)) and not isinstance(budget, bool) and budget > 0
+        ):
+            raise ValueError(
+                f"goal='budget' needs budget= a positive number of dollars, not {budget!r}."
+            )
+        self.cluster = cluster
+        self.goal = goal
+        self.budget = None if budget is None else float(budget)
+        limit = getattr(getattr(cluster, "limits", None), "max_workers", None)
+        self.max_workers = int(max_workers or limit or 8)
+        if self.max_workers < 1:
+            raise ValueError(f"max_workers={max_workers!r} must be at least 1.")
+        self.interval_s = float(parse_timedelta(interval, default="seconds") or 30.0)
+        self.hysteresis = float(hysteresis)
+        if planner is None:
+            gpus = list(gpus or [cluster.gpu, *getattr(cluster.policy, "fallback_gpus", [])])
+            kinds = kinds_from_catalog(
+                cluster.catalog, gpus, [cluster.zone], cluster.machine_type, spot=cluster.spot
+            )
+            if not kinds:
+                raise ValueError(
+                    f"None of the GPU types {gpus} is priced in {cluster.zone} by the catalog: "
+                    "give gpus= types the catalog knows."
+                )
+            ps_hourly = float(
+                cluster.catalog.machine_price(cluster.ps_machine_type, cluster.zone).rate(False)
+            )
+            planner = Planner(kinds, ps_hourly)
+        self.planner = planner
+        self.started_at = time.time()
+        self.last: Plan | None = None
+        self._seen = 0
+        self._local: dict[str, tuple[float, int]] = {}  # worker -> (time, local_step) last seen
+        self._vm: dict[str, dict[str, Any]] = {}
+        self._running_since: dict[str, float] = {}
+        self._steps: int | None = None
+        self._step = 0
+        self._task: asyncio.Task[None] | None = None
+        self._posted_eta: float | None = None
+
+    # -- what it learns ------------------------------------------------------------------------------
+    def observe(self, events: Iterable[Mapping[str, Any]]) -> None:
+        """Feed events (the cluster's log, in order; already-seen ones are skipped by index)."""
+        events = list(events)
+        for e in events[self._seen :]:
+            self._observe_one(e)
+        self._seen = len(events)
+
+    def _observe_one(self, e: Mapping[str, Any]) -> None:
+        kind, name = e.get("kind"), e.get("worker")
+        t = float(e.get("time", time.time()))
+        if kind in ("requested", "running") and name and e.get("role") == "worker":
+            self._vm[str(name)] = dict(e)
+            if kind == "running":
+                self._running_since[str(name)] = t
+        elif kind in ("preempted", "deleted") and name in self._vm:
+            vm = self._vm[str(name)]
+            started = self._running_since.pop(str(name), None)
+            hours = 0.0 if started is None else max(0.0, t - started) / HOUR
+            revoked = int(kind == "preempted" and bool(vm.get("spot", True)))
+            self.planner.observe_exposure(str(vm.get("gpu")), str(vm.get("zone")), hours, revoked)
+        elif kind == "worker-metrics" and name:
+            local = int(e.get("local_step", 0))
+            before = self._local.get(str(name))
+            self._local[str(name)] = (t, local)
+            gpu = self._vm.get(str(name), {}).get("gpu")
+            if before is not None and gpu and t > before[0] and local > before[1]:
+                self.planner.observe_rate(str(gpu), (local - before[1]) / (t - before[0]))
+        elif kind == "train-started":
+            self._steps = int(e.get("steps") or 0) or None
+            self._step = int(e.get("resumed_step") or 0)
+        elif kind == "metrics":
+            self._step = max(self._step, int(e.get("step", 0)))
+
+    # -- what it decides -----------------------------------------------------------------------------
+    def current(self) -> Configuration:
+        """The cluster's configuration now: its workers asked for, by GPU type."""
+        mix = getattr(self.cluster, "mix", None)
+        if mix is None:
+            mix = {self.cluster.gpu: int(getattr(self.cluster, "_target", 0))}
+        by_gpu = {k.gpu: k for k in self.planner.kinds}
+        counts = {by_gpu[g]: int(n) for g, n in dict(mix).items() if g in by_gpu and n}
+        return Configuration.of(counts, int(getattr(self.cluster, "ps_hosts", 1) or 1))
+
+    def remaining_steps(self) -> int | None:
+        """Global steps the run still has to train (None before a run starts)."""
+        if self._steps is None:
+            return None
+        return max(0, self._steps - self._step)
+
+    def recommend(self, now: float | None = None) -> Plan | None:
+        """The planner's choice for the steps left (None when no run is going or it is done)."""
+        remaining = self.remaining_steps()
+        if not remaining:
+            return None
+        now = time.time() if now is None else now
+        kwargs: dict[str, Any] = {}
+        if self.goal == "deadline":
+            assert self.deadline_s is not None
+            kwargs["deadline_s"] = max(1.0, self.deadline_s - (now - self.started_at))
+        elif self.goal == "budget":
+            assert self.budget is not None
+            kwargs["budget"] = max(0.01, self.budget - float(self.cluster.cost().total))
+        return self.planner.choose(
+            self.goal,
+            remaining,
+            max_workers=self.max_workers,
+            max_shards=int(getattr(self.cluster, "ps_hosts", 1) or 1),
+            current=self.current(),
+            **kwargs,
+        )
+
+    def worth_changing(self, plan: Plan) -> bool:
+        """Whether ``plan``'s mix is enough better than the current one to act on."""
+        now, new = plan.current, plan.chosen
+        if now is None or new.config.workers == now.config.workers:
+            return False
+        if now.liveput <= 0:
+            return True
+        if plan.goal == "deadline":
+            # The current mix misses the deadline: change. Else only for enough money saved.
+            if not plan.meets(now):
+                return True
+            return new.cost < now.cost * (1 - self.hysteresis)
+        if plan.goal == "budget":
+            if not plan.meets(now):
+                return True
+            return new.eta_s < now.eta_s * (1 - self.hysteresis)
+        return new.cost_per_step < now.cost_per_step * (1 - self.hysteresis)
+
+    def mix_of(self, plan: Plan) -> dict[str, int]:
+        """The plan as the mix ``cluster.scale`` takes (types it leaves out go to 0)."""
+        mix = {k.gpu: 0 for k in self.planner.kinds}
+        for kind, n in plan.chosen.config.workers:
+            mix[kind.gpu] = mix.get(kind.gpu, 0) + n
+        return mix
+
+    def decision_fields(self, plan: Plan, acted: bool) -> dict[str, Any]:
+        """The fields of the ``policy-decision`` event of ``plan``."""
+        config = plan.chosen.config
+        return {
+            **plan_fields(plan),
+            "acted": acted,
+            "mix": self.mix_of(plan),
+            "remaining_steps": self.remaining_steps(),
+            "p_lose_1h": [round(self.planner.p_lose_at_least(config, k), 4) for k in (1, 2, 3)],
+        }
+
+    async def adapt(self) -> Plan | None:
+        """One round: read the log, decide, and change the cluster when it is worth it."""
+        self.observe(list(self.cluster.monitor.events))
+        plan = self.recommend()
+        if plan is None:
+            return None
+        act = self.worth_changing(plan)
+        if act:
+            self.cluster.scale(self.mix_of(plan))
+        self.last = plan
+        changed = self._changed_view(plan)
+        if act or changed:
+            await self.cluster._post("policy-decision", **self.decision_fields(plan, act))
+        return plan
+
+    def _changed_view(self, plan: Plan) -> bool:
+        # Post the first decision, and one whenever the expected finish moves by over 10%.
+        before = self._posted_eta
+        eta = plan.chosen.eta_s
+        if before is None or not math.isfinite(before) or abs(eta - before) > 0.1 * before:
+            self._posted_eta = eta
+            return True
+        return False
+
+    # -- running it -----------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Decide every ``interval`` on the cluster's event loop until :meth:`stop`."""
+        loop = self.cluster.loop
+        loop.add_callback(self._start)
+
+    async def _start(self) -> None:
+        self._task = asyncio.ensure_future(self._loop())
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.adapt()
+            except Exception:  # a bad round must not end the policy: log it, go on
+                logger.exception("Policy round of %s failed", getattr(self.cluster, "name", "?"))
+            await asyncio.sleep(self.interval_s)
+
+    def stop(self) -> None:
+        """Stop deciding (the cluster keeps its current mix)."""
+        task = self._task
+        if task is not None:
+            self.cluster.loop.add_callback(task.cancel)
+            self._task = None
