@@ -992,6 +992,51 @@ class TransientCluster(SpecCluster):
         """Block until ``n_workers`` GPU workers (default: the target) and the PS hosts have joined."""
         return self.sync(self._wait_for_workers, n_workers, timeout)
 
+    # -- the transient-aware policy ------------------------------------------------------------------
+    def adapt(self, goal: str | None = None, **kwargs: Any) -> Any:  # type: ignore[override]
+        """Let a :class:`~transient_nb.policy.TransientPolicy` choose the GPU mix for a goal.
+
+        Unlike Dask's ``adapt`` (which sizes a cluster to its task queue), the policy sizes it
+        to a training goal, from the run's progress, the workers' step rates, revocations and
+        prices; every change is a ``policy-decision`` event with its reason.
+
+        Parameters
+        ----------
+        goal
+            ``"deadline"`` (with ``deadline="2h"``), ``"budget"`` (with ``budget=20``) or
+            ``"cost-per-step"``; None stops a running policy (the cluster keeps its mix).
+        **kwargs
+            Passed to :class:`~transient_nb.policy.TransientPolicy` (``gpus``, ``max_workers``,
+            ``interval``, ``hysteresis``, ...).
+
+        Returns
+        -------
+        The running policy (None when stopped).
+
+        Examples
+        --------
+        >>> policy = cluster.adapt(goal="deadline", deadline="2h")  # doctest: +SKIP
+        >>> policy.last.reason  # doctest: +SKIP
+        '6 k80 in us-central1-a, 1 PS shard: ETA 3.90 h -> 1.10 h, +1.30 $/h, ...'
+        """
+        from transient_nb.policy import TransientPolicy
+
+        previous = getattr(self, "_policy", None)
+        policy = None if goal is None else TransientPolicy(self, goal, **kwargs)  # checks first
+        if previous is not None:
+            previous.stop()
+        self._policy = policy
+        if policy is not None:
+            policy.start()
+            if previous is None:
+                self.close_hooks.append(self._stop_policy)
+        return policy
+
+    def _stop_policy(self) -> None:
+        policy, self._policy = getattr(self, "_policy", None), None
+        if policy is not None:
+            policy.stop()
+
     def __repr__(self) -> str:
         return (
             f"<TransientCluster {self.name!r}: {self.backend.name}, {self._target} x "
