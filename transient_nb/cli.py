@@ -271,7 +271,9 @@ def run(args: argparse.Namespace) -> int:
     # worker that comes or goes) stays in the run's logs.
     logging.getLogger("distributed").setLevel(logging.WARNING)
     t0 = time.time()
-    with TransientCluster(name=args.name, run_dir=args.out, **_cluster_kwargs(args)) as cluster:
+    with TransientCluster(
+        name=args.name, run_dir=args.out, detached=False, **_cluster_kwargs(args)
+    ) as cluster:
         print(f"Cluster {cluster.name}: {cluster.backend.describe()}", file=sys.stderr)
         cluster.wait_for_workers(1, timeout=300)
         job = train(cluster, **_train_kwargs(args))
@@ -300,10 +302,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _start_head(args: argparse.Namespace) -> Any:
-    from transient_nb.connect import RemoteCluster
-    from transient_nb.head import launch
+    from transient_nb.head import start_detached
 
-    return RemoteCluster(launch(_cluster_kwargs(args), name=args.name))
+    return start_detached(_cluster_kwargs(args), name=args.name)
 
 
 def run_detached(args: argparse.Namespace) -> int:

@@ -145,6 +145,25 @@ def launch(
         time.sleep(0.1)
 
 
+def start_detached(cluster_kwargs: Mapping[str, Any], *, name: str | None = None) -> Any:
+    """Start a detached cluster's head where its backend puts it; a handle connected to it.
+
+    The local backend's head is a process here (:func:`launch`); GCE's is a VM
+    (:func:`transient_nb.backends.gce_head.launch`).
+
+    Returns
+    -------
+    A :class:`~transient_nb.connect.RemoteCluster`.
+    """
+    from transient_nb.connect import RemoteCluster
+
+    if config.get("backend", override_with=cluster_kwargs.get("backend")) == "gce":
+        from transient_nb.backends import gce_head
+
+        return RemoteCluster(gce_head.launch(cluster_kwargs, name=name), timeout=60)
+    return RemoteCluster(launch(cluster_kwargs, name=name))
+
+
 def _start_failure(name: str, log_path: str, code: int) -> Exception:
     try:
         with open(log_path, errors="replace") as f:
@@ -248,7 +267,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         cluster = TransientCluster(
-            name=spec["name"], **spec.get("cluster", {}), _head_info={"detached": True}
+            name=spec["name"],
+            **spec.get("cluster", {}),
+            detached=False,
+            _head_info={"detached": True},
         )
     except ValueError as e:
         print(f"{ERROR_PREFIX}{e}", flush=True)
