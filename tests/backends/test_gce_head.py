@@ -36,6 +36,7 @@ from transient_nb.backends.gce_head import (
 from transient_nb.backends.gce_labels import this_host
 from transient_nb.backends.gce_sweep import sweep
 from transient_nb.backends.tls import ClusterCA
+from transient_nb.cli import main as cli_main
 from transient_nb.connect import RemoteCluster
 
 ZONE = "us-central1-a"
@@ -194,7 +195,7 @@ def test_sweep_keeps_a_running_heads_cluster_and_deletes_a_stopped_ones(fake: Fa
 # -- (a) the head VM starts the head; a client connects over TLS from outside ------------------------
 @pytest.mark.slow
 def test_the_head_vm_runs_the_cluster_and_only_the_signed_client_gets_in(
-    running_fake: FakeGCE, tmp_path: Path
+    running_fake: FakeGCE, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     fake = running_fake
     opts = head_options(fake)
@@ -253,13 +254,18 @@ def test_the_head_vm_runs_the_cluster_and_only_the_signed_client_gets_in(
             with pytest.raises((OSError, TimeoutError)):
                 Client(entry["scheduler_address"], security=security, timeout=5).close()
         pids = fake.pids()
-        assert cluster.shutdown()["closed"] is True
+        cluster.close()
+        # The CLI on this machine finds it too, and `down` ends it: nothing is left.
+        assert cli_main(["status", "hd"]) == 0
+        assert "(head VM hd-head in us-central1-a)" in capsys.readouterr().out
+        assert cli_main(["down", "hd"]) == 0
+        assert "Cluster hd is down." in capsys.readouterr().out
         wait_for_sync(lambda: _nothing_left(fake, pids), timeout=60)
         assert registry.entries() == []
         assert not os.path.exists(os.path.dirname(entry["tls"]["key"]))
     finally:
-        if cluster.status.name == "running":
-            cluster.shutdown()
+        if registry.entries():
+            connect("hd").shutdown()
 
 
 # -- (b, c) preempted while no client is connected; shutdown and sweep leave nothing -----------------

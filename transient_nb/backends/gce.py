@@ -29,12 +29,22 @@ How the pieces fit
 
 Where the scheduler runs
 ------------------------
-``scheduler="local"`` (the only mode for now): the Dask scheduler runs in the notebook's Python
-process, as it does for the local backend, listening with TLS on ``gce.scheduler-host``
-(``0.0.0.0``). The VMs dial it, so **the notebook machine must be reachable from the VMs**: run
-the notebook on a GCE VM (e.g. Vertex AI Workbench) in the same VPC network, or set
-``gce.scheduler-address`` to an address that forwards to it. The dashboard listens on 127.0.0.1
-only. The parameter server runs on an on-demand VM (the ``ps`` worker), never on a Spot one.
+Detached (GCE's default, ``transient.detached: null``): on the cluster's head VM ``NAME-head``
+(:mod:`~transient_nb.backends.gce_head` creates it from the client; on the VM,
+:mod:`~transient_nb.backends.gce_head_serve` runs this backend with ``head=True``). The
+scheduler listens there on a fixed port (``gce.scheduler-port``, :data:`HEAD_PORT` when 0) that the
+cluster's firewall rule opens to its VMs, and a second rule (``NAME-dask-client``) to
+``gce.client-cidr`` only; or the client dials a tunnel (``gce.head-address``). The workers dial the
+head inside the VPC; the client connects over mutual TLS with a certificate the head signed for
+its own key. The PS stays on an on-demand VM of its own (the ``ps`` worker), as when attached:
+one code path for both modes, and its loss and re-creation from a checkpoint work as before.
+
+Attached (``detached=False``): the Dask scheduler runs in the notebook's Python process, as it
+does for the local backend, listening with TLS on ``gce.scheduler-host`` (``0.0.0.0``). The VMs
+dial it, so **the notebook machine must be reachable from the VMs**: run the notebook on a GCE VM
+(e.g. Vertex AI Workbench) in the same VPC network, or set ``gce.scheduler-address`` to an
+address that forwards to it. The dashboard listens on 127.0.0.1 only. The parameter server runs
+on an on-demand VM (the ``ps`` worker), never on a Spot one.
 
 Images
 ------
