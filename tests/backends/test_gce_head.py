@@ -316,3 +316,29 @@ def test_a_deadline_closes_the_cluster_and_the_head_vm_deletes_itself(
         connect("hl")
     assert registry.entries() == []
     assert this_host()  # labels named this machine as the client's
+
+
+# -- a head that cannot start: the client says why, and nothing is left ------------------------------
+@pytest.mark.slow
+def test_a_head_whose_cluster_cannot_start_says_why_and_leaves_nothing(
+    running_fake: FakeGCE,
+) -> None:
+    fake = running_fake
+    opts = head_options(fake)
+    with socket.socket() as taken:  # the scheduler's port is in use on the head VM
+        taken.bind(("127.0.0.1", opts["scheduler_port"]))
+        taken.listen()
+        with pytest.raises(RuntimeError, match="head VM down-head could not start its cluster"):
+            TransientCluster(**opts, name="down")
+    wait_for_sync(lambda: not fake.instance_names() and not fake.firewalls, timeout=60)
+    assert registry.entries() == []
+
+
+@pytest.mark.slow
+def test_a_head_vm_whose_script_fails_is_reported_and_deleted(running_fake: FakeGCE) -> None:
+    fake = running_fake
+    with pytest.raises(RuntimeError, match="stopped while starting") as e:
+        TransientCluster(**head_options(fake, python="/nonexistent/python"), name="crash")
+    assert "get-serial-port-output crash-head" in str(e.value)
+    wait_for_sync(lambda: not fake.instance_names(), timeout=60)
+    assert registry.entries() == []

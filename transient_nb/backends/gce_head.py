@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shlex
 import shutil
 import stat
@@ -185,8 +186,12 @@ def _wait_ready(
     while True:
         # Attributes first: a head that refused its settings says why, then powers off.
         attrs = api.get_guest_attributes(zone, instance, "transient-nb/")
-        if attrs.get(ERROR_ATTRIBUTE):
-            raise ValueError(attrs[ERROR_ATTRIBUTE])
+        error = attrs.get(ERROR_ATTRIBUTE)
+        if error:
+            # A refused setting comes as is (a ValueError); any other failure with its type.
+            if re.match(r"^[A-Za-z]+(Error|Exception): ", error):
+                raise RuntimeError(f"The head VM {instance} could not start its cluster: {error}")
+            raise ValueError(error)
         inst = api.get_instance(zone, instance)
         if inst is None or inst.get("status") not in HEAD_ALIVE_STATES:
             raise RuntimeError(

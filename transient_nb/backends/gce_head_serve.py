@@ -56,6 +56,17 @@ def publish(attribute: str, value: str) -> None:
     _request(f"instance/guest-attributes/{attribute}", value.encode())
 
 
+def error_text(e: BaseException) -> str:
+    """How a failed start is told to the client: a refused setting as is, else with its type.
+
+    Examples
+    --------
+    >>> error_text(ValueError("workers=0 must be ...")), error_text(OSError("port in use"))
+    ('workers=0 must be ...', 'OSError: port in use')
+    """
+    return str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
+
+
 def delete_self(api: ComputeAPI, zone: str, instance: str) -> None:
     """Ask GCE to delete this VM (its cluster is closed), so that it stops billing.
 
@@ -103,10 +114,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "head_vm": {"project": project, "zone": zone, "instance": instance},
             },
         )
-    except (ValueError, RuntimeError) as e:
+    except Exception as e:
         # The client is waiting: it reads why, deletes this VM and raises it to the user.
+        logger.exception("The cluster did not start")
         print(f"{ERROR_PREFIX}{e}", flush=True)
-        publish(ERROR_ATTRIBUTE, str(e))
+        publish(ERROR_ATTRIBUTE, error_text(e))
         return 2
     backend = cluster.backend
     assert isinstance(backend, GCEBackend)  # ``head=True`` is an option of the GCE backend
