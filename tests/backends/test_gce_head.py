@@ -233,6 +233,10 @@ def test_the_head_vm_runs_the_cluster_and_only_the_signed_client_gets_in(
         assert fake.firewalls["hd-dask-client"]["targetTags"] == ["hd-head"]
         assert str(port) in fake.firewalls["hd-dask"]["allowed"][0]["ports"]
         cluster.wait_for_workers(1, timeout=90)
+        # The head VM is in the bill (role head, on demand), beside the workers and the PS.
+        head_bill = cluster.cost().per_vm.loc["head"]
+        assert head_bill["role"] == "head" and not head_bill["spot"]
+        assert head_bill["price"] == head_bill["price_on_demand"] > 0
         started = of_kind(cluster.monitor.events, "started")[0]
         assert started["scheduler_address"].endswith(f":{port}")
         # A second client on this machine uses the same entry.

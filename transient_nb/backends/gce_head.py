@@ -91,6 +91,7 @@ def head_spec(
     cluster_kwargs: Mapping[str, Any],
     client_config: Mapping[str, Any],
     cluster_id: str,
+    machine_type: str | None = None,
 ) -> dict[str, Any]:
     """What the head needs to start the cluster (instance metadata: public, no secrets).
 
@@ -107,7 +108,10 @@ def head_spec(
     conf = {k: v for k, v in client_config.items() if k not in CLIENT_ONLY_CONFIG}
     conf["detached"] = False
     kwargs = {k: v for k, v in cluster_kwargs.items() if k not in CLIENT_ONLY_KWARGS}
-    return {"name": name, "cluster": dict(kwargs), "config": conf, "cluster_id": cluster_id}
+    spec = {"name": name, "cluster": dict(kwargs), "config": conf, "cluster_id": cluster_id}
+    if machine_type is not None:
+        spec["machine_type"] = machine_type  # the head's own, for its line in the bill
+    return spec
 
 
 def head_startup_script(python: str) -> str:
@@ -340,7 +344,7 @@ def launch(
             ) from e
     timeout = backend.head_timeout_s if timeout is None else timeout
     key_pem, csr_pem = make_csr(CLIENT_CN)
-    spec = head_spec(name, kwargs, dask.config.get("transient"), probe.cluster_id)
+    spec = head_spec(name, kwargs, dask.config.get("transient"), probe.cluster_id, machine_type)
     body = head_instance_body(
         backend, zone=zone, machine_type=machine_type, spec=spec, csr_pem=csr_pem
     )

@@ -67,6 +67,25 @@ def error_text(e: BaseException) -> str:
     return str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
 
 
+def post_head_vm(cluster: Any, instance: str, zone: str, machine_type: str | None) -> None:
+    """Put the head VM in the cluster's event log as a VM (role ``head``), so it is billed.
+
+    From now until the cluster closes: the boot before (about a minute) is not counted.
+    """
+    from transient_nb.backends.base import VMSpec
+
+    if machine_type is None:
+        return
+    try:
+        price = cluster.catalog.machine_price(machine_type, zone)
+    except ValueError as e:  # a machine type the catalog does not price: no line, say so
+        logger.warning("The head VM is not in the bill: %s", e)
+        return
+    spec = VMSpec("head", "head", None, zone, False, machine_type, price)
+    for kind in ("requested", "running"):
+        cluster.sync(cluster._post, kind, instance=instance, **spec.event_fields())
+
+
 def delete_self(api: ComputeAPI, zone: str, instance: str) -> None:
     """Ask GCE to delete this VM (its cluster is closed), so that it stops billing.
 
@@ -126,6 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cert = backend.ca.sign_csr(csr, CLIENT_CN)
         publish(CA_ATTRIBUTE, backend.ca.cert_pem)
         publish(PORT_ATTRIBUTE, str(cluster.scheduler_address.rsplit(":", 1)[-1]))
+        post_head_vm(cluster, instance, zone, spec.get("machine_type"))
         # Last: the client takes this one as the sign that it may connect.
         publish(CLIENT_CERT_ATTRIBUTE, cert)
         logger.info("Head of cluster %s serving on %s", cluster.name, instance)
