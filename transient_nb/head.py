@@ -145,11 +145,21 @@ def launch(
         time.sleep(0.1)
 
 
-def start_detached(cluster_kwargs: Mapping[str, Any], *, name: str | None = None) -> Any:
-    """Start a detached cluster's head where its backend puts it; a handle connected to it.
+def launch_head(cluster_kwargs: Mapping[str, Any], *, name: str | None = None) -> dict[str, Any]:
+    """Start a detached cluster's head where its backend puts it; its registry entry.
 
     The local backend's head is a process here (:func:`launch`); GCE's is a VM
     (:func:`transient_nb.backends.gce_head.launch`).
+    """
+    if config.get("backend", override_with=cluster_kwargs.get("backend")) == "gce":
+        from transient_nb.backends import gce_head
+
+        return gce_head.launch(cluster_kwargs, name=name)
+    return launch(cluster_kwargs, name=name)
+
+
+def start_detached(cluster_kwargs: Mapping[str, Any], *, name: str | None = None) -> Any:
+    """Start a detached cluster's head (:func:`launch_head`); a handle connected to it.
 
     Returns
     -------
@@ -157,11 +167,8 @@ def start_detached(cluster_kwargs: Mapping[str, Any], *, name: str | None = None
     """
     from transient_nb.connect import RemoteCluster
 
-    if config.get("backend", override_with=cluster_kwargs.get("backend")) == "gce":
-        from transient_nb.backends import gce_head
-
-        return RemoteCluster(gce_head.launch(cluster_kwargs, name=name), timeout=60)
-    return RemoteCluster(launch(cluster_kwargs, name=name))
+    # A head VM is dialled across the internet: give its first connection more time.
+    return RemoteCluster(launch_head(cluster_kwargs, name=name), timeout=60)
 
 
 def _start_failure(name: str, log_path: str, code: int) -> Exception:
