@@ -344,7 +344,15 @@ def launch(
             ) from e
     timeout = backend.head_timeout_s if timeout is None else timeout
     key_pem, csr_pem = make_csr(CLIENT_CN)
-    spec = head_spec(name, kwargs, dask.config.get("transient"), probe.cluster_id, machine_type)
+    # The project as resolved here (an argument, the config or this client's gcloud default):
+    # the head's own default would be its service account's project.
+    spec = head_spec(
+        name,
+        {**kwargs, "project": backend.project},
+        dask.config.get("transient"),
+        probe.cluster_id,
+        machine_type,
+    )
     body = head_instance_body(
         backend, zone=zone, machine_type=machine_type, spec=spec, csr_pem=csr_pem
     )
