@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from conftest import alive, of_kind, wait_for_sync
 from distributed import Client
@@ -77,6 +78,18 @@ def _body(fake: FakeGCE, name: str) -> dict[str, Any]:
     return next(b for b in fake.inserted() if b["name"] == name)
 
 
+def vm_processes(fake: FakeGCE) -> set[int]:
+    """Every process the fake's VMs run now: startup scripts and all they started (the head,
+    its PS worker, the workers' nannies)."""
+    pids = set(fake.pids())
+    for pid in list(pids):
+        try:
+            pids |= {p.pid for p in psutil.Process(pid).children(recursive=True)}
+        except psutil.NoSuchProcess:
+            pass
+    return pids
+
+
 def _nothing_left(fake: FakeGCE, pids: set[int]) -> bool:
     return not fake.instance_names() and not fake.firewalls and not alive(pids)
 
@@ -122,7 +135,8 @@ def test_a_head_vms_entry_is_never_stale_locally() -> None:
     [
         ({"zone": "us-east1-b"}, "Zone 'us-east1-b' does not exist"),
         ({"gpu": "p100"}, "is not offered in"),
-        ({"head_machine_type": "n9-huge"}, "head-machine-type 'n9-huge'"),
+        ({"head_machine_type": "n9-huge"}, "Unknown machine type 'n9-huge'"),
+        ({"head_machine_type": "a2-highgpu-1g"}, "head-machine-type 'a2-highgpu-1g'"),
         ({"client_cidr": None}, "gce.client-cidr"),
         ({"client_cidr": "10.0.0.1/8"}, "is not a network"),
         ({"workers": 0}, "workers=0"),
@@ -233,10 +247,14 @@ def test_the_head_vm_runs_the_cluster_and_only_the_signed_client_gets_in(
         assert fake.firewalls["hd-dask-client"]["targetTags"] == ["hd-head"]
         assert str(port) in fake.firewalls["hd-dask"]["allowed"][0]["ports"]
         cluster.wait_for_workers(1, timeout=90)
-        # The head VM is in the bill (role head, on demand), beside the workers and the PS.
-        head_bill = cluster.cost().per_vm.loc["head"]
-        assert head_bill["role"] == "head" and not head_bill["spot"]
-        assert head_bill["price"] == head_bill["price_on_demand"] > 0
+        # The PS is a process on the head VM (the paper's PS/scheduler host), not a VM of its
+        # own; its line in the bill is the head VM's (on demand, its machine type).
+        assert [b["name"] for b in fake.inserted()] == ["hd-head", "hd-w-0"]
+        assert of_kind(cluster.monitor.events, "joined", worker="ps-0")
+        assert of_kind(cluster.monitor.events, "running", worker="ps-0")[0]["instance"] == "hd-head"
+        ps_bill = cluster.cost().per_vm.loc["ps-0"]
+        assert ps_bill["role"] == "ps" and not ps_bill["spot"]
+        assert ps_bill["price"] == ps_bill["price_on_demand"] > 0
         started = of_kind(cluster.monitor.events, "started")[0]
         assert started["scheduler_address"].endswith(f":{port}")
         # A second client on this machine uses the same entry.
@@ -257,7 +275,8 @@ def test_the_head_vm_runs_the_cluster_and_only_the_signed_client_gets_in(
         ):
             with pytest.raises((OSError, TimeoutError)):
                 Client(entry["scheduler_address"], security=security, timeout=5).close()
-        pids = fake.pids()
+        pids = vm_processes(fake)
+        assert len(pids) >= 6  # two startup scripts, the head, its PS (nanny and worker), ...
         cluster.close()
         # The CLI on this machine finds it too, and `down` ends it: nothing is left.
         assert cli_main(["status", "hd"]) == 0
@@ -294,7 +313,7 @@ def test_the_head_replaces_a_preempted_worker_while_no_client_is_connected(
         assert of_kind(log, "notice", worker="w-0")[0]["source"] == "gce-metadata"
         assert of_kind(log, "preempted", worker="w-0")
         assert of_kind(log, "replacement-requested", worker="w-0")
-        pids = fake.pids()
+        pids = vm_processes(fake)
         assert pids
         again.shutdown()
     finally:
@@ -313,7 +332,7 @@ def test_a_deadline_closes_the_cluster_and_the_head_vm_deletes_itself(
     cluster = TransientCluster(**head_options(fake, deadline="20s"), name="hl")
     cluster.close()
     wait_for_sync(lambda: "hl-head" in fake.instance_names(), timeout=5)
-    pids = fake.pids()
+    pids = vm_processes(fake)
     wait_for_sync(lambda: _nothing_left(fake, pids), timeout=90)
     # The local entry outlived its head: connect() asks the API, says so and forgets it.
     with pytest.raises(ValueError, match="head VM hl-head no longer runs"):

@@ -36,8 +36,9 @@ scheduler listens there on a fixed port (``gce.scheduler-port``, :data:`HEAD_POR
 cluster's firewall rule opens to its VMs, and a second rule (``NAME-dask-client``) to
 ``gce.client-cidr`` only; or the client dials a tunnel (``gce.head-address``). The workers dial the
 head inside the VPC; the client connects over mutual TLS with a certificate the head signed for
-its own key. The PS stays on an on-demand VM of its own (the ``ps`` worker), as when attached:
-one code path for both modes, and its loss and re-creation from a checkpoint work as before.
+its own key. The PS (the ``ps`` worker) runs on the head VM too, as a process
+(:mod:`~transient_nb.backends.gce_head_ps`): the paper's non-preemptible PS/scheduler host, one VM
+fewer to boot and pay for; its bill line is the head VM's.
 
 Attached (``detached=False``): the Dask scheduler runs in the notebook's Python process, as it
 does for the local backend, listening with TLS on ``gce.scheduler-host`` (``0.0.0.0``). The VMs
@@ -69,7 +70,7 @@ from dask.utils import parse_timedelta
 from distributed.security import Security
 
 from transient_nb import config
-from transient_nb.backends.base import Backend, QuotaError, VMSpec
+from transient_nb.backends.base import Backend, QuotaError, TransientVM, VMSpec
 from transient_nb.backends.gce_api import (
     ComputeAPI,
     GCEError,
@@ -821,7 +822,12 @@ class GCEBackend(Backend):
         return None
 
     # -- helpers of the VMs ------------------------------------------------------------------------
-    def make_vm(self, spec: VMSpec, **kwargs: Any) -> GCEVM:
+    def make_vm(self, spec: VMSpec, **kwargs: Any) -> TransientVM:
+        if self.head and spec.role == "ps":
+            # On the head VM, the PS is a process there (the paper's PS/scheduler host).
+            from transient_nb.backends.gce_head_ps import HeadPSVM
+
+            return HeadPSVM(spec, backend=self, **kwargs)
         return GCEVM(spec, backend=self, **kwargs)
 
     def spawn(self, coro: Any) -> Any:

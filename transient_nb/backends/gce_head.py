@@ -91,7 +91,6 @@ def head_spec(
     cluster_kwargs: Mapping[str, Any],
     client_config: Mapping[str, Any],
     cluster_id: str,
-    machine_type: str | None = None,
 ) -> dict[str, Any]:
     """What the head needs to start the cluster (instance metadata: public, no secrets).
 
@@ -108,10 +107,7 @@ def head_spec(
     conf = {k: v for k, v in client_config.items() if k not in CLIENT_ONLY_CONFIG}
     conf["detached"] = False
     kwargs = {k: v for k, v in cluster_kwargs.items() if k not in CLIENT_ONLY_KWARGS}
-    spec = {"name": name, "cluster": dict(kwargs), "config": conf, "cluster_id": cluster_id}
-    if machine_type is not None:
-        spec["machine_type"] = machine_type  # the head's own, for its line in the bill
-    return spec
+    return {"name": name, "cluster": dict(kwargs), "config": conf, "cluster_id": cluster_id}
 
 
 def head_startup_script(python: str) -> str:
@@ -335,6 +331,7 @@ def launch(
     zone = probe.zone
     machine_type = backend.head_machine_type or probe.ps_machine_type
     if machine_type != probe.ps_machine_type:
+        probe.catalog.machine_price(machine_type, zone)  # it is billed: the catalog must know it
         try:
             backend.api.get_machine_type(zone, machine_type)
         except GCEError as e:
@@ -346,12 +343,12 @@ def launch(
     key_pem, csr_pem = make_csr(CLIENT_CN)
     # The project as resolved here (an argument, the config or this client's gcloud default):
     # the head's own default would be its service account's project.
+    # The PS runs on the head VM (gce_head_ps): its bill line is the head's machine type.
     spec = head_spec(
         name,
-        {**kwargs, "project": backend.project},
+        {**kwargs, "project": backend.project, "ps_machine_type": machine_type},
         dask.config.get("transient"),
         probe.cluster_id,
-        machine_type,
     )
     body = head_instance_body(
         backend, zone=zone, machine_type=machine_type, spec=spec, csr_pem=csr_pem

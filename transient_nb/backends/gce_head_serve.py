@@ -6,7 +6,8 @@ Started by the head VM's startup script (:func:`~transient_nb.backends.gce_head.
    (project, zone, instance) from the metadata server;
 2. starts the cluster as an attached GCE cluster would, in this process: the scheduler listens
    on this VM (a fixed port, opened by the cluster's firewall rule to its VMs and by a second
-   rule to ``gce.client-cidr``), the PS host and the Spot workers are VMs of their own, and this
+   rule to ``gce.client-cidr``), the PS worker runs on this VM as a process of its own
+   (:mod:`~transient_nb.backends.gce_head_ps`), the Spot workers are VMs of their own, and this
    process owns the cluster's CA;
 3. signs the client's CSR for the client role and publishes the client certificate, the CA
    certificate and the scheduler's port as guest attributes (all public; the client's key never
@@ -65,25 +66,6 @@ def error_text(e: BaseException) -> str:
     ('workers=0 must be ...', 'OSError: port in use')
     """
     return str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
-
-
-def post_head_vm(cluster: Any, instance: str, zone: str, machine_type: str | None) -> None:
-    """Put the head VM in the cluster's event log as a VM (role ``head``), so it is billed.
-
-    From now until the cluster closes: the boot before (about a minute) is not counted.
-    """
-    from transient_nb.backends.base import VMSpec
-
-    if machine_type is None:
-        return
-    try:
-        price = cluster.catalog.machine_price(machine_type, zone)
-    except ValueError as e:  # a machine type the catalog does not price: no line, say so
-        logger.warning("The head VM is not in the bill: %s", e)
-        return
-    spec = VMSpec("head", "head", None, zone, False, machine_type, price)
-    for kind in ("requested", "running"):
-        cluster.sync(cluster._post, kind, instance=instance, **spec.event_fields())
 
 
 def delete_self(api: ComputeAPI, zone: str, instance: str) -> None:
@@ -145,7 +127,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         cert = backend.ca.sign_csr(csr, CLIENT_CN)
         publish(CA_ATTRIBUTE, backend.ca.cert_pem)
         publish(PORT_ATTRIBUTE, str(cluster.scheduler_address.rsplit(":", 1)[-1]))
-        post_head_vm(cluster, instance, zone, spec.get("machine_type"))
         # Last: the client takes this one as the sign that it may connect.
         publish(CLIENT_CERT_ATTRIBUTE, cert)
         logger.info("Head of cluster %s serving on %s", cluster.name, instance)
