@@ -51,13 +51,13 @@ def free_port() -> int:
 
 def head_options(fake: FakeGCE, **kw: Any) -> dict[str, Any]:
     """A detached cluster against the fake, reachable from this process (127.0.0.1/32)."""
-    return options(
-        fake,
-        detached=None,  # GCE's default: detached
-        client_cidr="127.0.0.1/32",
-        scheduler_port=free_port(),
+    opts = {
+        "detached": None,  # GCE's default: detached
+        "client_cidr": "127.0.0.1/32",
+        "scheduler_port": free_port(),
         **kw,
-    )
+    }
+    return options(fake, **opts)
 
 
 @pytest.fixture
@@ -323,13 +323,19 @@ def test_the_head_replaces_a_preempted_worker_while_no_client_is_connected(
     assert registry.entries() == []
 
 
-# -- (e) a deadline stops a cluster no client is attached to; the head deletes itself -----------------
+# -- (e) a deadline stops a cluster no client is attached to; the head deletes itself ----------------
 @pytest.mark.slow
 def test_a_deadline_closes_the_cluster_and_the_head_vm_deletes_itself(
     running_fake: FakeGCE,
 ) -> None:
     fake = running_fake
-    cluster = TransientCluster(**head_options(fake, deadline="20s"), name="hl")
+    # Reached through a "tunnel" (gce.head-address) this time: no client firewall rule.
+    opts = head_options(fake, deadline="20s", client_cidr=None)
+    opts["head_address"] = f"tls://127.0.0.1:{opts['scheduler_port']}"
+    cluster = TransientCluster(**opts, name="hl")
+    assert cluster.scheduler_address == opts["head_address"]
+    assert of_kind(cluster.monitor.events, "started")
+    assert sorted(fake.firewalls) == ["hl-dask"]
     cluster.close()
     wait_for_sync(lambda: "hl-head" in fake.instance_names(), timeout=5)
     pids = vm_processes(fake)
