@@ -44,7 +44,7 @@ import dask.config
 import transient_nb
 from transient_nb import config, registry
 from transient_nb.backends.gce_api import ComputeAPI, GCEError
-from transient_nb.backends.gce_labels import LABEL_ID
+from transient_nb.backends.gce_labels import LABEL_ID, firewall_id
 from transient_nb.backends.tls import CLIENT_CN, cert_matches_key, make_csr
 
 if TYPE_CHECKING:
@@ -241,8 +241,6 @@ def delete_cluster_resources(
             api.wait_zone_operation(zone, op)
         except GCEError as e:
             logger.warning("A delete in %s failed: %s", zone, e)
-    from transient_nb.backends.gce_labels import firewall_id
-
     try:
         rules = api.list_firewalls(filter='name eq ".*-dask(-client)?"')
     except GCEError as e:
