@@ -285,7 +285,9 @@ def run(args: argparse.Namespace) -> int:
     # worker that comes or goes) stays in the run's logs.
     logging.getLogger("distributed").setLevel(logging.WARNING)
     t0 = time.time()
-    with TransientCluster(name=args.name, run_dir=args.out, **_cluster_kwargs(args)) as cluster:
+    with TransientCluster(
+        name=args.name, run_dir=args.out, detached=False, **_cluster_kwargs(args)
+    ) as cluster:
         print(f"Cluster {cluster.name}: {cluster.backend.describe()}", file=sys.stderr)
         cluster.wait_for_workers(1, timeout=300)
         job = train(cluster, **_train_kwargs(args))
@@ -314,10 +316,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _start_head(args: argparse.Namespace) -> Any:
-    from transient_nb.connect import RemoteCluster
-    from transient_nb.head import launch
+    from transient_nb.head import start_detached
 
-    return RemoteCluster(launch(_cluster_kwargs(args), name=args.name))
+    return start_detached(_cluster_kwargs(args), name=args.name)
 
 
 def run_detached(args: argparse.Namespace) -> int:
@@ -330,9 +331,7 @@ def run_detached(args: argparse.Namespace) -> int:
     except BaseException:
         cluster.shutdown()  # nothing is left running when the run cannot start
         raise
-    print(
-        f"Cluster {cluster.name}: head pid {cluster.entry.get('pid')}; run {run_view.id} started."
-    )
+    print(f"Cluster {cluster.name}: {registry.owner(cluster.entry)}; run {run_view.id} started.")
     print(f"  follow it:  transient-nb attach {cluster.name}")
     print(f"  status:     transient-nb status {cluster.name}")
     print(f"  end it:     transient-nb down {cluster.name}")
@@ -344,7 +343,7 @@ def up(args: argparse.Namespace) -> int:
     """``up``: start a detached cluster and return."""
     cluster = _start_head(args)
     print(
-        f"Cluster {cluster.name} is up: head pid {cluster.entry.get('pid')}, scheduler "
+        f"Cluster {cluster.name} is up: {registry.owner(cluster.entry)}, scheduler "
         f"{cluster.scheduler_address}."
     )
     print(f"  in a notebook:  transient_nb.connect({cluster.name!r})")
@@ -365,8 +364,7 @@ def status(args: argparse.Namespace) -> int:
     try:
         counts = cluster.state.counts()
         cost = cluster.cost()
-        owner = "head" if cluster.detached else "kernel"
-        print(f"Cluster {cluster.name} ({owner} pid {cluster.entry.get('pid')})")
+        print(f"Cluster {cluster.name} ({registry.owner(cluster.entry)})")
         print(f"  scheduler   {cluster.scheduler_address}")
         print(
             "  workers     " + ", ".join(f"{n} {state}" for state, n in sorted(counts.items()) if n)
@@ -453,7 +451,7 @@ def list_clusters() -> int:
         return 0
     for e in entries:
         state = "stale (owner gone)" if e["stale"] else "running"
-        owner = f"{'head' if e.get('detached') else 'kernel'} {e.get('pid')}"
+        owner = registry.owner(e)
         print(
             f"{e['name']:<24} {e.get('backend', '?'):<6} {state:<20} {owner:<14} "
             f"{e.get('scheduler_address', '')}"

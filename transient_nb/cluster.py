@@ -57,6 +57,23 @@ def check_name(name: Any) -> str:
     return name
 
 
+def is_detached(detached: bool | None, backend: str | None) -> bool:
+    """Whether a new cluster is detached: the argument, else ``transient.detached``, else auto.
+
+    Auto (``null``): detached on GCE (a run must not depend on the notebook, which need not be
+    in the VPC), attached on the local backend (the Dask convention).
+
+    Examples
+    --------
+    >>> is_detached(None, "gce"), is_detached(None, "local"), is_detached(False, "gce")
+    (True, False, False)
+    """
+    value = config.get("detached", override_with=detached)
+    if value is None:
+        return bool(config.get("backend", override_with=backend) == "gce")
+    return bool(value)
+
+
 class TransientCluster(SpecCluster):
     """A Dask cluster of preemptible (Spot) GPU workers plus a never-preemptible PS host.
 
@@ -136,12 +153,11 @@ class TransientCluster(SpecCluster):
     """
 
     def __new__(cls, *args: Any, detached: bool | None = None, **kwargs: Any) -> Any:
-        # A detached cluster lives in a head process of its own (transient_nb.head); what the
+        # A detached cluster lives in a head of its own (a process, or GCE's head VM); what the
         # caller gets back is a RemoteCluster handle on it, so no TransientCluster is built here.
-        if not bool(config.get("detached", override_with=detached)):
+        if not is_detached(detached, kwargs.get("backend")):
             return super().__new__(cls)
-        from transient_nb.connect import RemoteCluster
-        from transient_nb.head import launch
+        from transient_nb.head import start_detached
 
         if kwargs.pop("asynchronous", False) or kwargs.pop("loop", None) is not None:
             raise ValueError(
@@ -155,7 +171,20 @@ class TransientCluster(SpecCluster):
             )
         kwargs.update(zip(positional, args, strict=False))
         name = kwargs.pop("name", None)
-        return RemoteCluster(launch(kwargs, name=name))
+        return start_detached(kwargs, name=name)
+
+    @classmethod
+    def check_settings(cls, **kwargs: Any) -> TransientCluster:
+        """Check a cluster's arguments as ``__init__`` and the backend's ``prepare`` do.
+
+        Nothing is started or created (the backend only looks settings up in its API); a
+        detached cluster's client calls this before it creates the head. Returns the unstarted
+        object, whose ``backend``, ``zone``, ``cluster_id`` ... hold the checked values.
+        """
+        probe: TransientCluster = object.__new__(cls)
+        probe.__init__(**kwargs, detached=False, _check_only=True)  # type: ignore[misc]
+        probe.backend.prepare(probe._checked_name, **probe._prepare_options)
+        return probe
 
     def __init__(
         self,
@@ -190,6 +219,7 @@ class TransientCluster(SpecCluster):
         loop: Any = None,
         detached: bool | None = None,
         _head_info: dict[str, Any] | None = None,
+        _check_only: bool = False,
         **backend_options: Any,
     ):
         # Everything is checked before anything starts: a mistake costs nothing.
@@ -284,7 +314,8 @@ class TransientCluster(SpecCluster):
         self.run_record = os.path.join(self.run_path, "events.jsonl")
         #: Unique id of this cluster: every cloud resource it creates carries it (a label), and
         #: close() and sweep delete only what carries it.
-        self.cluster_id = uuid.uuid4().hex[:12]
+        # (A head VM gets its id from the client that created it: the head VM carries it too.)
+        self.cluster_id = str((_head_info or {}).get("cluster_id") or uuid.uuid4().hex[:12])
         self.backend = get_backend(
             backend_name,
             log_dir=os.path.join(self.run_path, "logs"),
@@ -308,6 +339,9 @@ class TransientCluster(SpecCluster):
                 raise ValueError(
                     f"gce.replace-at={self.replace_at!r}: use 'preempted' or 'notice'."
                 )
+        if _check_only:  # check_settings(): everything above is checked, nothing is started
+            self._checked_name = name
+            return
         #: Registry fields of a cluster that a head process owns (``detached``).
         self._head_info = dict(_head_info or {})
         #: Control actions beyond scale/preempt/stop: action -> callable(msg) run in a thread,

@@ -259,8 +259,20 @@ class RemoteCluster:
         )
 
     async def _owner_gone(self, deadline: float) -> bool:
-        """Whether the cluster's registry entry went (or went stale) before ``deadline``."""
+        """Whether the cluster's registry entry went (or went stale) before ``deadline``.
+
+        A head VM's entry is this client's own: the VM itself is asked about (the API).
+        """
         while True:
+            if self.entry.get("head_vm"):
+                from transient_nb.backends.gce_head import head_gone
+
+                if await asyncio.to_thread(head_gone, self.entry):
+                    return True
+                if time.monotonic() >= deadline:
+                    return False
+                await asyncio.sleep(1.0)
+                continue
             current = [e for e in registry.entries() if e["name"] == self.name]
             if not current or current[0]["stale"] or current[0].get("pid") != self.entry.get("pid"):
                 return True
@@ -351,12 +363,24 @@ class RemoteCluster:
             return self._request({"action": "preempt", "count": target, "notice": bool(notice)})
         return self._request({"action": "preempt", "worker": target, "notice": bool(notice)})
 
-    def shutdown(self) -> dict[str, Any]:
-        """Ask the owning process to close the cluster, then close this handle."""
+    def shutdown(self, timeout: float = 300.0) -> dict[str, Any]:
+        """Ask the owning process to close the cluster, then close this handle.
+
+        A GCE head VM closes the cluster (workers, firewall rules), then deletes itself: this
+        waits up to ``timeout`` seconds for that, then forgets the cluster's local entry and
+        client certificate. The answer's ``closed`` says whether the owner is gone.
+        """
         try:
-            return self._request({"action": "stop"})
+            answer = self._request({"action": "stop"})
         finally:
             self.close()
+        if self.entry.get("head_vm"):
+            from transient_nb.backends.gce_head import forget, wait_gone
+
+            answer["closed"] = answer.get("closed") or wait_gone(self.entry, timeout)
+            if answer["closed"]:
+                forget(self.entry)
+        return answer
 
     def close(self) -> None:
         """Close this handle (the client and the mirror); the cluster keeps running."""
@@ -373,8 +397,8 @@ class RemoteCluster:
 
     def __repr__(self) -> str:
         return (
-            f"<RemoteCluster {self.name!r}: {self.scheduler_address} (pid "
-            f"{self.entry.get('pid')}), status={self.status.name}>"
+            f"<RemoteCluster {self.name!r}: {self.scheduler_address} "
+            f"({registry.owner(self.entry)}), status={self.status.name}>"
         )
 
 
@@ -416,6 +440,17 @@ def connect(name: str, *, timeout: float = 10.0, prefer_local: bool = True) -> A
         entry = registry.lookup(name)
     except KeyError as e:
         raise ValueError(e.args[0]) from None
+    if entry.get("head_vm"):
+        from transient_nb.backends.gce_head import forget, head_gone
+
+        if head_gone(entry):
+            forget(entry)
+            head = entry["head_vm"]
+            raise ValueError(
+                f"Cluster {name!r} is gone: its head VM {head['instance']} no longer runs (in "
+                f"{head['zone']}). `transient-nb sweep` deletes what it may have left; start a "
+                "new one with `%transient_cluster up`."
+            )
     if entry.get("stale"):
         raise ValueError(
             f"Cluster {name!r} is stale: the process that owned it (pid {entry.get('pid')}) is "

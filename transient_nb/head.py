@@ -145,6 +145,32 @@ def launch(
         time.sleep(0.1)
 
 
+def launch_head(cluster_kwargs: Mapping[str, Any], *, name: str | None = None) -> dict[str, Any]:
+    """Start a detached cluster's head where its backend puts it; its registry entry.
+
+    The local backend's head is a process here (:func:`launch`); GCE's is a VM
+    (:func:`transient_nb.backends.gce_head.launch`).
+    """
+    if config.get("backend", override_with=cluster_kwargs.get("backend")) == "gce":
+        from transient_nb.backends import gce_head
+
+        return gce_head.launch(cluster_kwargs, name=name)
+    return launch(cluster_kwargs, name=name)
+
+
+def start_detached(cluster_kwargs: Mapping[str, Any], *, name: str | None = None) -> Any:
+    """Start a detached cluster's head (:func:`launch_head`); a handle connected to it.
+
+    Returns
+    -------
+    A :class:`~transient_nb.connect.RemoteCluster`.
+    """
+    from transient_nb.connect import RemoteCluster
+
+    # A head VM is dialled across the internet: give its first connection more time.
+    return RemoteCluster(launch_head(cluster_kwargs, name=name), timeout=60)
+
+
 def _start_failure(name: str, log_path: str, code: int) -> Exception:
     try:
         with open(log_path, errors="replace") as f:
@@ -248,7 +274,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         cluster = TransientCluster(
-            name=spec["name"], **spec.get("cluster", {}), _head_info={"detached": True}
+            name=spec["name"],
+            **spec.get("cluster", {}),
+            detached=False,
+            _head_info={"detached": True},
         )
     except ValueError as e:
         print(f"{ERROR_PREFIX}{e}", flush=True)

@@ -556,9 +556,7 @@ class TransientMagics(Magics):
             {
                 "name": e["name"],
                 "state": "stale (owner gone)" if e.get("stale") else "running",
-                "owner": "this kernel"
-                if e.get("pid") == os.getpid()
-                else f"{'head' if e.get('detached') else 'kernel'} pid {e.get('pid')}",
+                "owner": "this kernel" if e.get("pid") == os.getpid() else registry.owner(e),
                 "backend": e.get("backend"),
                 "gpu": e.get("gpu"),
                 "zone": e.get("zone"),

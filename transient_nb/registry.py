@@ -3,6 +3,11 @@
 Each running :class:`~transient_nb.cluster.TransientCluster` writes ``NAME.json`` into
 ``transient.registry-dir`` and removes it when it closes. An entry whose owning process is gone
 (a crashed kernel) is reported as stale rather than hidden.
+
+A detached GCE cluster's entry is written by the client that created its head VM and names that
+VM (``head_vm``) instead of a local pid. Such an entry is never stale here: whether the VM still
+runs is a question for the Compute API, which ``connect()`` asks (and forgets the entry when the
+head is gone), as do ``shutdown()``, ``transient-nb down`` and ``sweep``.
 """
 
 from __future__ import annotations
@@ -67,7 +72,10 @@ def entries(path: str | None = None) -> list[dict[str, Any]]:
                 entry = json.load(f)
         except (OSError, json.JSONDecodeError):
             continue
-        entry["stale"] = not _pid_alive(int(entry.get("pid", -1)))
+        if entry.get("head_vm"):
+            entry["stale"] = False  # owned by a VM: checked through the API on connect
+        else:
+            entry["stale"] = not _pid_alive(int(entry.get("pid") or -1))
         out.append(entry)
     return out
 
@@ -86,6 +94,14 @@ def check_free(name: str, path: str | None = None) -> None:
     for entry in entries(path):
         if entry["name"] == name and not entry["stale"]:
             raise ValueError(
-                f"A transient cluster named {name!r} is already running (pid {entry['pid']}): "
+                f"A transient cluster named {name!r} is already running ({owner(entry)}): "
                 "pick another name, or connect to it."
             )
+
+
+def owner(entry: dict[str, Any]) -> str:
+    """Who owns a registered cluster, in words (``head VM demo-head``, ``kernel pid 123``)."""
+    head = entry.get("head_vm")
+    if head:
+        return f"head VM {head.get('instance')} in {head.get('zone')}"
+    return f"{'head' if entry.get('detached') else 'kernel'} pid {entry.get('pid')}"

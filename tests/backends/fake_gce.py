@@ -11,7 +11,9 @@ invalid) and failed operations (ZONE_RESOURCE_POOL_EXHAUSTED, QUOTA_EXCEEDED).
 When ``run_vms`` is on, a VM that boots really runs: the fake starts a metadata server for it and
 runs the startup script the backend generated with bash, with ``GCE_METADATA_HOST`` pointing at
 that metadata server, so the script fetches its TLS files and runs its ``dask worker ...`` line;
-the worker joins the scheduler over TLS. A script that ends powers its VM off (TERMINATED). A preemption flips the VM's
+the worker joins the scheduler over TLS. A script that ends powers its VM off (TERMINATED).
+Inserted instances get their addresses as GCE gives them (``networkIP``, and ``natIP`` for an
+external access config): 127.0.0.1, since every VM runs on this machine. A preemption flips the VM's
 ``instance/preempted`` to TRUE and kills the VM's process group ``notice_s`` later, as GCE does
 after its 30 s notice.
 """
@@ -223,6 +225,8 @@ class FakeGCE:
         self.boot_s = boot_s
         self.notice_s = notice_s
         self.run_vms = run_vms
+        #: The ``natIP`` of every external access config (the VMs run here).
+        self.external_ip = "127.0.0.1"
         self.lock = threading.RLock()
         self.cond = threading.Condition(self.lock)
         #: (zone, name) -> instance JSON (with private "_" keys).
@@ -717,6 +721,15 @@ class FakeGCE:
                 return 200, op
             inst = json.loads(json.dumps(body))
             inst.setdefault("metadata", {"items": []})["fingerprint"] = os.urandom(6).hex()
+            # GCE assigns the addresses: an internal one per interface, and an ephemeral
+            # external one per ONE_TO_ONE_NAT access config. Here every VM runs on this
+            # machine, so both are 127.0.0.1 (the head's clients dial its natIP).
+            for interface in inst.get("networkInterfaces") or []:
+                interface.setdefault("networkIP", "127.0.0.1")
+                interface.setdefault("name", "nic0")
+                for access in interface.get("accessConfigs") or []:
+                    access.setdefault("natIP", self.external_ip)
+                    access.setdefault("kind", "compute#accessConfig")
             inst.update(
                 {
                     "kind": "compute#instance",
@@ -796,6 +809,10 @@ class FakeGCE:
                 # script's end instead (see _reap); never power off the test machine.
                 "TRANSIENT_NB_POWEROFF": "true",
             }
+            # The image holds the test's Python environment: the same package path too (a
+            # source checkout that is not the installed one).
+            if os.environ.get("PYTHONPATH"):
+                env["PYTHONPATH"] = os.environ["PYTHONPATH"]
             log = open(os.path.join(folder, "console.log"), "ab")
             # A VM is a process group: killing the group stops bash, the nanny and the worker.
             self.procs[key] = subprocess.Popen(

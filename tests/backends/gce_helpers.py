@@ -35,6 +35,8 @@ def options(fake: FakeGCE, **kw: Any) -> dict[str, Any]:
         "zone": "us-central1-a",
         "notice": "2s",
         "provisioning_delay": 0,
+        # Attached: the scheduler in the test process (GCE's default is a head VM).
+        "detached": False,
     }
     opts.update(kw)
     return opts

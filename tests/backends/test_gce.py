@@ -334,7 +334,7 @@ def test_a_kernel_that_exits_without_closing_deletes_its_vms(fake: FakeGCE, tmp_
         cluster = TransientCluster(
             backend="gce", project={PROJECT!r}, api_endpoint={fake.url!r},
             scheduler_host="127.0.0.1", python=sys.executable, poll_interval=0.1,
-            workers=1, provisioning_delay=0, name="exiting",
+            workers=1, provisioning_delay=0, name="exiting", detached=False,
         )
         deadline = time.monotonic() + 60
         while sum(e["kind"] == "running" for e in cluster.monitor.events) < 2:

@@ -29,12 +29,23 @@ How the pieces fit
 
 Where the scheduler runs
 ------------------------
-``scheduler="local"`` (the only mode for now): the Dask scheduler runs in the notebook's Python
-process, as it does for the local backend, listening with TLS on ``gce.scheduler-host``
-(``0.0.0.0``). The VMs dial it, so **the notebook machine must be reachable from the VMs**: run
-the notebook on a GCE VM (e.g. Vertex AI Workbench) in the same VPC network, or set
-``gce.scheduler-address`` to an address that forwards to it. The dashboard listens on 127.0.0.1
-only. The parameter server runs on an on-demand VM (the ``ps`` worker), never on a Spot one.
+Detached (GCE's default, ``transient.detached: null``): on the cluster's head VM ``NAME-head``
+(:mod:`~transient_nb.backends.gce_head` creates it from the client; on the VM,
+:mod:`~transient_nb.backends.gce_head_serve` runs this backend with ``head=True``). The
+scheduler listens there on a fixed port (``gce.scheduler-port``, :data:`HEAD_PORT` when 0) that the
+cluster's firewall rule opens to its VMs, and a second rule (``NAME-dask-client``) to
+``gce.client-cidr`` only; or the client dials a tunnel (``gce.head-address``). The workers dial the
+head inside the VPC; the client connects over mutual TLS with a certificate the head signed for
+its own key. The PS (the ``ps`` worker) runs on the head VM too, as a process
+(:mod:`~transient_nb.backends.gce_head_ps`): the paper's non-preemptible PS/scheduler host, one VM
+fewer to boot and pay for; its bill line is the head VM's.
+
+Attached (``detached=False``): the Dask scheduler runs in the notebook's Python process, as it
+does for the local backend, listening with TLS on ``gce.scheduler-host`` (``0.0.0.0``). The VMs
+dial it, so **the notebook machine must be reachable from the VMs**: run the notebook on a GCE VM
+(e.g. Vertex AI Workbench) in the same VPC network, or set ``gce.scheduler-address`` to an
+address that forwards to it. The dashboard listens on 127.0.0.1 only. The parameter server runs
+on an on-demand VM (the ``ps`` worker), never on a Spot one.
 
 Images
 ------
@@ -59,7 +70,7 @@ from dask.utils import parse_timedelta
 from distributed.security import Security
 
 from transient_nb import config
-from transient_nb.backends.base import Backend, QuotaError, VMSpec
+from transient_nb.backends.base import Backend, QuotaError, TransientVM, VMSpec
 from transient_nb.backends.gce_api import (
     ComputeAPI,
     GCEError,
@@ -69,6 +80,7 @@ from transient_nb.backends.gce_enroll import CA_KEY
 from transient_nb.backends.gce_labels import (
     LABEL,
     LABEL_CLUSTER,
+    LABEL_HEAD,
     LABEL_HOST,
     LABEL_ID,
     LABEL_PID,
@@ -111,6 +123,30 @@ BUNDLED_GPUS: dict[str, frozenset[str]] = {
 TLS_CA_KEY = CA_KEY
 
 _NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+#: Scheduler port of a head VM when ``gce.scheduler-port`` is 0 (Dask's usual one).
+HEAD_PORT = 8786
+
+
+def check_cidr(cidr: str) -> str:
+    """``cidr`` as a normalised IPv4/IPv6 network, or a ``ValueError`` saying what to give.
+
+    Examples
+    --------
+    >>> check_cidr("203.0.113.7/32")
+    '203.0.113.7/32'
+    >>> check_cidr("203.0.113.7")  # a single address
+    '203.0.113.7/32'
+    """
+    import ipaddress
+
+    try:
+        return str(ipaddress.ip_network(str(cidr).strip(), strict=True))
+    except ValueError as e:
+        raise ValueError(
+            f"gce.client-cidr={cidr!r} is not a network ({e}): give your own public address "
+            "as a CIDR such as '203.0.113.7/32' (`curl -s ifconfig.me` shows the address)."
+        ) from None
 
 
 def accelerator_type(gpu: str) -> str:
@@ -177,6 +213,14 @@ class GCEBackend(Backend):
         exponential backoff and jitter.
     api_endpoint, credentials
         Another API endpoint (a fake server in tests) and ``google.auth`` credentials.
+    head_machine_type, head_service_account, client_cidr, head_address, head_timeout
+        The head VM of a detached cluster (:mod:`~transient_nb.backends.gce_head`): its machine
+        type and identity, the client address its scheduler port is opened to (or the tunnel
+        address dialled instead), and how long a client waits for it.
+    head
+        This backend runs on the head VM (set by the head itself): the scheduler listens on a
+        fixed port (``scheduler_port``, default :data:`HEAD_PORT`) that the firewall rules open
+        to the cluster's VMs and to ``client_cidr``.
 
     Examples
     --------
@@ -221,6 +265,12 @@ class GCEBackend(Backend):
         retry_backoff_max: str | float | None = None,
         api_endpoint: str | None = None,
         credentials: Any = None,
+        head_machine_type: str | None = None,
+        head_service_account: str | None = None,
+        client_cidr: str | None = None,
+        head_address: str | None = None,
+        head_timeout: str | float | None = None,
+        head: bool = False,
     ):
         def get(key: str, value: Any) -> Any:
             return config.get(f"gce.{key}", override_with=value)
@@ -235,6 +285,19 @@ class GCEBackend(Backend):
             )
         self.scheduler_host = str(get("scheduler-host", scheduler_host))
         self.scheduler_port = int(get("scheduler-port", scheduler_port))
+        self.head = bool(head)
+        if self.head and self.scheduler_port == 0:
+            # Clients and the firewall rules must know the port before the scheduler starts.
+            self.scheduler_port = HEAD_PORT
+        self.head_machine_type: str | None = get("head-machine-type", head_machine_type)
+        self.head_service_account: str | None = get("head-service-account", head_service_account)
+        self.client_cidr: str | None = get("client-cidr", client_cidr)
+        if self.client_cidr is not None:
+            self.client_cidr = check_cidr(self.client_cidr)
+        self.head_address: str | None = get("head-address", head_address)
+        self.head_timeout_s = float(
+            parse_timedelta(get("head-timeout", head_timeout), default="seconds")
+        )
         self.scheduler_address: str | None = get("scheduler-address", scheduler_address)
         self.image_family = str(get("image-family", image_family))
         self.python = str(get("python", python))
@@ -305,7 +368,8 @@ class GCEBackend(Backend):
         self._tasks: set[Any] = set()
         self._atexit_registered = False
         self._close_lock = asyncio.Lock()
-        self.firewall_name: str | None = None
+        #: Firewall rules this cluster created (or adopted: they carry its id).
+        self.firewall_names: list[str] = []
 
     # -- settings shared with the cluster ------------------------------------------------------------
     @property
@@ -335,7 +399,8 @@ class GCEBackend(Backend):
     def describe(self) -> str:
         return (
             f"GCE backend: project {self.project}, image family {self.image_family} "
-            f"({self.image_project}), {self.provisioning_model} workers, TLS, local scheduler"
+            f"({self.image_project}), {self.provisioning_model} workers, TLS, "
+            + ("scheduler on the head VM" if self.head else "local scheduler")
         )
 
     def scheduler_options(self) -> dict[str, Any]:
@@ -445,7 +510,11 @@ class GCEBackend(Backend):
             atexit.register(self.delete_all_now)
             self._atexit_registered = True
         if self.firewall:
-            await self._create_firewall(self.scheduler_address or scheduler_address)
+            await self._create_firewall(
+                self.firewall_body(self.scheduler_address or scheduler_address)
+            )
+            if self.head and self.client_cidr:
+                await self._create_firewall(self.client_firewall_body())
 
     async def close(self) -> None:
         """Delete what is left: VMs caught mid-creation, then the firewall rule.
@@ -461,20 +530,20 @@ class GCEBackend(Backend):
                     *(self._delete_and_wait(z, n) for z, n in list(self.live)),
                     return_exceptions=True,
                 )
-            if self.firewall_name is not None:
+            for rule in list(self.firewall_names):
                 try:
-                    op = await call_async(self.api.delete_firewall, self.firewall_name)
+                    op = await call_async(self.api.delete_firewall, rule)
                     if op is not None:
                         await call_async(self.api.wait_global_operation, op, self.operation_timeout)
-                    self.firewall_name = None
+                    self.firewall_names.remove(rule)
                 except GCEError as e:
-                    logger.warning("Could not delete firewall rule %s: %s", self.firewall_name, e)
+                    logger.warning("Could not delete firewall rule %s: %s", rule, e)
             if self._tls_dir is not None:
                 import shutil
 
                 shutil.rmtree(self._tls_dir, ignore_errors=True)
                 self._tls_dir = None
-            if not self.live and self.firewall_name is None and self._atexit_registered:
+            if not self.live and not self.firewall_names and self._atexit_registered:
                 atexit.unregister(self.delete_all_now)
                 self._atexit_registered = False
 
@@ -509,11 +578,11 @@ class GCEBackend(Backend):
             except Exception as e:  # at exit, report and go on with the others
                 logger.warning("Could not delete %s in %s at exit: %s", name, zone, e)
         self.live.clear()
-        if self.firewall_name is not None:
+        for rule in list(self.firewall_names):
             try:
-                self.api.delete_firewall(self.firewall_name)
+                self.api.delete_firewall(rule)
             except Exception as e:
-                logger.warning("Could not delete firewall rule %s: %s", self.firewall_name, e)
+                logger.warning("Could not delete firewall rule %s: %s", rule, e)
 
     def firewall_body(self, scheduler_address: str) -> dict[str, Any]:
         """The firewall rule: worker and nanny ports, from the cluster's VMs (and the scheduler)."""
@@ -523,6 +592,9 @@ class GCEBackend(Backend):
             # The local scheduler connects to its workers too.
             sources.append(f"{host}/32")
         ports = [p.replace(":", "-") for p in (self.worker_ports, self.nanny_ports)]
+        if self.head:
+            # The scheduler runs on the head VM (one of the tagged VMs): the workers dial it.
+            ports.append(str(self.scheduler_port))
         body: dict[str, Any] = {
             "name": f"{self.cluster_name}-dask",
             "description": firewall_description(
@@ -539,8 +611,32 @@ class GCEBackend(Backend):
             body["sourceRanges"] = sources
         return body
 
-    async def _create_firewall(self, scheduler_address: str) -> None:
-        body = self.firewall_body(scheduler_address)
+    @property
+    def head_tag(self) -> str:
+        """The network tag of the cluster's head VM only (the client rule's target)."""
+        return f"{self.cluster_name}-head"
+
+    def client_firewall_body(self) -> dict[str, Any]:
+        """The rule that lets the client (``client_cidr`` only) reach the head's scheduler."""
+        assert self.client_cidr is not None
+        return {
+            "name": f"{self.cluster_name}-dask-client",
+            "description": firewall_description(
+                self.cluster_name,
+                this_host(),
+                os.getpid(),
+                self.cluster_id,
+                what="the head's scheduler port, from the client's address only",
+            ),
+            "network": self._network_url(),
+            "direction": "INGRESS",
+            "priority": 1000,
+            "targetTags": [self.head_tag],
+            "sourceRanges": [self.client_cidr],
+            "allowed": [{"IPProtocol": "tcp", "ports": [str(self.scheduler_port)]}],
+        }
+
+    async def _create_firewall(self, body: dict[str, Any]) -> None:
         try:
             op = await call_async(self.api.insert_firewall, body, str(uuid.uuid4()))
             await call_async(self.api.wait_global_operation, op, self.operation_timeout)
@@ -556,7 +652,7 @@ class GCEBackend(Backend):
                     "pick another cluster name (name=...), or set gce.firewall: false and let "
                     "your own rules admit the Dask ports."
                 ) from e
-        self.firewall_name = body["name"]
+        self.firewall_names.append(body["name"])
 
     def owns(self, zone: str, name: str) -> bool:
         """Whether instance ``name`` carries this cluster's id (blocking; True if gone)."""
@@ -595,13 +691,47 @@ class GCEBackend(Backend):
 
     def labels(self, spec: VMSpec) -> dict[str, str]:
         """Labels that mark the VM as this cluster's (and whose process owns it)."""
-        return {
+        return self.role_labels(spec.role)
+
+    def role_labels(self, role: str) -> dict[str, str]:
+        """Labels of one of this cluster's VMs in ``role`` (``worker``, ``ps``, ``head``)."""
+        labels = {
             LABEL: "true",
             LABEL_CLUSTER: _label_value(self.cluster_name),
-            LABEL_ROLE: spec.role,
+            LABEL_ROLE: role,
             LABEL_HOST: this_host(),
             LABEL_PID: str(os.getpid()),
             LABEL_ID: self.cluster_id,
+        }
+        if self.head:
+            # Created by a head VM: sweep keeps it while that VM runs, and deletes it after.
+            labels[LABEL_HEAD] = self.instance_name("head")
+        return labels
+
+    def network_interface(self, zone: str, external_ip: bool) -> dict[str, Any]:
+        """The ``networkInterfaces`` item of a VM in ``zone`` (REST JSON)."""
+        interface: dict[str, Any] = {"network": self._network_url()}
+        if self.subnetwork:
+            region = zone.rsplit("-", 1)[0]
+            interface["subnetwork"] = (
+                f"projects/{self.project}/regions/{region}/subnetworks/{self.subnetwork}"
+            )
+        if external_ip:
+            interface["accessConfigs"] = [{"type": "ONE_TO_ONE_NAT", "name": "External NAT"}]
+        return interface
+
+    def boot_disk(self, zone: str) -> dict[str, Any]:
+        """The boot disk of a VM in ``zone``: the image family, deleted with the VM."""
+        return {
+            "boot": True,
+            "autoDelete": True,
+            "initializeParams": {
+                "sourceImage": (
+                    f"projects/{self.image_project}/global/images/family/{self.image_family}"
+                ),
+                "diskSizeGb": str(self.disk_size_gb),
+                "diskType": f"zones/{zone}/diskTypes/{self.disk_type}",
+            },
         }
 
     def instance_body(self, spec: VMSpec, scheduler_address: str) -> dict[str, Any]:
@@ -649,31 +779,11 @@ class GCEBackend(Backend):
             notice_s=self.notice_s,
             tls_name=self.instance_name(spec.name),
         )
-        interface: dict[str, Any] = {"network": self._network_url()}
-        if self.subnetwork:
-            region = zone.rsplit("-", 1)[0]
-            interface["subnetwork"] = (
-                f"projects/{self.project}/regions/{region}/subnetworks/{self.subnetwork}"
-            )
-        if self.external_ip:
-            interface["accessConfigs"] = [{"type": "ONE_TO_ONE_NAT", "name": "External NAT"}]
         body: dict[str, Any] = {
             "name": self.instance_name(spec.name),
             "machineType": f"zones/{zone}/machineTypes/{spec.machine_type}",
-            "disks": [
-                {
-                    "boot": True,
-                    "autoDelete": True,
-                    "initializeParams": {
-                        "sourceImage": (
-                            f"projects/{self.image_project}/global/images/family/{self.image_family}"
-                        ),
-                        "diskSizeGb": str(self.disk_size_gb),
-                        "diskType": f"zones/{zone}/diskTypes/{self.disk_type}",
-                    },
-                }
-            ],
-            "networkInterfaces": [interface],
+            "disks": [self.boot_disk(zone)],
+            "networkInterfaces": [self.network_interface(zone, self.external_ip)],
             "scheduling": scheduling,
             "labels": self.labels(spec),
             "tags": {"items": [self.tag]},
@@ -712,7 +822,12 @@ class GCEBackend(Backend):
         return None
 
     # -- helpers of the VMs ------------------------------------------------------------------------
-    def make_vm(self, spec: VMSpec, **kwargs: Any) -> GCEVM:
+    def make_vm(self, spec: VMSpec, **kwargs: Any) -> TransientVM:
+        if self.head and spec.role == "ps":
+            # On the head VM, the PS is a process there (the paper's PS/scheduler host).
+            from transient_nb.backends.gce_head_ps import HeadPSVM
+
+            return HeadPSVM(spec, backend=self, **kwargs)
         return GCEVM(spec, backend=self, **kwargs)
 
     def spawn(self, coro: Any) -> Any:

@@ -21,6 +21,8 @@ LABEL_HOST = "transient-nb-host"
 LABEL_PID = "transient-nb-pid"
 #: The per-cluster unique id: close() and sweep delete only what carries the right one.
 LABEL_ID = "transient-nb-id"
+#: On VMs a detached cluster's head VM created: that head's instance name.
+LABEL_HEAD = "transient-nb-head"
 
 
 def _label_value(value: str) -> str:
@@ -38,12 +40,15 @@ _FIREWALL_DESC = re.compile(
 )
 
 
-def firewall_description(cluster: str, host: str, pid: int, cluster_id: str) -> str:
+def firewall_description(
+    cluster: str,
+    host: str,
+    pid: int,
+    cluster_id: str,
+    what: str = "Dask worker and nanny ports between the cluster's VMs",
+) -> str:
     """The description that marks a firewall rule as cluster ``cluster``'s (id ``cluster_id``)."""
-    return (
-        f"transient_nb cluster {cluster} (host {host}, pid {pid}, id {cluster_id}): Dask "
-        "worker and nanny ports between the cluster's VMs"
-    )
+    return f"transient_nb cluster {cluster} (host {host}, pid {pid}, id {cluster_id}): {what}"
 
 
 def firewall_owner(rule: dict[str, Any]) -> dict[str, str] | None:

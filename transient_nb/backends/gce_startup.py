@@ -20,6 +20,64 @@ from transient_nb.backends.local import WORKER_PRE_SPAWN_ENVIRON
 ENROLL_TIMEOUT_S = 600.0
 
 
+def worker_args(
+    *,
+    python: str,
+    scheduler_address: str,
+    name: str,
+    resources: dict[str, float],
+    nthreads: int,
+    death_timeout_s: float,
+    worker_ports: str,
+    nanny_ports: str,
+    preloads: tuple[str, ...] = ("transient_nb.agent", "transient_nb.backends.gce_agent"),
+) -> list[str]:
+    """The ``dask worker`` command line of a cluster's VM (TLS options not included).
+
+    Examples
+    --------
+    >>> worker_args(python="py", scheduler_address="tls://h:8786", name="ps-0",
+    ...     resources={"ps": 1}, nthreads=1, death_timeout_s=60, worker_ports="41000:41099",
+    ...     nanny_ports="41100:41199", preloads=())[:6]
+    ['py', '-m', 'dask', 'worker', 'tls://h:8786', '--name']
+    """
+    args = [
+        python,
+        "-m",
+        "dask",
+        "worker",
+        scheduler_address,
+        "--name",
+        name,
+        "--nworkers",
+        "1",
+        "--nthreads",
+        str(nthreads),
+        "--death-timeout",
+        f"{death_timeout_s:g}s",
+        "--worker-port",
+        worker_ports,
+        "--nanny-port",
+        nanny_ports,
+        "--no-dashboard",
+    ]
+    if resources:
+        args += ["--resources", ",".join(f"{k}={v:g}" for k, v in resources.items())]
+    for preload in preloads:
+        args += ["--preload", preload]
+    return args
+
+
+def worker_env(vm: dict[str, Any], notice_s: float) -> dict[str, str]:
+    """Environment of a VM's Dask worker: who the VM is, its notice, TLS only."""
+    return {
+        "TRANSIENT_NB_VM": json.dumps(vm, sort_keys=True),
+        "TRANSIENT_NB_NOTICE_S": f"{notice_s:g}",
+        "DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON": repr(WORKER_PRE_SPAWN_ENVIRON),
+        "DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION": "True",
+    }
+
+
 def startup_script(
     *,
     python: str,
@@ -68,37 +126,21 @@ def startup_script(
     >>> "dask worker tls://10.0.0.2:8786 --name w-0" in s
     True
     """
-    args = [
-        python,
-        "-m",
-        "dask",
-        "worker",
-        scheduler_address,
-        "--name",
-        str(vm["name"]),
-        "--nworkers",
-        "1",
-        "--nthreads",
-        str(nthreads),
-        "--death-timeout",
-        f"{death_timeout_s:g}s",
-        "--worker-port",
-        worker_ports,
-        "--nanny-port",
-        nanny_ports,
-        "--no-dashboard",
-    ]
-    if resources:
-        args += ["--resources", ",".join(f"{k}={v:g}" for k, v in resources.items())]
-    args += ["--preload", "transient_nb.agent", "--preload", "transient_nb.backends.gce_agent"]
-    command = " ".join(shlex.quote(a) for a in args)
+    command = " ".join(
+        shlex.quote(a)
+        for a in worker_args(
+            python=python,
+            scheduler_address=scheduler_address,
+            name=str(vm["name"]),
+            resources=resources,
+            nthreads=nthreads,
+            death_timeout_s=death_timeout_s,
+            worker_ports=worker_ports,
+            nanny_ports=nanny_ports,
+        )
+    )
     tls = ' --tls-ca-file "$TLS/ca.pem" --tls-cert "$TLS/cert.pem" --tls-key "$TLS/key.pem"'
-    env = {
-        "TRANSIENT_NB_VM": json.dumps(vm, sort_keys=True),
-        "TRANSIENT_NB_NOTICE_S": f"{notice_s:g}",
-        "DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON": repr(WORKER_PRE_SPAWN_ENVIRON),
-        "DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION": "True",
-    }
+    env = worker_env(vm, notice_s)
     exports = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items())
     gpu_check = ""
     if vm.get("gpu"):

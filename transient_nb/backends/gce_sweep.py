@@ -2,8 +2,11 @@
 
 A VM is transient_nb's when it has the ``transient-nb`` label; its cluster is gone when the
 process that created it (labels ``transient-nb-host``, ``-pid`` and the cluster's unique id)
-no longer runs that cluster on this machine. Firewall rules go with their cluster's VMs, matched
-by the cluster's id, never by name.
+no longer runs that cluster on this machine. A detached cluster's head VM (role ``head``) owns
+its cluster instead: while it runs, it and every VM and rule with its cluster id are kept (end
+it with ``transient-nb down NAME``); once it has stopped (a crashed head powers itself off),
+they all go. Firewall rules go with their cluster's VMs, matched by the cluster's id, never by
+name.
 """
 
 from __future__ import annotations
@@ -17,9 +20,11 @@ from transient_nb.backends.gce_api import ComputeAPI, GCEError
 from transient_nb.backends.gce_labels import (
     LABEL,
     LABEL_CLUSTER,
+    LABEL_HEAD,
     LABEL_HOST,
     LABEL_ID,
     LABEL_PID,
+    LABEL_ROLE,
     _label_value,
     firewall_owner,
     this_host,
@@ -58,13 +63,26 @@ def _owner_alive(labels: dict[str, str], registry_path: str | None) -> tuple[boo
     for entry in registry.entries(registry_path):
         if (
             _label_value(str(entry["name"])) == cluster
-            and int(entry.get("pid", -2)) == pid
+            and int(entry.get("pid") or -2) == pid
             and not entry["stale"]
             # A new cluster of the same name in a recycled pid is not the owner.
             and (cid is None or entry.get("cluster_id") in (None, cid))
         ):
             return True, f"cluster {cluster} is running (pid {pid})"
     return False, f"cluster {cluster} is gone (pid {pid})"
+
+
+#: Instance states of a head VM that still runs (or is about to) its cluster.
+HEAD_ALIVE_STATES = frozenset({"PROVISIONING", "STAGING", "RUNNING"})
+
+
+def _head_alive(inst: dict[str, Any]) -> tuple[bool, str]:
+    """Whether a head VM still owns its cluster, and why (its state is the whole answer)."""
+    labels = inst.get("labels") or {}
+    cluster, status = labels.get(LABEL_CLUSTER), inst.get("status")
+    if status in HEAD_ALIVE_STATES:
+        return True, f"head of cluster {cluster} is {status} (`transient-nb down {cluster}`)"
+    return False, f"head of cluster {cluster} is {status}: its cluster is gone"
 
 
 def sweep(
@@ -122,8 +140,10 @@ def sweep(
         project = _default_project(credentials)
     api_endpoint = config.get("gce.api-endpoint", override_with=api_endpoint)
     api = ComputeAPI(str(project), api_endpoint=api_endpoint, credentials=credentials)
+    every_zone = not zones
     zones = list(zones) if zones else PriceCatalog.load().zones()
     found: list[dict[str, Any]] = []
+    listed: list[tuple[str, dict[str, Any]]] = []
     for zone in zones:
         try:
             instances = api.list_instances(zone, filter=f'labels.{LABEL} = "true"')
@@ -134,33 +154,53 @@ def sweep(
                     "`gcloud compute zones list`."
                 ) from e
             raise
-        for inst in instances:
-            labels = inst.get("labels") or {}
-            if labels.get(LABEL) != "true":
-                continue
+        listed += [(zone, i) for i in instances if (i.get("labels") or {}).get(LABEL) == "true"]
+    # Head VMs first: a detached cluster's VMs and rules belong to its head, wherever it runs.
+    heads = {
+        str(i["labels"].get(LABEL_ID)): _head_alive(i)
+        for _, i in listed
+        if i["labels"].get(LABEL_ROLE) == "head" and i["labels"].get(LABEL_ID)
+    }
+    for zone, inst in listed:
+        labels = inst.get("labels") or {}
+        if labels.get(LABEL_ROLE) == "head":
+            alive, reason = _head_alive(inst)
+        elif labels.get(LABEL_ID) in heads:
+            alive, reason = heads[str(labels[LABEL_ID])]
+        elif labels.get(LABEL_HEAD):
+            # Created by a head VM that was not found: gone if every zone was looked at; a head
+            # in a zone left out may still run.
+            if every_zone:
+                alive, reason = False, f"its head VM {labels[LABEL_HEAD]} is gone"
+            else:
+                alive, reason = None, f"its head VM {labels[LABEL_HEAD]} is not in these zones"
+        else:
             alive, reason = _owner_alive(labels, registry_path)
-            found.append(
-                {
-                    "kind": "instance",
-                    "name": inst["name"],
-                    "zone": zone,
-                    "cluster": labels.get(LABEL_CLUSTER),
-                    "id": labels.get(LABEL_ID),
-                    "status": inst.get("status"),
-                    "alive": alive,
-                    "reason": reason,
-                    "deleted": False,
-                }
-            )
+        found.append(
+            {
+                "kind": "instance",
+                "name": inst["name"],
+                "zone": zone,
+                "cluster": labels.get(LABEL_CLUSTER),
+                "id": labels.get(LABEL_ID),
+                "status": inst.get("status"),
+                "alive": alive,
+                "reason": reason,
+                "deleted": False,
+            }
+        )
     # A rule goes with the VMs of its cluster: matched by the cluster's unique id, never by name
     # (another owner's cluster may have the same name).
     gone_ids = {f["id"] for f in found if f["alive"] is False and f["id"]}
-    for rule in api.list_firewalls(filter='name eq ".*-dask"'):
+    for rule in api.list_firewalls(filter='name eq ".*-dask(-client)?"'):
         owner = firewall_owner(rule)
         if owner is None:
             continue
         rule_id = owner.get(LABEL_ID)
-        alive, reason = _owner_alive(owner, registry_path)
+        if rule_id in heads:
+            alive, reason = heads[str(rule_id)]
+        else:
+            alive, reason = _owner_alive(owner, registry_path)
         if rule_id and rule_id in gone_ids:
             alive, reason = False, f"its cluster's VMs are being swept (id {rule_id})"
         found.append(
@@ -180,6 +220,7 @@ def sweep(
     if not quiet:
         _print_sweep(found, doomed, dry_run)
     if dry_run or not doomed or (confirm is not None and not confirm(doomed)):
+        _forget_gone_heads(str(project), zones, found, dry_run, registry_path)
         return found
     pending = []
     for f in doomed:
@@ -211,7 +252,34 @@ def sweep(
     if not quiet:
         n = sum(1 for f in doomed if f["deleted"])
         print(f"Deleted {n} of {len(doomed)}.", file=sys.stdout)
+    _forget_gone_heads(str(project), zones, found, dry_run, registry_path)
     return found
+
+
+def _forget_gone_heads(
+    project: str,
+    zones: Sequence[str],
+    found: list[dict[str, Any]],
+    dry_run: bool,
+    registry_path: str | None,
+) -> None:
+    """Remove the local registry entries of detached clusters whose head VM is gone.
+
+    Only for heads in the zones looked at: a head elsewhere was not seen, not found gone.
+    """
+    from transient_nb.backends.gce_head import forget
+
+    if dry_run:
+        return
+    for entry in registry.entries(registry_path):
+        head = entry.get("head_vm") or {}
+        if head.get("project") != project or head.get("zone") not in zones:
+            continue
+        if not any(
+            f["kind"] == "instance" and f["name"] == head.get("instance") and f["alive"]
+            for f in found
+        ):
+            forget(entry, registry_path)
 
 
 def _print_sweep(found: list[dict[str, Any]], doomed: list[dict[str, Any]], dry_run: bool) -> None:

@@ -222,3 +222,25 @@ def security_from_registry(entry: Mapping[str, Any]) -> Security | None:
     if not paths:
         return None
     return security_from_files(dict(paths), "client")
+
+
+def cert_matches_key(cert_pem: str, key_pem: str) -> bool:
+    """Whether a PEM certificate was issued for the public half of a PEM private key.
+
+    A client checks the certificate the head hands back before it trusts it.
+
+    Examples
+    --------
+    >>> key, csr = make_csr("transient-client")
+    >>> ca = ClusterCA.create("demo")
+    >>> cert_matches_key(ca.sign_csr(csr, "transient-client"), key)
+    True
+    >>> cert_matches_key(ca.issue("other")[0], key)
+    False
+    """
+    from cryptography.hazmat.primitives import serialization
+
+    cert = _x509().load_pem_x509_certificate(cert_pem.encode())
+    key = serialization.load_pem_private_key(key_pem.encode(), password=None)
+    fmt = (serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return bool(cert.public_key().public_bytes(*fmt) == key.public_key().public_bytes(*fmt))

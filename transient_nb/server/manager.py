@@ -32,7 +32,7 @@ from distributed.core import ConnectionPool
 from transient_nb import config, registry
 from transient_nb.backends.tls import security_from_registry
 from transient_nb.events import CONTROL_TOPIC, EVENTS_RPC, read_run_record
-from transient_nb.head import launch
+from transient_nb.head import launch_head
 from transient_nb.prices import PriceCatalog, shipped_catalogs
 from transient_nb.state import MAX_GONE_ROWS, ClusterState, RunProgress
 
@@ -454,7 +454,7 @@ class ClusterManager:
 
     # -- creating -------------------------------------------------------------------------------
     async def create(self, params: Mapping[str, Any], wait: float = 30.0) -> dict[str, Any]:
-        """Start a detached cluster (a head process of its own), as the panel's form asks.
+        """Start a detached cluster (a head process of its own; on GCE a head VM), as the panel's form asks.
 
         The head outlives this server: a cluster started from the panel runs on when JupyterLab
         stops, and is stopped from the panel, the CLI (``transient-nb down``) or a notebook. The
@@ -489,7 +489,7 @@ class ClusterManager:
         registry.check_free(name)
         # The head checks everything (GPU, zone, preemption spec) before it starts anything, and
         # says what was wrong (launch raises its ValueError here).
-        task = asyncio.ensure_future(asyncio.to_thread(launch, kwargs, name=name))
+        task = asyncio.ensure_future(asyncio.to_thread(launch_head, kwargs, name=name))
         info = {k: kwargs.get(k) for k in ("backend", "gpu", "zone", "spot")}
         self._starting[name] = _Starting(task, info)
         task.add_done_callback(functools.partial(self._started, name))
