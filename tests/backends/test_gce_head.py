@@ -376,3 +376,29 @@ def test_a_head_vm_whose_script_fails_is_reported_and_deleted(running_fake: Fake
     assert "get-serial-port-output crash-head" in str(e.value)
     wait_for_sync(lambda: not fake.instance_names(), timeout=60)
     assert registry.entries() == []
+
+
+@pytest.mark.slow
+def test_a_second_ps_host_of_a_head_is_an_on_demand_vm_of_its_own(running_fake: FakeGCE) -> None:
+    # The first PS is a process on the head VM; ps_hosts=2 adds one on-demand VM (no GPU).
+    fake = running_fake
+    cluster = TransientCluster(**head_options(fake, ps_hosts=2), name="h2")
+    try:
+        cluster.wait_for_workers(1, timeout=120)
+        wait_for_sync(
+            lambda: (
+                {"ps-0", "ps-1"}
+                <= {str(e.get("worker")) for e in of_kind(cluster.monitor.events, "joined")}
+            ),
+            timeout=120,
+        )
+        vms = [n for n in fake.instance_names() if n.startswith("h2-")]
+        assert sorted(vms) == ["h2-head", "h2-ps-1", "h2-w-0"]
+        body = _body(fake, "h2-ps-1")
+        assert body["scheduling"].get("provisioningModel") != "SPOT"
+        assert not body.get("guestAccelerators")
+        pids = vm_processes(fake)
+        cluster.shutdown()
+    finally:
+        cluster.close()
+    wait_for_sync(lambda: _nothing_left(fake, pids), timeout=90)

@@ -823,11 +823,14 @@ class GCEBackend(Backend):
 
     # -- helpers of the VMs ------------------------------------------------------------------------
     def make_vm(self, spec: VMSpec, **kwargs: Any) -> TransientVM:
-        if self.head and spec.role == "ps":
-            # On the head VM, the PS is a process there (the paper's PS/scheduler host).
+        on_head = getattr(self, "_head_ps", None)
+        if self.head and spec.role == "ps" and (on_head is None or on_head.stopped):
+            # On the head VM, the (first) PS is a process there (the paper's PS/scheduler
+            # host); with ps_hosts > 1 the others are on-demand VMs of their own.
             from transient_nb.backends.gce_head_ps import HeadPSVM
 
-            return HeadPSVM(spec, backend=self, **kwargs)
+            self._head_ps: TransientVM | None = HeadPSVM(spec, backend=self, **kwargs)
+            return self._head_ps
         return GCEVM(spec, backend=self, **kwargs)
 
     def spawn(self, coro: Any) -> Any:
