@@ -76,7 +76,8 @@ class TransientCluster(SpecCluster):
         out (the mix's first type is the cluster's main type) or must be one of the mix.
     preemption
         Preemption source of the local backend: ``"none"``, ``"paper:k80"`` (and ``p100``,
-        ``v100``, ``cpu``), ``"exp:mean=60s"``, ``"trace:PATH"``.
+        ``v100``, ``cpu``), ``"paper"`` (each worker its own type's curve, K80's for types
+        the paper did not measure), ``"exp:mean=60s"``, ``"trace:PATH"``.
     time_scale
         Simulated seconds per wall-clock second (120: an hour of the paper in 30 s). Lifetimes,
         notices and provisioning delays are simulated times; costs are billed in simulated time.
@@ -817,7 +818,7 @@ class TransientCluster(SpecCluster):
 
     def _vm_running(self, vm: TransientVM) -> None:
         if vm.spec.role == "worker":
-            self.simulator.vm_running(vm.name)
+            self.simulator.vm_running(vm.name, vm.spec.gpu)
         self._spawn(self._join_watchdog(vm))
 
     def _membership(self, kind: str, name: str) -> None:
