@@ -17,8 +17,11 @@ Mix = dict[str, int]
 
 
 def _count(value: Any, gpu: str) -> int:
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value.strip())
+    if isinstance(value, str):
+        try:
+            value = int(value.strip())
+        except ValueError:
+            value = value.strip()
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(
             f"workers: {gpu}={value!r} is not a number of workers: give a whole number, 0 or more "

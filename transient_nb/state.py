@@ -694,6 +694,8 @@ class ClusterState:
     started: dict[str, Any] = field(default_factory=dict)
     #: GPU workers the cluster is asked to keep (``started``, then each ``scale``).
     target_workers: int | None = None
+    #: GPU type -> workers the cluster is asked to keep (``started``'s and each ``scale``'s mix).
+    target_mix: dict[str, int] | None = None
     #: Preemptions of any VM (``preempted`` events).
     preemptions: int = 0
     #: The last answer to a control request (``control`` event).
@@ -746,8 +748,10 @@ class ClusterState:
             if not self.started:
                 self.started = dict(e)
             self.target_workers = _int_or_none(e.get("workers"))
+            self.target_mix = _mix_or_none(e)
         elif kind == "scale":
             self.target_workers = _int_or_none(e.get("workers"))
+            self.target_mix = _mix_or_none(e)
         elif kind == "control":
             self.last_control = dict(e)
 
@@ -870,6 +874,15 @@ class ClusterState:
     def _bill_now(self, now: float | None) -> float | None:
         # A closed cluster's VMs stopped costing money when it closed, whatever the clock says.
         return self.bill.closed_at if self.bill.closed_at is not None else now
+
+
+def _mix_or_none(e: Event) -> dict[str, int] | None:
+    """The GPU mix an event asks for; a record from before mixes: its one type and count."""
+    mix = e.get("mix")
+    if isinstance(mix, Mapping):
+        return {str(g): int(n) for g, n in mix.items()}
+    n, gpu = _int_or_none(e.get("workers")), e.get("gpu")
+    return {str(gpu): n} if n is not None and gpu else None
 
 
 def _int_or_none(value: Any) -> int | None:
