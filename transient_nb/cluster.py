@@ -315,6 +315,7 @@ class TransientCluster(SpecCluster):
             "ps_machine_type": self.ps_machine_type,
             "notice_s": self.notice_s / self.time_scale,
             "cluster_id": self.cluster_id,
+            "asked_gpus": len(self._mix),
         }
         if replace_at is None and self.backend.name == "gce":
             # GCE gives 30 s of notice and a new VM takes 80-100 s to boot: ask at the notice.
