@@ -163,12 +163,16 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.time()
         prices = "gce-2025" if args.today else "paper-2019"
         setups_ = today_mixed if args.today else mixed_setups
+        # Today's GPUs have no lifetime study: every Spot worker gets the paper's K80 curve, as
+        # in the --today table; the paper's own GPUs get their own curves.
+        lifetimes = "paper:k80" if args.today else "paper"
         mixed = reproduce.mixed_table(
             setups_,
             steps_per_worker=args.steps_per_worker,
             wall_pace=args.wall_pace,
             seed=args.seed,
             prices=prices,
+            lifetimes=lifetimes,
         )
         _print_frame(mixed)
         paper = reproduce.PAPER_MIXED
@@ -179,9 +183,9 @@ def main(argv: list[str] | None = None) -> int:
                 f" (paper: mixed up to {paper['faster than 4 K80']:.0%} faster than 4 K80, or "
                 f"{paper['cheaper than 4 V100']:.0%} cheaper than 4 V100)"
                 if not args.today
-                else "; Spot lifetimes: the paper's K80 curve for T4"
+                else ""
             )
-            + f". Lifetimes: the paper's curve of each worker's type. Seed {args.seed}, "
+            + f". Lifetimes: {_lifetimes(args.today)}. Seed {args.seed}, "
             f"{time.time() - t0:.0f} s."
         )
         print()
@@ -195,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
             wall_pace=args.dynamic_pace,
             seed=args.seed,
             prices=prices,
+            lifetimes="paper:k80" if args.today else "paper",
         )
         _print_frame(dynamic)
         paper = reproduce.PAPER_DYNAMIC
@@ -207,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
                 if not args.today
                 else ""
             )
-            + f". 'join s': simulated seconds from each scale-up to the new trainer's first "
+            + f". Lifetimes: {_lifetimes(args.today)}. 'join s': simulated seconds from each scale-up to the new trainer's first "
             f"step (paper: 81-98 s boot + 79 s cold restart). Wall pace {args.dynamic_pace}, "
             f"seed {args.seed}, {time.time() - t0:.0f} s."
         )
@@ -216,6 +221,12 @@ def main(argv: list[str] | None = None) -> int:
                 "WARNING: this host could not keep the emulated pace in some rows (see 'behind')."
             )
     return 0
+
+
+def _lifetimes(today: bool) -> str:
+    if today:
+        return "the paper's K80 curve for every Spot GPU (no study of today's GPUs is at hand)"
+    return "the paper's curve of each worker's own GPU type"
 
 
 def _print_frame(frame: object) -> None:

@@ -777,8 +777,9 @@ def note() -> str:
     return (
         "Emulated: each GPU's step time (paper: K80 4.56, P100 12.2, V100 15.6 steps/s) and one "
         "4-vCPU PS's capacity (45 global steps/s; two shards 1.75x). Real: worker processes, the "
-        "asynchronous PS, gradients of a small model, preemptions drawn from the paper's K80 "
-        "lifetimes with notice, the learning rate, per-second billing at the paper's prices. "
+        "asynchronous PS, gradients of a small model, preemptions with notice drawn from the "
+        "paper's lifetimes of each worker's GPU type (its K80 curve for types it did not "
+        "measure), the learning rate, per-second billing at the paper's prices. "
         f"Each step stands for 64000/steps of the paper's: a run lasts the paper's simulated "
         f"time, so lifetimes are NOT rescaled (they start when training runs) and the expected "
         f"revocations per run are the "
