@@ -179,3 +179,18 @@ def test_a_detached_mixed_cluster_scales_by_type(tmp_path, capsys):
         cluster.close()
         assert main(["down", "cli-mix"]) == 0
     assert registry.entries() == []
+
+
+def test_the_summary_shows_each_gpu_types_steps(capsys):
+    from transient_nb.cli import _print_summary
+    from transient_nb.state import summarize
+
+    s = summarize([])
+    s["by_gpu"] = {
+        "k80": {"workers": 2, "steps": 180, "steps_per_s": 9.0},
+        "v100": {"workers": 1, "steps": 300, "steps_per_s": 15.0},
+    }
+    _print_summary(s)
+    out = capsys.readouterr().out
+    assert "steps per GPU type" in out
+    assert "k80 180 (2 workers, 9.00/s), v100 300 (1 workers, 15.00/s)" in out

@@ -227,6 +227,17 @@ def _print_summary(s: dict[str, Any]) -> None:
             f"{speedup:.2f}x" if speedup else f"n/a ({s.get('speedup_note') or 'not measured'})",
         ),
     ]
+    by_gpu = s.get("by_gpu") or {}
+    if len(by_gpu) > 1:  # a mixed cluster: each type's share of the workers' steps
+        lines.append(
+            (
+                "steps per GPU type",
+                ", ".join(
+                    f"{g} {r['steps']} ({r['workers']} workers, {r['steps_per_s']:.2f}/s)"
+                    for g, r in by_gpu.items()
+                ),
+            )
+        )
     width = max(len(k) for k, _ in lines)
     print("\nSummary")
     for k, v in lines:
