@@ -69,7 +69,7 @@ def states(model: dict[str, Any]) -> dict[str, str]:
 
 
 @asynccontextmanager
-async def kernel_cluster(name: str, workers: int = 2) -> AsyncIterator[TransientCluster]:
+async def kernel_cluster(name: str, workers: Any = 2) -> AsyncIterator[TransientCluster]:
     """A cluster as a kernel would create it (it registers itself), closed at the end."""
     cluster = await TransientCluster(
         workers=workers, name=name, provisioning_delay=0, notice="1s", asynchronous=True
@@ -216,6 +216,40 @@ async def test_kernel_cluster_is_listed_and_controlled(jp_fetch: Fetch) -> None:
         await wait_model(jp_fetch, lambda m: "api-ctl" not in m)
         assert registry.entries() == []
         await wait_for(lambda: cluster.status.name == "closed", timeout=30)
+
+
+@pytest.mark.slow
+async def test_a_mixed_cluster_is_shown_and_scaled_by_type(jp_fetch: Fetch) -> None:
+    async with kernel_cluster("api-mix", workers={"t4": 1, "v100": 1}):
+        models = await wait_model(
+            jp_fetch, lambda m: m.get("api-mix", {}).get("counts") == {"joined": 2}
+        )
+        m = models["api-mix"]
+        assert m["mix"] == {"t4": 1, "v100": 1}
+        types = {w["name"]: w["gpu"] for w in m["workers"] if w["role"] == "worker"}
+        assert sorted(types.values()) == ["t4", "v100"]
+        assert set(m["cost_by_gpu"]) == {"ps", "t4", "v100"}
+        # A plain number is ambiguous for a mixed cluster: the owner says so.
+        code, answer = await call(
+            jp_fetch, "clusters", "api-mix", "scale", method="POST", body={"workers": 3}
+        )
+        assert code == 400 and "this cluster mixes t4=1,v100=1" in answer["message"], answer
+        code, answer = await call(
+            jp_fetch,
+            "clusters",
+            "api-mix",
+            "scale",
+            method="POST",
+            body={"workers": 2, "gpu": "v100"},
+        )
+        assert code == 200 and answer["answered"] is True, answer
+        models = await wait_model(jp_fetch, lambda m: m["api-mix"]["counts"] == {"joined": 3})
+        assert models["api-mix"]["mix"] == {"t4": 1, "v100": 2}
+        code, answer = await call(
+            jp_fetch, "clusters", "api-mix", "scale", method="POST", body={"workers": "t4=2"}
+        )
+        assert code == 200, answer
+        models = await wait_model(jp_fetch, lambda m: m["api-mix"]["mix"] == {"t4": 2, "v100": 0})
 
 
 @pytest.mark.slow
