@@ -120,8 +120,9 @@ class TransientCluster(SpecCluster):
     ``scale(n)`` as "n specs". A transient cluster needs other semantics: a preempted VM is gone
     for good (its name is never reused, its bill ends, a replacement may go to another zone or GPU
     type), replacements wait out provisioning delays, stock-outs and backoffs, and the PS host is
-    not a worker to count. So ``_target`` (the workers asked for) and ``_slots`` (slot -> the VM
-    holding it, reserved while a request is in flight) are the desired state, and
+    not a worker to count. So ``_mix`` (GPU type -> workers asked for; ``_target`` is their sum),
+    ``_slots`` (slot -> the VM holding it, reserved while a request is in flight) and
+    ``_slot_gpu`` (slot -> the type asked for in it) are the desired state, and
     ``_provision``/``_maybe_replace`` are the reconciliation: on every ``scale``, ``left`` and
     ``preempted`` event they ask the backend for the VMs that are missing, one slot at a time.
     ``worker_spec`` is still kept true (a spec per live VM), so that SpecCluster's ``close``,
