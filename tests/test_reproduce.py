@@ -117,3 +117,11 @@ def test_measure_reports_each_types_steps():
     events.insert(-1, {"kind": "worker-metrics", "time": 23.0, "worker": "w-0", "local_step": 90})
     out = measure(events, workers=2, steps=1000, time_scale=100.0, step_scale=64.0)
     assert out["by_gpu"]["k80"]["steps"] == 90
+
+
+def test_a_growing_cluster_bills_its_ps_from_the_start():
+    from transient_nb.reproduce import DYNAMIC_SETUPS, TABLE_SETUPS
+
+    static, growing, big = DYNAMIC_SETUPS
+    assert static.bills_ps and growing.bills_ps and big.bills_ps
+    assert not TABLE_SETUPS[0].bills_ps  # the paper's one-GPU baseline had no PS

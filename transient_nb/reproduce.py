@@ -68,7 +68,7 @@ class Setup:
     ``workers`` the sum). ``grow_to``: start with ``workers`` and add one worker at equal
     intervals of the run until there are ``grow_to`` (the paper's dynamic experiment: 1 to 4
     K80, one more every 16K of 64K steps). ``bill_ps``: bill the PS host (default: with more
-    than one worker; the paper's one-GPU baseline had none).
+    than one worker at any time; the paper's one-GPU baseline had none).
     """
 
     label: str
@@ -90,6 +90,12 @@ class Setup:
     def most_workers(self) -> int:
         """Workers at the end of the run (the most it has)."""
         return max(self.workers, self.grow_to)
+
+    @property
+    def bills_ps(self) -> bool:
+        """Whether the PS host is billed: ``bill_ps``, else whether the cluster ever has more
+        than one worker (a growing one has its PS from the start)."""
+        return self.most_workers > 1 if self.bill_ps is None else self.bill_ps
 
 
 #: The rows of Table I/III.
@@ -397,7 +403,7 @@ def run_setup(
             steps=steps,
             time_scale=time_scale,
             step_scale=step_scale,
-            with_ps=setup.workers > 1 if setup.bill_ps is None else setup.bill_ps,
+            with_ps=setup.bills_ps,
         )
         joins = join_delays(run.events(), time_scale) if setup.grow_to else []
     return {
