@@ -136,6 +136,14 @@ class TransientCluster(SpecCluster):
     >>> cluster.preempt(1)  # doctest: +SKIP
     >>> cluster.cost()  # doctest: +SKIP
     >>> cluster.close()  # doctest: +SKIP
+
+    A mix of GPU types, scaled by type:
+
+    >>> mixed = TransientCluster(
+    ...     workers={"k80": 2, "p100": 1, "v100": 1}, prices="paper-2019"
+    ... )  # doctest: +SKIP
+    >>> mixed.scale(2, gpu="v100")  # doctest: +SKIP
+    >>> mixed.cost().by_gpu  # doctest: +SKIP
     """
 
     def __new__(cls, *args: Any, detached: bool | None = None, **kwargs: Any) -> Any:
