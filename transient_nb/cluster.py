@@ -208,7 +208,7 @@ class TransientCluster(SpecCluster):
             _positive_int(asked, "workers")
             self.gpu = str(config.get("gpu", override_with=gpu))
             #: GPU type -> workers of that type asked for (the desired state; see Notes).
-            self._mix: Mix = parse_mix(asked, self.gpu)
+            self._mix: Mix = {self.gpu: asked}  # the type exactly as given, as before mixes
         else:
             self._mix = parse_mix(asked, str(config.get("gpu", override_with=gpu)))
             if gpu is not None and gpu.lower() not in self._mix:
