@@ -18,8 +18,14 @@ Examples::
     python benchmarks/paper_emulation.py               # both tables (~8 min on 2 cores)
     python benchmarks/paper_emulation.py --table       # Table I/III only (~3 min)
     python benchmarks/paper_emulation.py --curve --gpus v100 --workers 1 4 8
-    python benchmarks/paper_emulation.py --today       # T4/L4/V100/A100 at gce-2025 prices
+    python benchmarks/paper_emulation.py --mixed       # 4 K80 / 2 K80+P100+V100 / 4 V100
+    python benchmarks/paper_emulation.py --dynamic     # 1 K80 growing to 4, against static
+    python benchmarks/paper_emulation.py --today       # the same questions at gce-2025 prices
     python benchmarks/paper_emulation.py --tiny        # smoke configuration (CI)
+
+``--mixed`` and ``--dynamic`` run mixed GPU types and a growing cluster through the public API
+(``TransientCluster(workers={"k80": 2, "p100": 1, "v100": 1})``, ``cluster.scale(n, gpu=...)``),
+with each worker's lifetimes drawn from the paper's curve of its own GPU type.
 """
 
 from __future__ import annotations
@@ -40,7 +46,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--table", action="store_true", help="only Table I/III")
     parser.add_argument("--curve", action="store_true", help="only the speed curve")
     parser.add_argument(
-        "--today", action="store_true", help="only the same question at today's prices (gce-2025)"
+        "--today", action="store_true", help="only the same questions at today's prices (gce-2025)"
+    )
+    parser.add_argument("--mixed", action="store_true", help="only mixed GPU types (experiment 3)")
+    parser.add_argument(
+        "--dynamic", action="store_true", help="only the growing cluster (experiment 4)"
+    )
+    parser.add_argument(
+        "--dynamic-pace",
+        type=float,
+        default=0.4,
+        help="Dynamic: wall pace (lower: this host's worker start-up costs less simulated time)",
     )
     parser.add_argument("--steps-per-worker", type=int, default=160, help="Table: steps per worker")
     parser.add_argument(
@@ -55,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shards", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    both = not (args.table or args.curve or args.today)
+    only = args.table or args.curve or args.today or args.mixed or args.dynamic
+    both = not only
     quiet()
     os.environ.setdefault("TRANSIENT_NB_STRICT_EVENTS", "1")
     from transient_nb import reproduce
@@ -65,9 +82,13 @@ def main(argv: list[str] | None = None) -> int:
         setups = setups[:2]
         args.steps_per_worker, args.gpus, args.workers, args.shards = 40, ["v100"], [4], [1]
         args.window = 3.0
-    if args.table or args.curve or both:
-        print(reproduce.note())
-        print()
+    mixed_setups, dynamic_setups = reproduce.MIXED_SETUPS, reproduce.DYNAMIC_SETUPS
+    today_mixed, today_dynamic = reproduce.TODAY_MIXED_SETUPS, reproduce.TODAY_DYNAMIC_SETUPS
+    if args.tiny:
+        mixed_setups, dynamic_setups = mixed_setups[1:2], dynamic_setups[1:2]
+        today_mixed, today_dynamic = today_mixed[1:2], today_dynamic[1:2]
+    print(reproduce.note())
+    print()
     if args.table or both:
         t0 = time.time()
         log(f"Table I/III: {len(setups)} setups, {args.steps_per_worker} steps per worker")
@@ -137,7 +158,91 @@ def main(argv: list[str] | None = None) -> int:
             f"lifetimes from the paper's K80 curve (none measured for these GPUs), T4/L4/A100 step "
             f"rates estimated (transient_nb.emulation). Seed {args.seed}, {time.time() - t0:.0f} s."
         )
+        print()
+    if args.mixed or both or args.today:
+        t0 = time.time()
+        prices = "gce-2025" if args.today else "paper-2019"
+        setups_ = today_mixed if args.today else mixed_setups
+        # Today's GPUs have no lifetime study: every Spot worker gets the paper's K80 curve, as
+        # in the --today table; the paper's own GPUs get their own curves.
+        lifetimes = "paper:k80" if args.today else "paper"
+        mixed = reproduce.mixed_table(
+            setups_,
+            steps_per_worker=args.steps_per_worker,
+            wall_pace=args.wall_pace,
+            seed=args.seed,
+            prices=prices,
+            lifetimes=lifetimes,
+        )
+        _print_frame(mixed)
+        paper = reproduce.PAPER_MIXED
+        print(
+            f"Mixed ({prices}): 'faster than first' is time saved against {setups_[0].label}, "
+            f"'cheaper than last' money saved against {setups_[-1].label}"
+            + (
+                f" (paper: mixed up to {paper['faster than 4 K80']:.0%} faster than 4 K80, or "
+                f"{paper['cheaper than 4 V100']:.0%} cheaper than 4 V100)"
+                if not args.today
+                else ""
+            )
+            + f". Lifetimes: {_lifetimes(args.today)}. Seed {args.seed}, "
+            f"{time.time() - t0:.0f} s."
+        )
+        print()
+    if args.dynamic or both or args.today:
+        t0 = time.time()
+        prices = "gce-2025" if args.today else "paper-2019"
+        setups_ = today_dynamic if args.today else dynamic_setups
+        dynamic = reproduce.dynamic_table(
+            setups_,
+            steps_per_worker=args.steps_per_worker,
+            wall_pace=args.dynamic_pace,
+            seed=args.seed,
+            prices=prices,
+            lifetimes="paper:k80" if args.today else "paper",
+        )
+        _print_frame(dynamic)
+        paper = reproduce.PAPER_DYNAMIC
+        print(
+            f"Dynamic ({prices}): one worker more at each quarter of the run, LR scaled by the "
+            f"active workers; 'faster/cheaper than first' against {setups_[0].label} (PS billed)"
+            + (
+                f" (paper: {paper['faster than static']:.1%} faster, "
+                f"{paper['cheaper than static']:.1%} cheaper than static)"
+                if not args.today
+                else ""
+            )
+            + f". Lifetimes: {_lifetimes(args.today)}. 'join s': simulated seconds from each scale-up to the new trainer's first "
+            f"step (paper: 81-98 s boot + 79 s cold restart). Wall pace {args.dynamic_pace}, "
+            f"seed {args.seed}, {time.time() - t0:.0f} s."
+        )
+        if dynamic["behind"].sum():
+            print(
+                "WARNING: this host could not keep the emulated pace in some rows (see 'behind')."
+            )
     return 0
+
+
+def _lifetimes(today: bool) -> str:
+    if today:
+        return "the paper's K80 curve for every Spot GPU (no study of today's GPUs is at hand)"
+    return "the paper's curve of each worker's own GPU type"
+
+
+def _print_frame(frame: object) -> None:
+    """A reproduce table (setup as index) as markdown."""
+    import pandas as pd
+
+    assert isinstance(frame, pd.DataFrame)
+    print(
+        md_table(
+            ["setup", *frame.columns],
+            [
+                [i, *r]
+                for i, r in zip(frame.index, frame.astype(object).values.tolist(), strict=True)
+            ],
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -152,8 +152,9 @@ def test_pipeline_accuracy():
 
 @pytest.mark.timeout(420)
 def test_paper_emulation():
-    """The paced reproduction of the paper's Table I/III and speed curve, its --tiny form: two
-    tables; the baseline is the paper's by construction, the PS cap holds at 4 V100s."""
+    """The paced reproduction of the paper's Table I/III, speed curve, mixed GPU types and
+    growing cluster, its --tiny form: four tables; the baseline is the paper's by construction,
+    the PS cap holds at 4 V100s, the mixed cluster runs every type, the growing one grows."""
     proc = subprocess.run(
         [sys.executable, str(BENCHMARKS / "paper_emulation.py"), "--tiny"],
         capture_output=True,
@@ -166,7 +167,7 @@ def test_paper_emulation():
         for b in proc.stdout.split("\n\n")
     ]
     blocks = [b for b in blocks if b]
-    assert len(blocks) == 2, proc.stdout
+    assert len(blocks) == 4, proc.stdout
     tables = []
     for lines in blocks:
         header = [c.strip() for c in lines[0].strip("|").split("|")]
@@ -176,7 +177,7 @@ def test_paper_emulation():
                 for ln in lines[2:]
             ]
         )
-    table, curve = tables
+    table, curve, mixed, dynamic = tables
     assert [r["setup"] for r in table] == ["1 on-demand K80", "2 transient K80"]
     assert_positive(table, "ours h", "ours $", "global steps/s")
     base, two = table
@@ -186,3 +187,14 @@ def test_paper_emulation():
     assert [(r["gpu"], r["workers"], r["PS"]) for r in curve] == [("v100", "4", "1")]
     assert float(curve[0]["ours"]) <= 45 * 1.05  # the PS's emulated capacity holds
     assert "NOT rescaled" in proc.stdout
+    # Mixed: every type trained (its share of the steps is shown), at about the model's speed.
+    (mix,) = mixed
+    assert mix["setup"] == "2 K80 + P100 + V100" and mix["types"] == "2 k80 + 1 p100 + 1 v100"
+    assert all(g in mix["steps by type"] for g in ("k80", "p100", "v100"))
+    if mix["behind"] == "0":
+        assert 0.8 <= float(mix["of model"]) <= 1.1
+    # Dynamic: one worker more at each quarter; each new trainer's join delay is reported.
+    (dyn,) = dynamic
+    assert dyn["setup"] == "dynamic 1->4 transient K80"
+    assert 2 <= len(dyn["join s"].split(",")) <= 3, dyn
+    assert_positive(dynamic, "hours", "cost $")

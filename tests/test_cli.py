@@ -139,3 +139,76 @@ def test_zero_ps_hosts_is_refused_before_anything_starts(tmp_path, capsys):
     assert main(["run", "--ps-hosts", "0", "--out", str(out), "--quiet"]) == 2
     assert "ps_hosts=0 must be a whole number of at least 1" in capsys.readouterr().err
     assert list(out.glob("*/events.jsonl")) == []
+
+
+def test_workers_take_a_mix_of_gpu_types_and_refuse_bad_ones(tmp_path, capsys):
+    from transient_nb.cli import _parser
+
+    args = _parser().parse_args(["up", "--workers", "k80=2,p100=1,v100=1"])
+    assert args.workers == {"k80": 2, "p100": 1, "v100": 1}
+    assert _parser().parse_args(["up", "--workers", "3"]).workers == 3
+    args = _parser().parse_args(["scale", "demo", "3", "--gpu", "v100"])
+    assert (args.name, args.n, args.gpu) == ("demo", 3, "v100")
+    for bad, words in [
+        ("k80=-1", "k80=-1 is not a number of workers"),
+        ("three", "'three' is not a number"),
+        ("k80=2,k80=1", "'k80' is given twice"),
+    ]:
+        with pytest.raises(SystemExit):
+            _parser().parse_args(["up", "--workers", bad])
+        assert words in capsys.readouterr().err
+    # A type the catalog has no price for: refused before anything starts.
+    out = tmp_path / "o"
+    assert main(["run", "--workers", "t4=1,h900=1", "--out", str(out), "--quiet"]) == 2
+    assert "Unknown GPU type 'h900'" in capsys.readouterr().err
+    assert list(out.glob("*/events.jsonl")) == []
+
+
+@pytest.mark.slow
+def test_a_detached_mixed_cluster_scales_by_type(tmp_path, capsys):
+    from conftest import wait_for_sync
+
+    from transient_nb import registry
+    from transient_nb.connect import connect
+
+    argv = ["up", "--name", "cli-mix", "--workers", "k80=1,v100=1", "--prices", "paper-2019"]
+    assert main([*argv, "--preemption", "none", "--provisioning-delay", "0s"]) == 0
+    capsys.readouterr()
+    cluster = connect("cli-mix", prefer_local=False)
+    try:
+
+        def joined() -> dict[str, int]:
+            df = cluster.vms()
+            df = df[(df["role"] == "worker") & (df["state"] == "joined")]
+            return {str(g): int(n) for g, n in df.groupby("gpu").size().items()}
+
+        wait_for_sync(lambda: joined() == {"k80": 1, "v100": 1}, timeout=90)
+        assert main(["scale", "cli-mix", "2", "--gpu", "v100"]) == 0
+        assert "scaling to 2 v100 workers" in capsys.readouterr().out
+        wait_for_sync(lambda: joined() == {"k80": 1, "v100": 2}, timeout=90)
+        assert cluster.mix == {"k80": 1, "v100": 2}
+        # A plain number is ambiguous for a mixed cluster: the owner's answer says so.
+        assert main(["scale", "cli-mix", "4"]) == 2
+        assert "this cluster mixes k80=1,v100=2" in capsys.readouterr().err
+        assert main(["status", "cli-mix"]) == 0
+        status = capsys.readouterr().out
+        assert "per type" in status and "k80 1 VMs" in status and "v100 2 VMs" in status
+    finally:
+        cluster.close()
+        assert main(["down", "cli-mix"]) == 0
+    assert registry.entries() == []
+
+
+def test_the_summary_shows_each_gpu_types_steps(capsys):
+    from transient_nb.cli import _print_summary
+    from transient_nb.state import summarize
+
+    s = summarize([])
+    s["by_gpu"] = {
+        "k80": {"workers": 2, "steps": 180, "steps_per_s": 9.0},
+        "v100": {"workers": 1, "steps": 300, "steps_per_s": 15.0},
+    }
+    _print_summary(s)
+    out = capsys.readouterr().out
+    assert "steps per GPU type" in out
+    assert "k80 180 (2 workers, 9.00/s), v100 300 (1 workers, 15.00/s)" in out

@@ -388,6 +388,68 @@ def test_scale_up_and_down_while_preempting(cleanup: None) -> None:
     assert vm_states(record)["state"].isin(["preempted", "deleted"]).all()
 
 
+# -- mixed GPU types: asked for, scaled per type, replaced by type, billed per type --------------
+def joined_by_gpu(cluster: TransientCluster) -> dict[str, int]:
+    """Joined GPU workers per GPU type, from the VM table the views show."""
+    df = vm_states(snapshot(cluster))
+    df = df[(df["role"] == "worker") & (df["state"] == "joined")]
+    return {str(g): int(n) for g, n in df.groupby("gpu").size().items()}
+
+
+@pytest.mark.slow
+def test_a_mixed_cluster_keeps_its_mix(cleanup: None) -> None:
+    with TransientCluster(
+        workers={"k80": 1, "v100": 1},
+        prices="paper-2019",
+        machine_type="n1-standard-8",
+        notice="1s",
+        provisioning_delay=0,
+        seed=3,
+        name="mixed",
+    ) as cluster:
+        # Workers of each type really start: the VM table shows each one's type.
+        wait_for_sync(lambda: joined_by_gpu(cluster) == {"k80": 1, "v100": 1}, timeout=60)
+        started = of_kind(snapshot(cluster), "started")[0]
+        assert started["mix"] == {"k80": 1, "v100": 1} and started["gpu"] == "k80"
+        assert cluster.mix == {"k80": 1, "v100": 1}
+        assert "workers k80=1,v100=1" in repr(cluster)
+
+        # A plain number is ambiguous for a mixed cluster: refused, nothing asked for.
+        with pytest.raises(ValueError, match=r"scale\(3\): this cluster mixes k80=1,v100=1"):
+            cluster.scale(3)
+        with pytest.raises(ValueError, match=r"Unknown GPU type 't4'"):
+            cluster.scale(1, gpu="t4")  # paper-2019 has no T4 price
+        assert of_kind(snapshot(cluster), "scale") == []
+
+        # scale(n, gpu=) changes only that type.
+        cluster.scale(2, gpu="k80")
+        wait_for_sync(lambda: joined_by_gpu(cluster) == {"k80": 2, "v100": 1}, timeout=60)
+        assert of_kind(snapshot(cluster), "scale")[-1]["mix"] == {"k80": 2, "v100": 1}
+
+        # A preempted V100 is replaced by a V100, not by the cluster's main type.
+        (v100,) = [n for n, vm in cluster.workers.items() if vm.spec.gpu == "v100"]
+        cluster.preempt(v100)
+        wait_for_sync(lambda: replaced(snapshot(cluster), v100), timeout=60)
+        new, _ = replacement_of(snapshot(cluster), v100)
+        assert of_kind(snapshot(cluster), "requested", worker=new)[0]["gpu"] == "v100"
+        assert of_kind(snapshot(cluster), "replacement-requested", worker=v100)[0]["gpu"] == "v100"
+        wait_for_sync(lambda: joined_by_gpu(cluster) == {"k80": 2, "v100": 1}, timeout=60)
+
+        # Down by type; the whole mix at once.
+        cluster.scale({"v100": 1})
+        wait_for_sync(lambda: joined_by_gpu(cluster) == {"v100": 1}, timeout=60)
+        assert cluster.mix == {"k80": 0, "v100": 1}
+        cluster.scale(2)  # one type left with workers: a plain number scales it
+        wait_for_sync(lambda: joined_by_gpu(cluster) == {"v100": 2}, timeout=60)
+
+        # The cost of each type adds up to the total.
+        report = cluster.cost()
+        by_gpu = report.by_gpu
+        assert set(by_gpu.index) == {"ps", "k80", "v100"}
+        assert by_gpu.loc["v100", "vms"] == 3 and by_gpu.loc["k80", "vms"] == 2
+        assert by_gpu["cost"].sum() == pytest.approx(report.total)
+
+
 # -- replacement fallback: stock-outs, fallback zones, capacity exhausted -----------------------
 @pytest.mark.slow
 def test_stockouts_fall_back_then_run_short(cleanup: None) -> None:
@@ -636,6 +698,19 @@ BAD_INPUT = [
         {"workers": 2, "max_hourly_cost": 1.0, "on_demand_fallback": True},
         ValueError,
         r"\$0.730/h each at the dearest allowed placement.*at most 1 workers",
+    ),
+    # Mixed GPU types (transient_nb.mix): every mistake named before anything starts.
+    ({"workers": {}}, ValueError, r"workers=\{\} asks for no workers"),
+    ({"workers": {"t4": -1}}, ValueError, r"t4=-1 is not a number of workers"),
+    ({"workers": {"t4": 1, "tpu": 1}}, ValueError, r"Unknown GPU type 'tpu'"),
+    # gce-2025 (the default catalog) has no price for a retired K80.
+    ({"workers": "k80=2,t4=1"}, ValueError, r"Unknown GPU type 'k80' in us-central1-a"),
+    ({"workers": {"t4": 1, "v100": 1}, "gpu": "l4"}, ValueError, r"gpu='l4' is not in"),
+    ({"workers": {"t4": 40, "v100": 30}}, ValueError, r"70 workers is above max_workers=64"),
+    (
+        {"workers": {"t4": 1, "v100": 2}, "max_hourly_cost": 2.0},
+        ValueError,
+        r"3 workers could cost \$2\.\d\d/h.*above max_hourly_cost",
     ),
     ({"budget": 0}, ValueError, r"budget=0 must be a positive number of dollars"),
     ({"deadline": "soon"}, ValueError, r"deadline='soon' must be a positive duration"),

@@ -259,3 +259,25 @@ def test_to_dict_and_html() -> None:
     assert html.endswith("</table></div>")
     assert "<b>$2.7000</b> spent" in html and "saved <b>50%</b>" in html
     assert "<td>1.8000</td>" in html and "<td>0.9000</td>" in html  # four decimals in the table
+
+
+def test_cost_per_gpu_type_adds_up_to_the_total() -> None:
+    events = [
+        vm("ps-0", 0.143, 0.143, role="ps"),
+        vm("w-0", 0.256, 0.723, gpu="k80"),
+        vm("w-1", 0.256, 0.723, gpu="k80"),
+        vm("w-2", 0.861, 2.144, gpu="v100"),
+    ]
+    events += [ev("running", 0, w) for w in ("ps-0", "w-0", "w-1", "w-2")]
+    events += [ev("preempted", 1800, "w-1")]
+    report = compute_costs(events, now=T0 + 3600)
+    by_gpu = report.by_gpu
+    assert list(by_gpu.index) == ["ps", "k80", "v100"]
+    assert by_gpu.loc["k80", "vms"] == 2
+    assert by_gpu.loc["k80", "cost"] == pytest.approx(0.256 * 1.5)
+    assert by_gpu.loc["v100", "cost_on_demand"] == pytest.approx(2.144)
+    assert by_gpu["cost"].sum() == pytest.approx(report.total)
+    assert by_gpu["cost_on_demand"].sum() == pytest.approx(report.total_on_demand)
+    # A mixed cluster's HTML shows the per-type table; an empty report has no rows.
+    assert "Per GPU type" in report._repr_html_()
+    assert compute_costs([], now=T0).by_gpu.empty

@@ -79,6 +79,12 @@ def widgets_shown(captured: Any) -> list[Any]:
         ("up --workers 3 --max-workers 2", "3 workers is above max_workers=2"),
         ("up --workers 4 --max-hourly-cost 0.5", "above max_hourly_cost=$0.50/h"),
         ("up --backend gce --time-scale 120", "time_scale=120 is only for the local backend"),
+        # Mixed GPU types: every mistake names its value, before anything starts.
+        ("up --workers k80=-1", "k80=-1 is not a number of workers"),
+        ("up --workers k80=2,k80=1", "GPU type 'k80' is given twice"),
+        ("up --workers k80=2,v100=1", "Unknown GPU type 'k80' in us-central1-a"),  # gce-2025
+        ("up --workers t4=1,h9000=1", "Unknown GPU type 'h9000'"),
+        ("up --workers t4=1,v100=1 --gpu l4", "gpu='l4' is not in workers='t4=1,v100=1'"),
     ],
 )
 def test_mistakes_say_what_to_type(ip: InteractiveShell, line: str, message: str) -> None:
@@ -302,3 +308,31 @@ def test_a_detached_session(ip: InteractiveShell) -> None:
     assert "is down" in captured.stdout
     psutil.Process(head).wait(timeout=120) if psutil.pid_exists(head) else None
     assert not psutil.pid_exists(head) or psutil.Process(head).status() == psutil.STATUS_ZOMBIE
+
+
+@pytest.mark.slow
+def test_a_mixed_cluster_from_the_magic(ip: InteractiveShell) -> None:
+    with capture_output():
+        cluster = magic(
+            ip,
+            "up --workers k80=1,v100=1 --prices paper-2019 --preemption none "
+            "--provisioning-delay 0s --notice 1s --name magic-mix --no-panel",
+        )
+    assert cluster.mix == {"k80": 1, "v100": 1}
+    cluster.wait_for_workers(2, timeout=120)
+    with pytest.raises(UsageError, match=r"scale\(3\): this cluster mixes k80=1,v100=1"):
+        magic(ip, "scale 3")
+    with capture_output() as out:
+        magic(ip, "scale 2 --gpu v100")
+    assert "scaling to 2 v100 GPU workers" in out.stdout
+    cluster.wait_for_workers(3, timeout=120)
+    assert cluster.mix == {"k80": 1, "v100": 2}
+    with capture_output() as out:
+        magic(ip, "scale k80=2,v100=1")
+    assert "scaling to workers k80=2,v100=1" in out.stdout
+    assert cluster.mix == {"k80": 2, "v100": 1}
+    status = magic(ip, "status")
+    workers = status.table[status.table["role"] == "worker"]
+    assert {"k80", "v100"} <= set(workers["gpu"])
+    with capture_output():
+        magic(ip, "down")

@@ -226,6 +226,29 @@ def check_emulated_section(nb: Any) -> None:
         # Four V100s saturate one PS (45/s, the plateau); a second PS lets them go faster.
         assert points[(4, 1)][0] == pytest.approx(45, rel=0.1), curve_out
         assert points[(4, 2)][0] > points[(4, 1)][0] * 1.2, curve_out
+    check_mixed_and_dynamic(nb)
+
+
+def check_mixed_and_dynamic(nb: Any) -> None:
+    """Experiments 3 and 4 of issue 15: a real mixed cluster, then paced mixed and growing runs."""
+    demo = stdout(cell(nb, "mixed-demo"))
+    assert "workers per GPU type: {'k80': 2, 'p100': 1, 'v100': 2}" in demo, demo
+    assert "cost per type adds up: True" in demo, demo
+    out = stdout(cell(nb, "emulated-mixed"))
+    assert "python benchmarks/paper_emulation.py --mixed --seed 0" in out, out
+    (row,) = html_table(shown(cell(nb, "emulated-mixed"))[-1]["text/html"])
+    assert row[""] == "2 K80 + P100 + V100" and row["types"] == "2 k80 + 1 p100 + 1 v100"
+    assert all(g in row["steps by type"] for g in ("k80", "p100", "v100")), row
+    if "host kept the pace in every row: True" in out:
+        # 2 x 4.56 + 12.2 + 15.6 = 36.9 global steps/s in the paper's model, under the PS's 45.
+        assert float(row["of model"]) == pytest.approx(1.0, abs=0.15), row
+    out = stdout(cell(nb, "emulated-dynamic"))
+    assert "python benchmarks/paper_emulation.py --dynamic --seed 0" in out, out
+    (row,) = html_table(shown(cell(nb, "emulated-dynamic"))[-1]["text/html"])
+    assert row[""] == "dynamic 1->4 transient K80", row
+    # One worker more at each quarter: every new trainer's join delay (boot and start-up) shows.
+    assert 2 <= len(row["join s"].split(",")) <= 3, row
+    assert float(row["hours"]) > 0 and float(row["cost $"]) > 0, row
 
 
 # -- gce.ipynb, against the fake Compute Engine ----------------------------------------------------

@@ -137,3 +137,21 @@ def test_a_limit_of_one_reorders_at_once_and_the_window_ends_exactly() -> None:
     clock.now += 0.5  # the window is over: the preemption no longer counts
     assert not policy.preempting("t4", "z-a")
     assert next(policy.candidates()) == Placement("t4", "z-a", True)
+
+
+def test_each_type_of_a_mix_has_its_own_preferred_gpu_and_the_same_fallbacks() -> None:
+    p = ReplacementPolicy(
+        "k80", "us-central1-a", True, fallback_zones=["us-east1-c"], fallback_gpus=["p100"]
+    )
+    assert [(c.gpu, c.zone) for c in p.candidates("v100")] == [
+        ("v100", "us-central1-a"),
+        ("v100", "us-east1-c"),
+        ("p100", "us-central1-a"),
+        ("p100", "us-east1-c"),
+    ]
+    # The type asked for is never tried twice when it is a fallback too.
+    # (nor does the cluster's main type stand in for another type: only the fallbacks do).
+    assert [c.gpu for c in p.placements("p100")] == ["p100", "p100"]
+    assert [c.gpu for c in p.candidates()] == ["k80", "k80", "p100", "p100"]
+    p.remember_stockout(Placement("v100", "us-central1-a", True))
+    assert next(p.candidates("v100")) == Placement("v100", "us-east1-c", True)

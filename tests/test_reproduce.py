@@ -72,3 +72,56 @@ def test_measure_refuses_a_run_too_short_or_unfinished():
     short = [e for e in _events() if e["kind"] != "metrics"]
     with pytest.raises(ValueError, match="too short"):
         measure(short, workers=2, steps=120, time_scale=1.0, step_scale=1.0)
+
+
+def test_setups_of_the_mixed_and_growing_experiments():
+    from transient_nb.reproduce import DYNAMIC_SETUPS, MIXED_SETUPS, Setup, grow_marks, model_speed
+
+    slow, mix, dear = MIXED_SETUPS
+    assert mix.types == {"k80": 2, "p100": 1, "v100": 1} and mix.workers == 4
+    assert slow.types == {"k80": 4} and dear.types == {"v100": 4}
+    # The paper's model: the mix asks for 36.9 global steps/s, under one PS's 45; 4 V100 hit it.
+    assert model_speed(mix) == pytest.approx(2 * 4.56 + 12.2 + 15.6)
+    assert model_speed(dear) == 45.0 and model_speed(slow) == pytest.approx(4 * 4.56)
+    static, growing, big = DYNAMIC_SETUPS
+    assert static.bill_ps is True and static.most_workers == 1
+    assert growing.most_workers == 4 and big.most_workers == 4
+    # One worker more at each quarter, as the paper's one more every 16K of 64K steps.
+    assert grow_marks(growing, 64000) == [16000, 32000, 48000]
+    assert grow_marks(growing, 640) == [160, 320, 480]
+    assert grow_marks(static, 640) == [] and grow_marks(
+        Setup("2->3", "t4", 2, True, grow_to=3), 90
+    ) == [45]
+
+
+def test_join_delays_pair_each_scale_up_with_the_next_new_trainer():
+    from transient_nb.reproduce import join_delays
+
+    events = [
+        {"kind": "emulation-paced", "time": 1.0, "worker": "w-0", "role": "worker"},
+        {"kind": "scale", "time": 10.0, "workers": 2},
+        {"kind": "emulation-paced", "time": 10.5, "worker": "ps-0", "role": "ps"},  # not a worker
+        {"kind": "emulation-paced", "time": 12.0, "worker": "w-1", "role": "worker"},
+        {"kind": "scale", "time": 20.0, "workers": 3},
+        {"kind": "emulation-paced", "time": 23.0, "worker": "w-2", "role": "worker"},
+        {"kind": "scale", "time": 30.0, "workers": 4},  # the run ended before it joined
+    ]
+    assert join_delays(events, time_scale=40.0) == [80.0, 120.0]
+
+
+def test_measure_reports_each_types_steps():
+    events = _events()
+    for e in events:
+        if e["kind"] == "requested" and e["worker"] == "w-0":
+            e["gpu"] = "k80"
+    events.insert(-1, {"kind": "worker-metrics", "time": 23.0, "worker": "w-0", "local_step": 90})
+    out = measure(events, workers=2, steps=1000, time_scale=100.0, step_scale=64.0)
+    assert out["by_gpu"]["k80"]["steps"] == 90
+
+
+def test_a_growing_cluster_bills_its_ps_from_the_start():
+    from transient_nb.reproduce import DYNAMIC_SETUPS, TABLE_SETUPS
+
+    static, growing, big = DYNAMIC_SETUPS
+    assert static.bills_ps and growing.bills_ps and big.bills_ps
+    assert not TABLE_SETUPS[0].bills_ps  # the paper's one-GPU baseline had no PS

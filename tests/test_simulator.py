@@ -112,3 +112,22 @@ async def test_trace_replay_resolves_slots_when_it_fires() -> None:
         ("w-5", True, "simulator"),
         ("w-9", True, "simulator"),
     ]
+
+
+@gen_test()
+async def test_a_model_by_gpu_draws_from_each_workers_type() -> None:
+    @dataclass(frozen=True)
+    class ByGpu:
+        spec: str = "by-gpu"
+
+        def for_gpu(self, gpu: str | None) -> Fixed:
+            return Fixed(10.0 if gpu == "v100" else None)
+
+        def lifetime(self, rng: random.Random) -> float | None:
+            raise AssertionError("a model by GPU type is asked per type")
+
+    sim = PreemptionSimulator(ByGpu(), 1.0, Recorder(), lambda slot: None, random.Random(0))
+    sim.vm_running("w-0", "k80")
+    sim.vm_running("w-1", "v100")
+    assert list(sim._handles) == ["w-1"]
+    sim.stop()

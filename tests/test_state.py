@@ -15,7 +15,7 @@ import pytest
 from views.views_logs import FakeCluster
 
 from transient_nb.cost import compute_costs
-from transient_nb.events import LIFECYCLE, read_run_record
+from transient_nb.events import LIFECYCLE, make_event, read_run_record
 from transient_nb.server.manager import make_cluster_model
 from transient_nb.state import (
     MAX_GONE_ROWS,
@@ -304,3 +304,32 @@ def test_the_summary_says_whether_the_host_kept_the_emulated_pace():
     assert "50%" in s["emulation_note"]
     plain = summarize([])
     assert not plain["emulated"] and plain["emulation_note"].startswith("not emulated")
+
+
+def test_summary_groups_each_workers_steps_by_gpu_type() -> None:
+    def req(name: str, gpu: str) -> dict:
+        return make_event("requested", worker=name, role="worker", gpu=gpu, zone="z", spot=True)
+
+    def wm(name: str, local: int, t: float) -> dict:
+        e = make_event(
+            "worker-metrics", run="r", worker=name, step=0, img_per_s=1.0, local_step=local
+        )
+        return {**e, "time": t}
+
+    events = [
+        {**make_event("train-started", run="r", steps=100, batch_size=32), "time": 0.0},
+        req("w-0", "k80"),
+        req("w-1", "k80"),
+        req("w-2", "v100"),
+        wm("w-0", 5, 1.0),
+        wm("w-0", 10, 2.0),
+        wm("w-1", 8, 2.0),
+        wm("w-2", 30, 2.0),
+        {**make_event("train-finished", run="r", step=48, reason="steps"), "time": 10.0},
+    ]
+    by_gpu = summarize(events)["by_gpu"]
+    assert by_gpu == {
+        "k80": {"workers": 2, "steps": 18, "steps_per_s": 1.8},
+        "v100": {"workers": 1, "steps": 30, "steps_per_s": 3.0},
+    }
+    assert summarize([])["by_gpu"] == {}

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from transient_nb import registry
+from transient_nb.mix import format_mix, parse_mix
 
 #: Defaults of ``run``'s training options (a resumed run keeps its own instead): minutes on 2 cores.
 CLI_DEFAULTS: dict[str, Any] = {
@@ -31,9 +32,31 @@ CLI_DEFAULTS: dict[str, Any] = {
 }
 
 
+def _workers(text: str) -> int | dict[str, int]:
+    """``--workers``: a number, or a mix of GPU types such as ``k80=2,p100=1,v100=1``."""
+    try:
+        if "=" not in text:
+            n = int(text)
+            if n < 0:
+                raise ValueError(f"workers={n} must be a whole number of at least 0.")
+            return n
+        return parse_mix(text, "")
+    except ValueError as e:
+        msg = str(e) if "=" in text or "workers=" in str(e) else f"{text!r} is not a number"
+        raise argparse.ArgumentTypeError(
+            f"{msg} (give a number of workers, or TYPE=COUNT pairs such as k80=2,v100=1)"
+        ) from None
+
+
 def _add_cluster_options(r: argparse.ArgumentParser) -> None:
     r.add_argument("--name", default=None, help="cluster name (default: a fresh one)")
-    r.add_argument("--workers", type=int, default=4, help="preemptible GPU workers (default 4)")
+    r.add_argument(
+        "--workers",
+        type=_workers,
+        default=4,
+        metavar="N|TYPE=N,...",
+        help="preemptible GPU workers (default 4), or a mix of GPU types: k80=2,p100=1,v100=1",
+    )
     r.add_argument(
         "--ps-hosts",
         type=int,
@@ -152,6 +175,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     at.add_argument("name")
     at.add_argument("--quiet", action="store_true", help="no progress bar")
+    sc = sub.add_parser(
+        "scale", help="keep N GPU workers (of type --gpu), or a whole mix such as k80=2,v100=1"
+    )
+    sc.add_argument("name")
+    sc.add_argument("n", type=_workers, metavar="N|TYPE=N,...")
+    sc.add_argument("--gpu", default=None, help="the GPU type N counts (others keep theirs)")
     d = sub.add_parser("down", help="stop a cluster and everything it runs")
     d.add_argument("name")
     d.add_argument(
@@ -209,6 +238,17 @@ def _print_summary(s: dict[str, Any]) -> None:
             f"{speedup:.2f}x" if speedup else f"n/a ({s.get('speedup_note') or 'not measured'})",
         ),
     ]
+    by_gpu = s.get("by_gpu") or {}
+    if len(by_gpu) > 1:  # a mixed cluster: each type's share of the workers' steps
+        lines.append(
+            (
+                "steps per GPU type",
+                ", ".join(
+                    f"{g} {r['steps']} ({r['workers']} workers, {r['steps_per_s']:.2f}/s)"
+                    for g, r in by_gpu.items()
+                ),
+            )
+        )
     width = max(len(k) for k, _ in lines)
     print("\nSummary")
     for k, v in lines:
@@ -370,6 +410,14 @@ def status(args: argparse.Namespace) -> int:
             "  workers     " + ", ".join(f"{n} {state}" for state, n in sorted(counts.items()) if n)
         )
         print(f"  cost        ${cost.total:.4f} (on demand ${cost.total_on_demand:.4f})")
+        by_gpu = cost.by_gpu
+        if len(by_gpu) > 2:  # more than one GPU type beside the PS host
+            print(
+                "  per type    "
+                + ", ".join(
+                    f"{g} {int(r['vms'])} VMs ${r['cost']:.4f}" for g, r in by_gpu.iterrows()
+                )
+            )
         for r in cluster.runs():
             acc = f"{r.accuracy:.1%}" if r.accuracy is not None else "-"
             steps = r.started_event.get("steps", "?")
@@ -403,6 +451,21 @@ def attach(args: argparse.Namespace) -> int:
         _print_summary(job.summary())
     finally:
         cluster.close()
+    return 0
+
+
+def scale(args: argparse.Namespace) -> int:
+    """``scale NAME N [--gpu G]``: ask the owner to keep N workers (of type G), or a mix."""
+    cluster = _connect(args.name)
+    try:
+        if args.gpu is None:
+            cluster.scale(args.n)
+        else:
+            cluster.scale(args.n, gpu=args.gpu)
+    finally:
+        cluster.close()
+    what = format_mix(args.n) if isinstance(args.n, dict) else f"{args.n}"
+    print(f"Cluster {args.name}: scaling to {what}{f' {args.gpu}' if args.gpu else ''} workers.")
     return 0
 
 
@@ -469,6 +532,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "status": status,
             "attach": attach,
             "down": down,
+            "scale": scale,
             "sweep": sweep_vms,
         }
         if args.command in commands:

@@ -15,7 +15,7 @@ import random
 import re
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pandas as pd
@@ -30,6 +30,7 @@ from transient_nb.backends import CapacityError, QuotaError, TransientVM, VMSpec
 from transient_nb.cost import CostReport, compute_costs
 from transient_nb.events import TOPIC, events_frame, make_event, vm_states
 from transient_nb.limits import Limits
+from transient_nb.mix import Mix, format_mix, parse_mix
 from transient_nb.monitor import TransientMonitor
 from transient_nb.preemption import parse_delay, parse_preemption, validate_delay
 from transient_nb.prices import PriceCatalog
@@ -83,12 +84,17 @@ class TransientCluster(SpecCluster):
     Parameters
     ----------
     workers
-        Number of preemptible GPU workers (the PS host comes on top).
+        Number of preemptible GPU workers of type ``gpu`` (the PS host comes on top), or a mix
+        of GPU types: ``{"k80": 2, "p100": 1, "v100": 1}`` (or the text ``"k80=2,p100=1,v100=1"``).
+        Every type must have a price in ``prices``; a replacement keeps the type of the worker
+        it replaces (with the same fallbacks as any other).
     gpu, spot, zone
-        GPU type, Spot or on-demand, and zone of new workers.
+        GPU type, Spot or on-demand, and zone of new workers. With a mix, ``gpu`` may be left
+        out (the mix's first type is the cluster's main type) or must be one of the mix.
     preemption
         Preemption source of the local backend: ``"none"``, ``"paper:k80"`` (and ``p100``,
-        ``v100``, ``cpu``), ``"exp:mean=60s"``, ``"trace:PATH"``.
+        ``v100``, ``cpu``), ``"paper"`` (each worker its own type's curve, K80's for types
+        the paper did not measure), ``"exp:mean=60s"``, ``"trace:PATH"``.
     time_scale
         Simulated seconds per wall-clock second (120: an hour of the paper in 30 s). Lifetimes,
         notices and provisioning delays are simulated times; costs are billed in simulated time.
@@ -135,8 +141,9 @@ class TransientCluster(SpecCluster):
     ``scale(n)`` as "n specs". A transient cluster needs other semantics: a preempted VM is gone
     for good (its name is never reused, its bill ends, a replacement may go to another zone or GPU
     type), replacements wait out provisioning delays, stock-outs and backoffs, and the PS host is
-    not a worker to count. So ``_target`` (the workers asked for) and ``_slots`` (slot -> the VM
-    holding it, reserved while a request is in flight) are the desired state, and
+    not a worker to count. So ``_mix`` (GPU type -> workers asked for; ``_target`` is their sum),
+    ``_slots`` (slot -> the VM holding it, reserved while a request is in flight) and
+    ``_slot_gpu`` (slot -> the type asked for in it) are the desired state, and
     ``_provision``/``_maybe_replace`` are the reconciliation: on every ``scale``, ``left`` and
     ``preempted`` event they ask the backend for the VMs that are missing, one slot at a time.
     ``worker_spec`` is still kept true (a spec per live VM), so that SpecCluster's ``close``,
@@ -150,6 +157,14 @@ class TransientCluster(SpecCluster):
     >>> cluster.preempt(1)  # doctest: +SKIP
     >>> cluster.cost()  # doctest: +SKIP
     >>> cluster.close()  # doctest: +SKIP
+
+    A mix of GPU types, scaled by type:
+
+    >>> mixed = TransientCluster(
+    ...     workers={"k80": 2, "p100": 1, "v100": 1}, prices="paper-2019"
+    ... )  # doctest: +SKIP
+    >>> mixed.scale(2, gpu="v100")  # doctest: +SKIP
+    >>> mixed.cost().by_gpu  # doctest: +SKIP
     """
 
     def __new__(cls, *args: Any, detached: bool | None = None, **kwargs: Any) -> Any:
@@ -188,7 +203,7 @@ class TransientCluster(SpecCluster):
 
     def __init__(
         self,
-        workers: int | None = None,
+        workers: int | str | Mapping[str, int] | None = None,
         gpu: str | None = None,
         spot: bool | None = None,
         zone: str | None = None,
@@ -223,7 +238,20 @@ class TransientCluster(SpecCluster):
         **backend_options: Any,
     ):
         # Everything is checked before anything starts: a mistake costs nothing.
-        self._target = _positive_int(config.get("workers", override_with=workers), "workers")
+        asked = config.get("workers", override_with=workers)
+        if isinstance(asked, int) and not isinstance(asked, bool):
+            _positive_int(asked, "workers")
+            self.gpu = str(config.get("gpu", override_with=gpu))
+            #: GPU type -> workers of that type asked for (the desired state; see Notes).
+            self._mix: Mix = {self.gpu: asked}  # the type exactly as given, as before mixes
+        else:
+            self._mix = parse_mix(asked, str(config.get("gpu", override_with=gpu)))
+            if gpu is not None and gpu.lower() not in self._mix:
+                raise ValueError(
+                    f"gpu={gpu!r} is not in workers={format_mix(self._mix)!r}: drop gpu, or "
+                    "add it to the mix."
+                )
+            self.gpu = gpu.lower() if gpu is not None else next(iter(self._mix))
         self.limits = Limits.from_config(
             max_workers=max_workers,
             max_hourly_cost=max_hourly_cost,
@@ -232,7 +260,6 @@ class TransientCluster(SpecCluster):
             join_timeout=join_timeout,
         )
         self.limits.check_workers(self._target)
-        self.gpu = str(config.get("gpu", override_with=gpu))
         self.spot = bool(config.get("spot", override_with=spot))
         self.zone = str(config.get("zone", override_with=zone))
         self.machine_type = str(config.get("machine-type", override_with=machine_type))
@@ -243,10 +270,13 @@ class TransientCluster(SpecCluster):
             config.get("replacement.fallback-zones", override_with=fallback_zones)
         )
         fallback_gpus = list(config.get("replacement.fallback-gpus", override_with=fallback_gpus))
-        self.catalog.worker_price(self.gpu, self.machine_type, self.zone)
+        for g in self._mix:
+            # A type the catalog cannot price cannot be billed either: refuse it now.
+            self.catalog.worker_price(g, self.machine_type, self.zone)
         self.catalog.machine_price(self.ps_machine_type, self.zone)
         for z in fallback_zones:
-            self.catalog.worker_price(self.gpu, self.machine_type, z)
+            for g in self._mix:
+                self.catalog.worker_price(g, self.machine_type, z)
         for g in fallback_gpus:
             self.catalog.gpu_price(g, self.zone)
         self.preemption = parse_preemption(config.get("preemption", override_with=preemption))
@@ -303,7 +333,7 @@ class TransientCluster(SpecCluster):
         self._backoff_max_s = float(
             parse_timedelta(config.get("replacement.crash-backoff-max"), default="seconds") or 0
         )
-        self._check_hourly_cost(self._target)
+        self._check_hourly_cost(self._mix)
         name = check_name(name or f"transient-{uuid.uuid4().hex[:6]}")
         registry.check_free(name)
         seed = config.get("seed", override_with=seed)
@@ -325,12 +355,13 @@ class TransientCluster(SpecCluster):
         # project, zones, machine and GPU types, image) first thing in the async start, before
         # anything exists, and off the event loop (blocking SDK calls; see _start).
         self._prepare_options: dict[str, Any] = {
-            "gpus": [self.gpu, *fallback_gpus],
+            "gpus": [*self._mix, *[g for g in fallback_gpus if g not in self._mix]],
             "zones": [self.zone, *fallback_zones],
             "machine_type": self.machine_type,
             "ps_machine_type": self.ps_machine_type,
             "notice_s": self.notice_s / self.time_scale,
             "cluster_id": self.cluster_id,
+            "asked_gpus": len(self._mix),
         }
         if replace_at is None and self.backend.name == "gce":
             # GCE gives 30 s of notice and a new VM takes 80-100 s to boot: ask at the notice.
@@ -357,6 +388,9 @@ class TransientCluster(SpecCluster):
         self.monitor.on_membership = self._membership
         self._counter = {"worker": 0, "ps": 0}
         self._slots: dict[int, str] = {}
+        #: Slot -> the GPU type asked for in it: a replacement asks for the same type (it may
+        #: land on a fallback type, but it still fills its slot's type in the mix).
+        self._slot_gpu: dict[int, str] = {}
         self._tasks: set[asyncio.Future[Any]] = set()
         self._closing = False
         #: VMs whose worker joined at least once (a VM lost before that failed to start).
@@ -408,6 +442,7 @@ class TransientCluster(SpecCluster):
             zone=self.zone,
             spot=self.spot,
             workers=self._target,
+            mix=dict(self._mix),
             notice_s=self.notice_s,
             run_record=self.run_record,
             scheduler_address=self.scheduler_address,
@@ -424,6 +459,7 @@ class TransientCluster(SpecCluster):
                 # connect() and the JupyterLab panel. None without TLS.
                 "tls": self.backend.client_tls_files(),
                 "gpu": self.gpu,
+                "mix": format_mix(self._mix),
                 "zone": self.zone,
                 "spot": self.spot,
                 "ps_hosts": self.ps_hosts,
@@ -446,7 +482,9 @@ class TransientCluster(SpecCluster):
             )
         self._started_once = True
         self.simulator.start()
-        await asyncio.gather(*(self._provision("worker") for _ in range(self._target)))
+        await asyncio.gather(
+            *(self._provision("worker", gpu=g) for g, n in self._mix.items() for _ in range(n))
+        )
 
     async def _close(self) -> None:
         if self.status not in (Status.running, Status.failed) or self._closing:
@@ -508,7 +546,11 @@ class TransientCluster(SpecCluster):
             return
         try:
             if action == "scale":
-                self.scale(int(msg["workers"]))
+                workers = msg["workers"]
+                if isinstance(workers, float):
+                    workers = int(workers)
+                # A number, a mix ({"k80": 2} or "k80=2,v100=1"), and the type a number counts.
+                self.scale(workers, gpu=msg.get("gpu") or None)
             elif action == "preempt":
                 target = msg.get("worker") or int(msg.get("count", 1))
                 await self._preempt(target, notice=bool(msg.get("notice", True)))
@@ -525,24 +567,30 @@ class TransientCluster(SpecCluster):
             )
 
     # -- money and time limits (transient_nb.limits: one place for every backend) ----------------
-    def _check_hourly_cost(self, n: int) -> None:
+    def _check_hourly_cost(self, mix: Mix) -> None:
         if self.limits.max_hourly_cost is None:
             return
-        # The dearest placement the policy may pick (a fallback GPU, zone, or on demand); a
-        # pair the catalog does not price cannot be bought either.
-        rates = []
-        for p in self.policy.placements():
-            try:
-                rates.append(
-                    self.catalog.worker_price(p.gpu, self.machine_type, p.zone).rate(p.spot)
-                )
-            except ValueError:
-                continue
-        worker = max(rates)
+        n = sum(mix.values())
+        if n == 0:
+            return
+        # For each type, the dearest placement the policy may pick for it (a fallback GPU, zone,
+        # or on demand); a pair the catalog does not price cannot be bought either.
+        hourly = 0.0
+        for gpu, count in mix.items():
+            rates = []
+            for p in self.policy.placements(gpu):
+                try:
+                    rates.append(
+                        self.catalog.worker_price(p.gpu, self.machine_type, p.zone).rate(p.spot)
+                    )
+                except ValueError:
+                    continue
+            hourly += count * max(rates)
         ps = max(
             self.catalog.machine_price(self.ps_machine_type, z).rate(False) for z in self._zones()
         )
-        self.limits.check_hourly_cost(n, worker, ps * self.ps_hosts)
+        # The mean over the mix: n times it is the mix's dearest hourly cost.
+        self.limits.check_hourly_cost(n, hourly / n, ps * self.ps_hosts)
 
     async def _guard_limits(self) -> None:
         budget, deadline_s = self.limits.budget, self.limits.deadline_s
@@ -605,6 +653,34 @@ class TransientCluster(SpecCluster):
         self._counter[role] += 1
         return f"w-{i}" if role == "worker" else f"ps-{i}"
 
+    @property
+    def _target(self) -> int:
+        """Workers asked for, of all types."""
+        return sum(self._mix.values())
+
+    @property
+    def mix(self) -> Mix:
+        """GPU type -> number of workers of that type the cluster keeps (a copy)."""
+        return dict(self._mix)
+
+    def _asked_gpu(self, vm: TransientVM) -> str:
+        """The type ``vm`` was asked for (its slot's), which a fallback may differ from."""
+        slot = vm.spec.slot
+        if slot is not None and slot in self._slot_gpu:
+            return self._slot_gpu[slot]
+        return vm.spec.gpu or self.gpu
+
+    def _live_workers(self, gpu: str, exclude: TransientVM | None = None) -> int:
+        """Live worker VMs asked for as ``gpu`` (``exclude``, one at its notice, not counted)."""
+        return sum(
+            1
+            for w in self.workers.values()
+            if w.spec.role == "worker"
+            and w is not exclude
+            and not w.stopped
+            and self._asked_gpu(w) == gpu
+        )
+
     def _free_slot(self) -> int:
         used = set(self._slots)
         return next(i for i in range(len(used) + 1) if i not in used)
@@ -641,7 +717,9 @@ class TransientCluster(SpecCluster):
             name, "worker", p.gpu, p.zone, p.spot, self.machine_type, price, slot, {"gpu": 1}
         )
 
-    async def _provision(self, role: str, slot: int | None = None) -> str | None:
+    async def _provision(
+        self, role: str, slot: int | None = None, gpu: str | None = None
+    ) -> str | None:
         """Ask the backend for one VM, trying the policy's placements in order.
 
         The PS host tries the preferred zone and then the fallback zones too. Whatever goes
@@ -651,8 +729,10 @@ class TransientCluster(SpecCluster):
         if role == "ps":
             placements = [Placement("", z, False) for z in self._zones()]
         else:
-            placements = list(self.policy.candidates())
             slot = self._free_slot() if slot is None else slot
+            gpu = gpu or self._slot_gpu.get(slot) or self.gpu
+            self._slot_gpu[slot] = gpu
+            placements = list(self.policy.candidates(gpu))
             self._slots[slot] = ""  # reserved while we ask
         self._last_failure = ""
         skip_regions: set[str] = set()
@@ -727,7 +807,7 @@ class TransientCluster(SpecCluster):
         await self._post(
             "capacity-exhausted",
             role=role,
-            gpu=self.gpu if role == "worker" else None,
+            gpu=gpu if role == "worker" else None,
             zone=self.zone,
             reason=self._last_failure,
         )
@@ -770,13 +850,10 @@ class TransientCluster(SpecCluster):
                 del self._slots[slot]
         if self._closing:
             return
-        if role == "worker":
-            current = sum(
-                1 for w in self.workers.values() if w.spec.role == "worker" and not w.stopped
-            )
-            if current >= self._target:
-                return
-        await self._provision(role, slot=slot)
+        gpu = self._slot_gpu.get(slot, self.gpu) if slot is not None else self.gpu
+        if role == "worker" and self._live_workers(gpu) >= self._mix.get(gpu, 0):
+            return
+        await self._provision(role, slot=slot, gpu=gpu if role == "worker" else None)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
@@ -793,7 +870,7 @@ class TransientCluster(SpecCluster):
 
     def _vm_running(self, vm: TransientVM) -> None:
         if vm.spec.role == "worker":
-            self.simulator.vm_running(vm.name)
+            self.simulator.vm_running(vm.name, vm.spec.gpu)
         self._spawn(self._join_watchdog(vm))
 
     def _membership(self, kind: str, name: str) -> None:
@@ -871,19 +948,22 @@ class TransientCluster(SpecCluster):
     async def _maybe_replace(self, vm: TransientVM) -> None:
         if self._closing or not (self.replace or vm.spec.role == "ps"):
             return
+        gpu = None
         if vm.spec.role == "worker":
-            # The VM being replaced does not count: at its notice it is still in self.workers.
-            current = sum(
-                1
-                for w in self.workers.values()
-                if w.spec.role == "worker" and w is not vm and not w.stopped
-            )
-            if current >= self._target:
+            # The type asked for, not the one it landed on: a fallback's replacement tries the
+            # preferred type again. The VM being replaced does not count: at its notice it is
+            # still in self.workers.
+            gpu = self._asked_gpu(vm)
+            if self._live_workers(gpu, exclude=vm) >= self._mix.get(gpu, 0):
                 return
         await self._post(
-            "replacement-requested", worker=vm.name, role=vm.spec.role, slot=vm.spec.slot
+            "replacement-requested",
+            worker=vm.name,
+            role=vm.spec.role,
+            slot=vm.spec.slot,
+            **({"gpu": gpu} if gpu else {}),
         )
-        await self._provision(vm.spec.role, slot=vm.spec.slot if vm.spec.slot is not None else None)
+        await self._provision(vm.spec.role, slot=vm.spec.slot, gpu=gpu)
 
     # -- preemption ----------------------------------------------------------------------------------
     def _worker_vms(self) -> list[TransientVM]:
@@ -964,45 +1044,130 @@ class TransientCluster(SpecCluster):
         return self.sync(self._preempt, target, notice=notice)
 
     # -- scaling ----------------------------------------------------------------------------------------
-    def scale(self, n: int = 0, memory: Any = None, cores: Any = None) -> Any:
-        """Keep ``n`` preemptible GPU workers (the PS host is not counted)."""
+    def scale(
+        self,
+        n: int | str | Mapping[str, int] = 0,
+        memory: Any = None,
+        cores: Any = None,
+        *,
+        gpu: str | None = None,
+    ) -> Any:
+        """Keep ``n`` preemptible GPU workers (the PS host is not counted).
+
+        Parameters
+        ----------
+        n
+            How many workers: of type ``gpu`` if given (the other types keep theirs), else of
+            the cluster's one type. A mixed cluster takes a whole mix instead
+            (``{"k80": 2, "v100": 2}`` or ``"k80=2,v100=2"``, types left out go to 0) or a
+            number with ``gpu=``; a plain number alone is refused there (0 excepted: no
+            workers of any type), because no split of it between the types is the obvious one.
+        gpu
+            The GPU type that ``n`` counts; a type not in the cluster yet is added to it.
+
+        Examples
+        --------
+        >>> cluster.scale(4)  # doctest: +SKIP
+        >>> cluster.scale(2, gpu="v100")  # doctest: +SKIP
+        >>> cluster.scale({"k80": 3, "v100": 1})  # doctest: +SKIP
+        """
         if memory is not None or cores is not None:
             raise ValueError(
                 "TransientCluster.scale takes a number of GPU workers, not memory or cores."
             )
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ValueError(f"scale({n!r}): give a whole number of workers, 0 or more.")
+        mix = self._scaled_mix(n, gpu)
         # Refused before anything is asked for (the panel's and the magic's scale come here too).
-        self.limits.check_workers(n)
-        self._check_hourly_cost(n)
+        self.limits.check_workers(sum(mix.values()))
+        self._check_hourly_cost(mix)
         if not self._closing:
-            self._target = n
+            self._mix = mix
             assert self.loop is not None
             self.loop.add_callback(self._scale_to_target)
         if self.asynchronous:
             return NoOpAwaitable()
         return None
 
+    def _scaled_mix(self, n: int | str | Mapping[str, int], gpu: str | None) -> Mix:
+        """The mix that ``scale(n, gpu=gpu)`` asks for, checked against the catalog."""
+        if isinstance(n, str) and n.strip().isdigit():
+            n = int(n.strip())
+        if isinstance(n, bool) or not isinstance(n, (int, str, Mapping)):
+            raise ValueError(f"scale({n!r}): give a whole number of workers, 0 or more.")
+        if isinstance(n, int):
+            if n < 0:
+                raise ValueError(f"scale({n!r}): give a whole number of workers, 0 or more.")
+            if gpu is None:
+                live = [g for g, c in self._mix.items() if c > 0]
+                if n == 0:  # no workers of any type: unambiguous (and SpecCluster's close)
+                    return {g: 0 for g in self._mix}
+                if len(live) > 1:
+                    raise ValueError(
+                        f"scale({n}): this cluster mixes {format_mix(self._mix)}; say which type "
+                        f"to scale, e.g. scale({n}, gpu={live[0]!r}), or give the whole mix, "
+                        "e.g. scale({'k80': 2, 'v100': 1})."
+                    )
+                key = live[0] if live else self.gpu
+            else:
+                if not isinstance(gpu, str) or not gpu.strip():
+                    raise ValueError(f"scale({n}, gpu={gpu!r}): give a GPU type such as 'v100'.")
+                key = gpu.strip().lower()
+            mix = {**self._mix, key: n}
+        else:
+            if gpu is not None:
+                raise ValueError(
+                    f"scale({n!r}, gpu={gpu!r}): a mix names its types already; drop gpu."
+                )
+            try:
+                mix = parse_mix(n, self.gpu)
+            except ValueError as e:
+                if "asks for no workers" not in str(e):
+                    raise
+                mix = {}  # every type to 0: no workers, as scale(0)
+        for g in mix:
+            if g not in self._mix:
+                for z in self._zones():
+                    self.catalog.worker_price(g, self.machine_type, z)
+        # Types at 0 stay in the mix until scaled again, so the cluster keeps its main type.
+        kept = {g: 0 for g in self._mix}
+        return {**kept, **mix}
+
     async def _scale_to_target(self) -> None:
         if self._closing or self.status != Status.running:
             return
-        vms = [w for w in self.workers.values() if w.spec.role == "worker" and not w.stopped]
-        pending = sum(1 for s in self._slots.values() if s == "")
-        if len(vms) + pending < self._target:
-            await self._post("scale", workers=self._target)
-            await asyncio.gather(
-                *(self._provision("worker") for _ in range(self._target - len(vms) - pending))
+        asked = False
+        for gpu in list(self._mix):
+            # Read now, not before the loop: an earlier pass awaits a scale-down while a later
+            # scale() changes the mix, and must not undo what that one asked for.
+            want = self._mix.get(gpu, 0)
+            vms = [
+                w
+                for w in self.workers.values()
+                if w.spec.role == "worker" and not w.stopped and self._asked_gpu(w) == gpu
+            ]
+            pending = sum(
+                1 for s, v in self._slots.items() if v == "" and self._slot_gpu.get(s) == gpu
             )
-        elif len(vms) > self._target:
-            await self._post("scale", workers=self._target)
-            # Give back the VMs that are not yet working first, then the newest ones.
-            order = sorted(vms, key=lambda w: (w.lifecycle == "joined", -int(w.name.split("-")[1])))
-            for vm in order[: len(vms) - self._target]:
-                self.simulator.vm_gone(vm.name)
-                self.worker_spec.pop(vm.name, None)
-                if vm.spec.slot is not None:
-                    self._slots.pop(vm.spec.slot, None)
-            await self._correct_state()
+            if len(vms) + pending < want:
+                if not asked:
+                    await self._post("scale", workers=self._target, mix=dict(self._mix))
+                    asked = True
+                await asyncio.gather(
+                    *(self._provision("worker", gpu=gpu) for _ in range(want - len(vms) - pending))
+                )
+            elif len(vms) > want:
+                if not asked:
+                    await self._post("scale", workers=self._target, mix=dict(self._mix))
+                    asked = True
+                # Give back the VMs that are not yet working first, then the newest ones.
+                order = sorted(
+                    vms, key=lambda w: (w.lifecycle == "joined", -int(w.name.split("-")[1]))
+                )
+                for vm in order[: len(vms) - want]:
+                    self.simulator.vm_gone(vm.name)
+                    self.worker_spec.pop(vm.name, None)
+                    if vm.spec.slot is not None:
+                        self._slots.pop(vm.spec.slot, None)
+                await self._correct_state()
 
     # -- waiting -------------------------------------------------------------------------------------------
     async def _wait_for_workers(
@@ -1072,8 +1237,10 @@ class TransientCluster(SpecCluster):
             policy.stop()
 
     def __repr__(self) -> str:
+        live = {g: n for g, n in self._mix.items() if n}
+        what = f"{self._target} x {self.gpu}" if len(live) <= 1 else f"workers {format_mix(live)}"
         return (
-            f"<TransientCluster {self.name!r}: {self.backend.name}, {self._target} x "
-            f"{self.gpu} {'spot' if self.spot else 'on-demand'} in {self.zone}, "
+            f"<TransientCluster {self.name!r}: {self.backend.name}, {what} "
+            f"{'spot' if self.spot else 'on-demand'} in {self.zone}, "
             f"status={self.status.name}>"
         )

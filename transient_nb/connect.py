@@ -30,6 +30,7 @@ from transient_nb import registry
 from transient_nb.backends.tls import security_from_registry
 from transient_nb.cost import CostReport
 from transient_nb.events import CONTROL_TOPIC, EVENTS_RPC, events_frame
+from transient_nb.mix import parse_mix
 from transient_nb.prices import PriceCatalog
 from transient_nb.state import ClusterState
 from transient_nb.ticker import Ticker
@@ -180,6 +181,16 @@ class RemoteCluster:
     def gpu(self) -> str | None:
         """GPU type of new workers."""
         return self.entry.get("gpu") or self._started().get("gpu")
+
+    @property
+    def mix(self) -> dict[str, int]:
+        """GPU type -> workers the owning cluster keeps (its last ``scale``, else its start)."""
+        events = list(self.monitor.events)
+        for e in reversed(events):
+            if e.get("kind") in ("scale", "started") and e.get("mix"):
+                return {str(g): int(n) for g, n in e["mix"].items()}
+        started = self._started()
+        return {str(started.get("gpu")): int(started.get("workers") or 0)} if started else {}
 
     @property
     def zone(self) -> str | None:
@@ -347,11 +358,26 @@ class RemoteCluster:
         runs = self.runs()
         return runs[-1] if runs else None
 
-    def scale(self, n: int) -> dict[str, Any]:
-        """Ask the owning cluster to keep ``n`` GPU workers; returns its answer."""
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+    def scale(self, n: int | str | Mapping[str, int], *, gpu: str | None = None) -> dict[str, Any]:
+        """Ask the owning cluster to keep ``n`` GPU workers; returns its answer.
+
+        As :meth:`TransientCluster.scale`: ``n`` of type ``gpu`` (the other types keep
+        theirs), or a whole mix (``{"k80": 2, "v100": 1}`` or ``"k80=2,v100=1"``). The owning
+        cluster checks the types against its catalog and answers with its error if one is wrong.
+        """
+        if isinstance(n, str) and n.strip().isdigit():
+            n = int(n.strip())
+        if (
+            isinstance(n, bool)
+            or not isinstance(n, (int, str, Mapping))
+            or (isinstance(n, int) and n < 0)
+        ):
             raise ValueError(f"scale({n!r}): give a whole number of workers, 0 or more.")
-        return self._request({"action": "scale", "workers": n})
+        workers: int | dict[str, int] = n if isinstance(n, int) else parse_mix(n, "")
+        msg: dict[str, Any] = {"action": "scale", "workers": workers}
+        if gpu is not None:
+            msg["gpu"] = gpu
+        return self._request(msg)
 
     def preempt(self, target: int | str = 1, notice: bool = True) -> dict[str, Any]:
         """Ask the owning cluster to preempt ``target`` workers (a count) or the worker named so."""

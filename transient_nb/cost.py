@@ -80,8 +80,32 @@ class CostReport:
         """Fraction of the on-demand cost saved (0 when nothing was spent)."""
         return self.saved / self.total_on_demand if self.total_on_demand > 0 else 0.0
 
+    @property
+    def by_gpu(self) -> pd.DataFrame:
+        """Cost per GPU type (the PS host as ``"ps"``): one row per type, summing to the totals.
+
+        Columns: ``vms`` (VMs billed or running), ``seconds`` (billed, simulated), ``cost`` and
+        ``cost_on_demand`` (USD), ``rate`` (USD per hour of the VMs of that type running now).
+        A mixed cluster's question, "what did each type cost me", answered from the same rows
+        as the totals.
+
+        Examples
+        --------
+        >>> cluster.cost().by_gpu  # doctest: +SKIP
+        """
+        cols = ["vms", "seconds", "cost", "cost_on_demand"]
+        if self.per_vm.empty:
+            return pd.DataFrame(columns=cols).rename_axis("gpu")
+        df = self.per_vm.copy()
+        df["gpu"] = [
+            "ps" if role == "ps" else str(gpu or "none")
+            for role, gpu in zip(df["role"], df["gpu"], strict=True)
+        ]
+        df["vms"] = 1
+        return df.groupby("gpu", sort=False)[cols].sum()
+
     def to_dict(self) -> dict[str, Any]:
-        """Totals as plain numbers (JSON-friendly)."""
+        """Totals as plain numbers (JSON-friendly); per GPU type: :attr:`by_gpu`."""
         return {
             "cost": self.total,
             "cost_on_demand": self.total_on_demand,
@@ -105,7 +129,12 @@ class CostReport:
             f"&middot; saved <b>{self.saved_fraction:.0%}</b> &middot; now ${self.rate:.3f}/h "
             f"(on demand ${self.rate_on_demand:.3f}/h)</p>"
         )
-        return head + self.per_vm.to_html(float_format=lambda x: f"{x:.4f}") + "</div>"
+        fmt = {"float_format": lambda x: f"{x:.4f}"}
+        by_gpu = self.by_gpu
+        per_type = (
+            "<p>Per GPU type:</p>" + by_gpu.to_html(**fmt) if len(by_gpu) > 2 else ""
+        )  # more than one GPU type beside the PS host: a mixed cluster
+        return head + per_type + self.per_vm.to_html(**fmt) + "</div>"
 
 
 def compute_costs(

@@ -80,11 +80,12 @@ EVENTS: dict[str, tuple[str, ...]] = {
         "zone",
         "spot",
         "workers",
+        "mix",  # GPU type -> workers asked for ({"k80": 2, "v100": 1}); gpu: the main type
         "notice_s",
         "run_record",
         "scheduler_address",
     ),
-    "replacement-requested": ("worker", "role", "slot"),
+    "replacement-requested": ("worker", "role", "slot", "gpu"),  # gpu: the type asked for
     "stockout": ("worker", "gpu", "zone", "reason"),
     "capacity-exhausted": ("role", "gpu", "zone", "reason"),
     # The provider refused a VM for a quota (the cluster tries elsewhere or gives up).
@@ -94,7 +95,7 @@ EVENTS: dict[str, tuple[str, ...]] = {
     "crash-loop": ("role", "failures", "delay_s", "reason"),
     # A VM ran without its worker joining: it is deleted (``cost``: what it cost meanwhile).
     "join-timeout": (*VM_EVENT_FIELDS, "waited_s", "cost"),
-    "scale": ("workers",),  # the number of GPU workers the cluster now keeps
+    "scale": ("workers", "mix"),  # the GPU workers the cluster now keeps, in all and per type
     # The owning cluster's answer to a control request (``request`` is the request's id).
     "control": ("action", "ok", "error", "request", "run"),  # ``run``: a head's train/run-stop
     # A control message the monitor refused (e.g. a provider notice not sent by that VM itself).

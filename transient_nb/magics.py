@@ -26,6 +26,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from IPython.display import display
 
 from transient_nb import registry
+from transient_nb.mix import format_mix, parse_mix
 
 #: Execution count at which the magic itself displayed the view of an object (by ``id``): the
 #: same object returned as the cell's result is then not displayed a second time.
@@ -50,6 +51,21 @@ def _whole(what: str, minimum: int) -> Callable[[str], int]:
         return value
 
     parse.__name__ = f"whole number of {what}"
+    return parse
+
+
+def _workers(minimum: int) -> Callable[[str], int | dict[str, int]]:
+    """A number of workers, or a mix of GPU types such as ``k80=2,p100=1,v100=1``."""
+
+    def parse(text: str) -> int | dict[str, int]:
+        if "=" not in text:
+            return _whole("workers", minimum)(text)
+        try:
+            return parse_mix(text, "")
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    parse.__name__ = "number of workers or TYPE=COUNT,..."
     return parse
 
 
@@ -109,7 +125,12 @@ _NO_PANEL = argument("--no-panel", action="store_true", help="do not show the co
 
 # -- the subcommands' parsers (their help is the magic's help) --------------------------------------
 @magic_arguments(name="transient_cluster up")
-@argument("--workers", type=_whole("workers", 1), metavar="N", help="GPU workers (default: config)")
+@argument(
+    "--workers",
+    type=_workers(1),
+    metavar="N|TYPE=N,...",
+    help="GPU workers (default: config), or a mix of GPU types such as k80=2,p100=1,v100=1",
+)
 @argument("--gpu", help="GPU type, a key of the price catalog (t4, l4, v100, k80, ...)")
 @argument("--spot", dest="spot", action="store_true", default=None, help="Spot workers")
 @argument("--on-demand", dest="spot", action="store_false", help="on-demand workers")
@@ -153,9 +174,16 @@ def _up() -> None:
 
 
 @magic_arguments(name="transient_cluster scale")
-@argument("n", type=_whole("workers", 0), metavar="N", help="number of GPU workers to keep")
+@argument(
+    "n",
+    type=_workers(0),
+    metavar="N|TYPE=N,...",
+    help="number of GPU workers to keep (of type --gpu), or a whole mix such as k80=2,v100=1",
+)
+@argument("--gpu", help="the GPU type that N counts (a mixed cluster needs it); others keep theirs")
 def _scale() -> None:
-    """Keep N GPU workers (the PS host is extra)."""
+    """Keep N GPU workers (the PS host is extra): ``scale 3``, ``scale 3 --gpu v100`` (3 of that
+    type, the other types unchanged), or ``scale k80=2,v100=1`` (the whole mix)."""
 
 
 @magic_arguments(name="transient_cluster preempt")
@@ -343,6 +371,8 @@ class TransientMagics(Magics):
             %transient_cluster train --model resnet8 --data digits --steps 500
             %transient_cluster preempt 1
             %transient_cluster scale 6
+            %transient_cluster up --workers k80=2,p100=1,v100=1 --prices paper-2019 --name mixed
+            %transient_cluster scale 3 --gpu v100
             %transient_cluster status
             %transient_cluster down
 
@@ -440,8 +470,17 @@ class TransientMagics(Magics):
 
     def _do_scale(self, args: argparse.Namespace) -> None:
         with _usage_errors():
-            self.cluster.scale(args.n)
-        print(f"{self.cluster.name}: scaling to {args.n} GPU workers.")
+            if args.gpu is None:
+                self.cluster.scale(args.n)
+            else:
+                self.cluster.scale(args.n, gpu=args.gpu)
+        if isinstance(args.n, dict):
+            what = f"workers {format_mix(args.n)}"
+        elif args.gpu:
+            what = f"{args.n} {args.gpu.lower()} GPU workers"
+        else:
+            what = f"{args.n} GPU workers"
+        print(f"{self.cluster.name}: scaling to {what}.")
 
     def _do_preempt(self, args: argparse.Namespace) -> None:
         target: int | str = args.target

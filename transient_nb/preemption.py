@@ -84,6 +84,30 @@ class EmpiricalLifetimes:
 
 
 @dataclass(frozen=True)
+class PaperLifetimesByGpu:
+    """The paper's lifetime curve of each worker's own GPU type (``preemption="paper"``).
+
+    What a mixed cluster needs: a K80 lives as the paper's K80s did, a V100 as its V100s. Types
+    the paper did not measure (T4, L4, A100) get the K80 curve, the one measured on the most
+    servers (128); say so wherever such figures are shown.
+    """
+
+    spec: str = "paper"
+    fallback: str = "k80"
+
+    def for_gpu(self, gpu: str | None) -> EmpiricalLifetimes:
+        """The paper's model of a ``gpu`` worker (the fallback type's if it has none)."""
+        key = gpu.lower() if gpu and gpu.lower() in PAPER_LIFETIME_CDF else self.fallback
+        points = PAPER_LIFETIME_CDF[key]
+        return EmpiricalLifetimes(
+            f"paper:{key}", tuple(p[0] for p in points), tuple(p[1] for p in points)
+        )
+
+    def lifetime(self, rng: random.Random) -> float | None:
+        return self.for_gpu(None).lifetime(rng)
+
+
+@dataclass(frozen=True)
 class Exponential:
     """Memoryless lifetimes with mean ``mean_s`` (the paper's K80 fit: 3.33e-4 per minute)."""
 
@@ -166,9 +190,11 @@ def parse_preemption(spec: str | None) -> PreemptionModel:
     >>> parse_preemption("paper:k80").spec
     'paper:k80'
     """
-    forms = "'none', 'paper:k80|p100|v100|cpu', 'exp:mean=60s' or 'trace:PATH'"
+    forms = "'none', 'paper', 'paper:k80|p100|v100|cpu', 'exp:mean=60s' or 'trace:PATH'"
     if spec is None or spec in ("none", ""):
         return NoPreemption()
+    if spec == "paper":
+        return PaperLifetimesByGpu()
     if not isinstance(spec, str):
         raise ValueError(f"Preemption spec {spec!r} must be a string: {forms}.")
     kind, _, arg = spec.partition(":")

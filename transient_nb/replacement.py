@@ -65,24 +65,29 @@ class ReplacementPolicy:
     _stockouts: dict[tuple[str, str, bool], float] = field(default_factory=dict)
     _preemptions: dict[tuple[str, str], list[float]] = field(default_factory=dict)
 
-    def placements(self) -> Iterator[Placement]:
-        """Every placement the policy may pick, stocked out or not, in its order of preference."""
+    def placements(self, gpu: str | None = None) -> Iterator[Placement]:
+        """Every placement the policy may pick, stocked out or not, in its order of preference.
+
+        ``gpu``: the type asked for (a mixed cluster asks for several); default the policy's.
+        Its fallbacks are the same for every type.
+        """
+        first = gpu or self.gpu
         zones = [self.zone, *[z for z in self.fallback_zones if z != self.zone]]
-        gpus = [self.gpu, *[g for g in self.fallback_gpus if g != self.gpu]]
+        gpus = [first, *[g for g in self.fallback_gpus if g != first]]
         modes = [self.spot] + ([False] if self.spot and self.on_demand_fallback else [])
         for spot in modes:
             for gpu in gpus:
                 for zone in zones:
                     yield Placement(gpu, zone, spot)
 
-    def candidates(self) -> Iterator[Placement]:
-        """Placements to try, in order, skipping remembered stock-outs.
+    def candidates(self, gpu: str | None = None) -> Iterator[Placement]:
+        """Placements to try for a ``gpu`` worker, in order, skipping remembered stock-outs.
 
         Spot placements in a zone that keeps preempting come after all the others.
         """
         now = self.clock()
         later: list[Placement] = []
-        for p in self.placements():
+        for p in self.placements(gpu):
             until = self._stockouts.get((p.gpu, p.zone, p.spot))
             if until is not None and until > now:
                 continue

@@ -64,6 +64,11 @@ class Setup:
 
     ``machine``: the worker's machine type (the paper's prices are whole-VM prices on the GPU,
     so ``n1-standard-8`` costs nothing extra in ``paper-2019``; today's catalog bills it).
+    ``mix``: GPU type and count pairs of a mixed cluster (then ``gpu`` is its first type and
+    ``workers`` the sum). ``grow_to``: start with ``workers`` and add one worker at equal
+    intervals of the run until there are ``grow_to`` (the paper's dynamic experiment: 1 to 4
+    K80, one more every 16K of 64K steps). ``bill_ps``: bill the PS host (default: with more
+    than one worker at any time; the paper's one-GPU baseline had none).
     """
 
     label: str
@@ -72,6 +77,25 @@ class Setup:
     spot: bool
     shards: int = 1
     machine: str = "n1-standard-8"
+    mix: tuple[tuple[str, int], ...] = ()
+    grow_to: int = 0
+    bill_ps: bool | None = None
+
+    @property
+    def types(self) -> dict[str, int]:
+        """GPU type -> workers at the start."""
+        return dict(self.mix) if self.mix else {self.gpu: self.workers}
+
+    @property
+    def most_workers(self) -> int:
+        """Workers at the end of the run (the most it has)."""
+        return max(self.workers, self.grow_to)
+
+    @property
+    def bills_ps(self) -> bool:
+        """Whether the PS host is billed: ``bill_ps``, else whether the cluster ever has more
+        than one worker (a growing one has its PS from the start)."""
+        return self.most_workers > 1 if self.bill_ps is None else self.bill_ps
 
 
 #: The rows of Table I/III.
@@ -81,6 +105,37 @@ TABLE_SETUPS = (
     Setup("4 transient K80", "k80", 4, True),
     Setup("8 transient K80", "k80", 8, True),
 )
+
+#: Experiment 3 of issue 15: mixed GPU types against one type (paper §3: "up to 50% faster than
+#: 4 K80, or 26% cheaper than 4 V100").
+MIXED_SETUPS = (
+    Setup("4 transient K80", "k80", 4, True),
+    Setup("2 K80 + P100 + V100", "k80", 4, True, mix=(("k80", 2), ("p100", 1), ("v100", 1))),
+    Setup("4 transient V100", "v100", 4, True),
+)
+#: The same at today's prices (``gce-2025``; every type on ``n1-standard-8``, which T4 and V100
+#: attach to).
+TODAY_MIXED_SETUPS = (
+    Setup("4 Spot T4", "t4", 4, True),
+    Setup("2 T4 + 2 V100", "t4", 4, True, mix=(("t4", 2), ("v100", 2))),
+    Setup("4 Spot V100", "v100", 4, True),
+)
+#: Experiment 4: start with one transient K80 and add one every quarter of the run, against the
+#: static cluster it starts as (1 transient K80 + 1 PS, the PS billed) and the 4 K80 it ends as.
+DYNAMIC_SETUPS = (
+    Setup("static 1 transient K80", "k80", 1, True, bill_ps=True),
+    Setup("dynamic 1->4 transient K80", "k80", 1, True, grow_to=4),
+    Setup("static 4 transient K80", "k80", 4, True),
+)
+#: The same with today's Spot T4.
+TODAY_DYNAMIC_SETUPS = (
+    Setup("static 1 Spot T4", "t4", 1, True, bill_ps=True),
+    Setup("dynamic 1->4 Spot T4", "t4", 1, True, grow_to=4),
+    Setup("static 4 Spot T4", "t4", 4, True),
+)
+#: The paper's figures for experiments 3 and 4 (relative; its absolute times are not given).
+PAPER_MIXED = {"faster than 4 K80": 0.50, "cheaper than 4 V100": 0.26}
+PAPER_DYNAMIC = {"faster than static": 0.408, "cheaper than static": 0.215}
 
 #: The paper's question at today's prices (``gce-2025``): one on-demand T4 against four Spot
 #: GPUs of each current type, one PS. Step rates of T4/L4/A100 are estimates
@@ -132,8 +187,8 @@ def local_cluster(
     settings = {"transient.run-dir": folder, "transient.registry-dir": folder}
     with dask.config.set(settings):
         kwargs: dict[str, Any] = {
-            "workers": setup.workers,
-            "gpu": setup.gpu,
+            "workers": setup.types if setup.mix else setup.workers,
+            "gpu": None if setup.mix else setup.gpu,
             "spot": setup.spot,
             "zone": "us-central1-a",
             "prices": prices,
@@ -174,7 +229,7 @@ def arm_lifetimes(cluster: Any, spec: str) -> None:
         for name, vm in list(cluster.workers.items()):
             spec_ = getattr(vm, "spec", None)
             if spec_ is not None and spec_.role == "worker" and not vm.stopped:
-                cluster.simulator.vm_running(name)
+                cluster.simulator.vm_running(name, spec_.gpu)
 
     cluster.sync(arm)
 
@@ -267,6 +322,7 @@ def measure(
     )
     summary = summarize(events)
     return {
+        "by_gpu": summary["by_gpu"],
         "hours": full_wall_s * time_scale / 3600,
         "cost": cost * stretch,
         "cost_on_demand": cost_od * stretch,
@@ -295,7 +351,11 @@ def run_setup(
     """Run ``setup`` for ``steps`` global steps standing for the paper's 64K; its figures.
 
     ``wall_pace``: wall-clock steps/s of one worker per paper step/s (a K80 then steps 4.56 x
-    ``wall_pace`` times a second here).
+    ``wall_pace`` times a second here). A growing setup (``grow_to``) scales the cluster up by
+    one worker of its type at each of its step marks, through ``cluster.scale``: the new VM
+    waits out the paper's start-up delay, its trainer joins the running job, and the learning
+    rate follows the active workers (the trainer's rule). ``lifetimes``: default
+    ``"paper"``, each worker its own type's curve from the paper.
     """
     from transient_nb.training.run import train
 
@@ -318,9 +378,13 @@ def run_setup(
         )
         if setup.spot:
             _wait_for_trainers(run, setup.workers)
-            arm_lifetimes(cluster, lifetimes or f"paper:{setup.gpu}")
+            arm_lifetimes(cluster, lifetimes or "paper")
+        marks = grow_marks(setup, steps)
         deadline = time.monotonic() + timeout
         while not run.done and time.monotonic() < deadline:
+            if marks and run.step >= marks[0]:
+                marks.pop(0)
+                cluster.scale(cluster.mix[setup.gpu] + 1, gpu=setup.gpu)
             if not any(
                 vm.spec.role == "worker" and not vm.stopped for vm in list(cluster.workers.values())
             ):
@@ -339,17 +403,188 @@ def run_setup(
             steps=steps,
             time_scale=time_scale,
             step_scale=step_scale,
-            with_ps=setup.workers > 1,
+            with_ps=setup.bills_ps,
         )
+        joins = join_delays(run.events(), time_scale) if setup.grow_to else []
     return {
         "setup": setup.label,
         "gpu": setup.gpu,
         "workers": setup.workers,
+        "types": setup.types,
+        "join_delays_s": joins,
         "steps": steps,
         "time_scale": time_scale,
         "step_scale": step_scale,
         **out,
     }
+
+
+def grow_marks(setup: Setup, steps: int) -> list[int]:
+    """Global steps at which a growing setup adds a worker (none for a static one).
+
+    Examples
+    --------
+    >>> grow_marks(Setup("dyn", "k80", 1, True, grow_to=4), 64000)
+    [16000, 32000, 48000]
+    """
+    adds = setup.grow_to - setup.workers
+    if adds <= 0:
+        return []
+    every = steps / (adds + 1)
+    return [round(every * (i + 1)) for i in range(adds)]
+
+
+def join_delays(events: Sequence[Mapping[str, Any]], time_scale: float) -> list[float]:
+    """Simulated seconds from each scale-up to the first paced step of the trainer it added.
+
+    What a growing cluster loses per added worker: the VM's start-up (the paper's 81-98 s) and
+    this host's own process start-up (counted at ``time_scale``: seconds here are minutes of
+    simulated time; the paper's restart took 79 s cold).
+    """
+    scales = [float(e["time"]) for e in events if e.get("kind") == "scale"]
+    paced = sorted(
+        (float(e["time"]), str(e.get("worker")))
+        for e in events
+        if e.get("kind") == "emulation-paced" and e.get("role") == "worker"
+    )
+    out = []
+    used: set[str] = set()
+    for t in scales:
+        nxt = next(((tp, w) for tp, w in paced if tp >= t and w not in used), None)
+        if nxt is not None:
+            used.add(nxt[1])
+            out.append((nxt[0] - t) * time_scale)
+    return out
+
+
+def model_speed(setup: Setup, shards: int = 1) -> float:
+    """The paper's model of ``setup``'s cluster speed at the start (global steps/s): the sum of
+    its workers' rates, up to the PS's plateau.
+
+    Examples
+    --------
+    >>> round(model_speed(MIXED_SETUPS[1]), 2)
+    36.92
+    """
+    emu = parse_emulation("paper")
+    assert emu is not None
+    cap = PAPER_PS_STEPS_PER_S * (PAPER_TWO_SHARD_GAIN if shards == 2 else 1.0)
+    return min(sum(n * emu.steps_per_s[g] for g, n in setup.types.items()), cap)
+
+
+def _pace(setup: Setup, wall_pace: float) -> float:
+    """A wall pace at which ``setup``'s fastest type asks this host for a K80's wall rate."""
+    fastest = max(_rate(g) for g in setup.types)
+    return wall_pace * _rate("k80") / max(_rate("k80"), fastest)
+
+
+def mixed_table(
+    setups: Sequence[Setup] = MIXED_SETUPS,
+    *,
+    steps_per_worker: int = 160,
+    wall_pace: float = 1.2,
+    seed: int = 0,
+    prices: str = "paper-2019",
+    **options: Any,
+) -> pd.DataFrame:
+    """Experiment 3: a mixed cluster against the same number of workers of one type.
+
+    The first setup is the slow one (4 K80), the last the dear one (4 V100): ``faster`` is the
+    time saved against the first, ``cheaper`` the money saved against the last. Every setup gets
+    the paper's lifetimes of its own types, and a wall pace at which its fastest type asks this
+    host for a K80's rate (so the host keeps every pace).
+    """
+    rows = []
+    for setup in setups:
+        r = run_setup(
+            setup,
+            steps=steps_per_worker * setup.workers,
+            wall_pace=_pace(setup, wall_pace),
+            seed=seed,
+            prices=prices,
+            **options,
+        )
+        rows.append(r)
+    ours = pd.DataFrame(rows).set_index("setup")
+    slow, dear = ours.iloc[0], ours.iloc[-1]
+    return pd.DataFrame(
+        {
+            "types": [format_types(t) for t in ours["types"]],
+            "hours": ours["hours"],
+            "cost $": ours["cost"],
+            "faster than first": 1 - ours["hours"] / slow["hours"],
+            "cheaper than last": 1 - ours["cost"] / dear["cost"],
+            "global steps/s": ours["global_steps_per_s"],
+            "of model": [
+                r["global_steps_per_s"] / model_speed(s)
+                for s, (_, r) in zip(setups, ours.iterrows(), strict=True)
+            ],
+            "steps by type": [_steps_share(b) for b in ours["by_gpu"]],
+            "revocations": ours["revocations"].astype(int),
+            "behind": ours["behind"].astype(int),
+        }
+    )
+
+
+def dynamic_table(
+    setups: Sequence[Setup] = DYNAMIC_SETUPS,
+    *,
+    steps_per_worker: int = 160,
+    wall_pace: float = 1.2,
+    seed: int = 0,
+    prices: str = "paper-2019",
+    **options: Any,
+) -> pd.DataFrame:
+    """Experiment 4: a cluster that grows by one worker each quarter, against static ones.
+
+    Every setup runs the same ``steps_per_worker`` x 4 global steps (the growing one ends with
+    4 workers). ``faster`` and ``cheaper`` are against the first setup (static, the size the
+    growing one starts at, its PS billed), as the paper compared its growing cluster with a
+    static one. ``join s``: simulated seconds from each scale-up to the new trainer's first step.
+    """
+    steps = steps_per_worker * max(s.most_workers for s in setups)
+    rows = []
+    for setup in setups:
+        rows.append(
+            run_setup(
+                setup,
+                steps=steps,
+                wall_pace=_pace(setup, wall_pace),
+                seed=seed,
+                prices=prices,
+                **options,
+            )
+        )
+    ours = pd.DataFrame(rows).set_index("setup")
+    base = ours.iloc[0]
+    return pd.DataFrame(
+        {
+            "hours": ours["hours"],
+            "cost $": ours["cost"],
+            "faster than first": 1 - ours["hours"] / base["hours"],
+            "cheaper than first": 1 - ours["cost"] / base["cost"],
+            "global steps/s": ours["global_steps_per_s"],
+            "join s": [
+                ", ".join(f"{j:.0f}" for j in js) if js else "" for js in ours["join_delays_s"]
+            ],
+            "revocations": ours["revocations"].astype(int),
+            "behind": ours["behind"].astype(int),
+            "accuracy": ours["accuracy"],
+        }
+    )
+
+
+def format_types(types: Mapping[str, int]) -> str:
+    """``{"k80": 2, "v100": 1}`` as ``"2 k80 + 1 v100"``."""
+    return " + ".join(f"{n} {g}" for g, n in types.items())
+
+
+def _steps_share(by_gpu: Mapping[str, Mapping[str, Any]]) -> str:
+    """Each type's share of the workers' steps, e.g. ``"k80 25%, v100 42%"``."""
+    total = sum(int(r["steps"]) for r in by_gpu.values())
+    if total <= 0:
+        return ""
+    return ", ".join(f"{g} {int(r['steps']) / total:.0%}" for g, r in by_gpu.items())
 
 
 def paper_table(
@@ -548,8 +783,9 @@ def note() -> str:
     return (
         "Emulated: each GPU's step time (paper: K80 4.56, P100 12.2, V100 15.6 steps/s) and one "
         "4-vCPU PS's capacity (45 global steps/s; two shards 1.75x). Real: worker processes, the "
-        "asynchronous PS, gradients of a small model, preemptions drawn from the paper's K80 "
-        "lifetimes with notice, the learning rate, per-second billing at the paper's prices. "
+        "asynchronous PS, gradients of a small model, preemptions with notice drawn from the "
+        "paper's lifetimes of each worker's GPU type (its K80 curve for types it did not "
+        "measure), the learning rate, per-second billing at the paper's prices. "
         f"Each step stands for 64000/steps of the paper's: a run lasts the paper's simulated "
         f"time, so lifetimes are NOT rescaled (they start when training runs) and the expected "
         f"revocations per run are the "

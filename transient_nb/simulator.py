@@ -66,11 +66,16 @@ class PreemptionSimulator:
                     )
                 )
 
-    def vm_running(self, name: str) -> None:
-        """A worker VM started running: draw its lifetime."""
+    def vm_running(self, name: str, gpu: str | None = None) -> None:
+        """A worker VM of type ``gpu`` started running: draw its lifetime.
+
+        A model with a ``for_gpu`` method (``preemption="paper"``) draws from that type's curve.
+        """
         if self.stopped:
             return
-        lifetime = self.model.lifetime(self.rng)
+        for_gpu = getattr(self.model, "for_gpu", None)
+        model = for_gpu(gpu) if callable(for_gpu) else self.model
+        lifetime = model.lifetime(self.rng)
         if lifetime is None:
             return
         loop = asyncio.get_running_loop()

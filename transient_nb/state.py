@@ -422,6 +422,8 @@ class RunSummary:
         self._devices: dict[str, str] = {}  # worker -> the device its trainer reported
         self._paced: dict[str, Event] = {}  # worker or PS host -> its emulation-paced event
         self._behind: dict[str, float] = {}  # ... -> the lowest achieved/target ratio seen
+        self._gpu: dict[str, str] = {}  # worker VM -> its GPU type (from its request)
+        self._local_steps: dict[str, int] = {}  # worker -> its trainer's steps, last reported
 
     def feed_one(self, e: Event) -> None:
         """Read one event not seen before."""
@@ -447,7 +449,13 @@ class RunSummary:
             self._recoveries.append((tw, int(e.get("steps_lost", 0))))
         elif kind == "trainer-failed":
             self._trainer_failures.append(tw)
-        elif kind == "worker-metrics" and e.get("img_per_s"):
+        elif kind == "requested" and e.get("role") == "worker":
+            self._gpu[str(e.get("worker"))] = str(e.get("gpu") or "none")
+        if kind == "worker-metrics":
+            name = str(e.get("worker"))
+            local = int(e.get("local_step") or 0)
+            self._local_steps[name] = max(local, self._local_steps.get(name, 0))
+        if kind == "worker-metrics" and e.get("img_per_s"):
             self._rates.append(e["img_per_s"])
             self._devices[str(e.get("worker"))] = str(e.get("device", "unknown"))
         elif kind == "metrics":
@@ -528,7 +536,23 @@ class RunSummary:
             "emulated": bool(self._paced),
             "emulation_behind": len(self._behind),
             "emulation_note": self._emulation_note(),
+            "by_gpu": self._by_gpu(wall),
         }
+
+    def _by_gpu(self, wall: float) -> dict[str, dict[str, Any]]:
+        """Per GPU type: trainers, their steps (as last reported) and steps per wall second.
+
+        A mixed cluster's throughput per type: each worker's own steps, from its trainer's
+        ``worker-metrics`` (posted every few seconds, so the last seconds may be missing).
+        """
+        out: dict[str, dict[str, Any]] = {}
+        for name, steps in self._local_steps.items():
+            row = out.setdefault(self._gpu.get(name, "none"), {"workers": 0, "steps": 0})
+            row["workers"] += 1
+            row["steps"] += steps
+        for row in out.values():
+            row["steps_per_s"] = row["steps"] / wall if wall > 0 else 0.0
+        return out
 
     def _speedup(self, cluster_rate: float) -> tuple[float | None, str]:
         """The cluster's rate over one worker's, only where one worker's rate was measured alone.
@@ -558,7 +582,8 @@ def summarize(events: Iterable[Event], minimum_s: float = 60.0) -> dict[str, Any
     cost_on_demand, saved, saved_fraction, img_per_s, speedup_over_one_worker (None where no
     one-worker rate was measured alone: see ``speedup_note``), speedup_note, emulated (paced
     GPU or PS emulation, :mod:`transient_nb.emulation`), emulation_behind (paced processes whose
-    host could not keep the pace), emulation_note.
+    host could not keep the pace), emulation_note, by_gpu (GPU type -> trainers, their steps and
+    steps per wall second: a mixed cluster's throughput per type).
 
     Examples
     --------
@@ -669,6 +694,8 @@ class ClusterState:
     started: dict[str, Any] = field(default_factory=dict)
     #: GPU workers the cluster is asked to keep (``started``, then each ``scale``).
     target_workers: int | None = None
+    #: GPU type -> workers the cluster is asked to keep (``started``'s and each ``scale``'s mix).
+    target_mix: dict[str, int] | None = None
     #: Preemptions of any VM (``preempted`` events).
     preemptions: int = 0
     #: The last answer to a control request (``control`` event).
@@ -721,8 +748,10 @@ class ClusterState:
             if not self.started:
                 self.started = dict(e)
             self.target_workers = _int_or_none(e.get("workers"))
+            self.target_mix = _mix_or_none(e)
         elif kind == "scale":
             self.target_workers = _int_or_none(e.get("workers"))
+            self.target_mix = _mix_or_none(e)
         elif kind == "control":
             self.last_control = dict(e)
 
@@ -845,6 +874,15 @@ class ClusterState:
     def _bill_now(self, now: float | None) -> float | None:
         # A closed cluster's VMs stopped costing money when it closed, whatever the clock says.
         return self.bill.closed_at if self.bill.closed_at is not None else now
+
+
+def _mix_or_none(e: Event) -> dict[str, int] | None:
+    """The GPU mix an event asks for; a record from before mixes: its one type and count."""
+    mix = e.get("mix")
+    if isinstance(mix, Mapping):
+        return {str(g): int(n) for g, n in mix.items()}
+    n, gpu = _int_or_none(e.get("workers")), e.get("gpu")
+    return {str(gpu): n} if n is not None and gpu else None
 
 
 def _int_or_none(value: Any) -> int | None:

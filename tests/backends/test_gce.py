@@ -180,6 +180,44 @@ def test_bad_settings_are_named_with_how_to_list_valid_ones(
     assert fake.inserted() == [] and fake.firewalls == {}
 
 
+# -- mixed GPU types -----------------------------------------------------------------------------
+def test_a_mixed_cluster_asks_gce_for_each_type_and_scales_one(fake: FakeGCE) -> None:
+    def accelerators() -> dict[str, str]:
+        return {
+            b["name"]: b["guestAccelerators"][0]["acceleratorType"].rsplit("/", 1)[1]
+            for b in fake.inserted()
+            if b["labels"]["transient-nb-role"] == "worker"
+        }
+
+    mix = {"t4": 1, "v100": 1}
+    with TransientCluster(**options(fake, workers=mix), name="mixed") as cluster:
+        wait_for_sync(lambda: len(of_kind(events(cluster), "running")) == 3, timeout=30)
+        assert accelerators() == {"mixed-w-0": T4, "mixed-w-1": "nvidia-tesla-v100"}
+        cluster.scale(2, gpu="v100")  # only that type grows
+        wait_for_sync(lambda: len(of_kind(events(cluster), "running")) == 4, timeout=30)
+        assert accelerators()["mixed-w-2"] == "nvidia-tesla-v100"
+        assert sorted(accelerators().values()).count(T4) == 1
+        by_gpu = cluster.cost().by_gpu
+        assert by_gpu.loc["v100", "vms"] == 2 and by_gpu.loc["t4", "vms"] == 1
+    assert fake.instance_names() == []
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        # Every type of the mix must attach to the machine type and be offered in a zone.
+        ({"workers": {"t4": 1, "l4": 1}}, r"'l4'.*g2 machine type"),
+        ({"workers": {"t4": 1, "v100": 1}, "zone": "us-central1-b"}, r"'v100'.*not offered"),
+    ],
+)
+def test_a_mix_gce_cannot_place_is_refused_before_anything_is_created(
+    fake: FakeGCE, kw: dict[str, Any], match: str
+) -> None:
+    with pytest.raises(ValueError, match=match):
+        TransientCluster(**options(fake, **kw), name="badmix")
+    assert fake.inserted() == [] and fake.firewalls == {}
+
+
 # -- capacity: fallbacks, stock-outs, nothing left behind ----------------------------------------
 def test_stockouts_fall_back_and_a_regional_quota_skips_its_region(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]

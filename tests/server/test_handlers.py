@@ -69,7 +69,7 @@ def states(model: dict[str, Any]) -> dict[str, str]:
 
 
 @asynccontextmanager
-async def kernel_cluster(name: str, workers: int = 2) -> AsyncIterator[TransientCluster]:
+async def kernel_cluster(name: str, workers: Any = 2) -> AsyncIterator[TransientCluster]:
     """A cluster as a kernel would create it (it registers itself), closed at the end."""
     cluster = await TransientCluster(
         workers=workers, name=name, provisioning_delay=0, notice="1s", asynchronous=True
@@ -219,6 +219,40 @@ async def test_kernel_cluster_is_listed_and_controlled(jp_fetch: Fetch) -> None:
 
 
 @pytest.mark.slow
+async def test_a_mixed_cluster_is_shown_and_scaled_by_type(jp_fetch: Fetch) -> None:
+    async with kernel_cluster("api-mix", workers={"t4": 1, "v100": 1}):
+        models = await wait_model(
+            jp_fetch, lambda m: m.get("api-mix", {}).get("counts") == {"joined": 2}
+        )
+        m = models["api-mix"]
+        assert m["mix"] == {"t4": 1, "v100": 1}
+        types = {w["name"]: w["gpu"] for w in m["workers"] if w["role"] == "worker"}
+        assert sorted(types.values()) == ["t4", "v100"]
+        assert set(m["cost_by_gpu"]) == {"ps", "t4", "v100"}
+        # A plain number is ambiguous for a mixed cluster: the owner says so.
+        code, answer = await call(
+            jp_fetch, "clusters", "api-mix", "scale", method="POST", body={"workers": 3}
+        )
+        assert code == 400 and "this cluster mixes t4=1,v100=1" in answer["message"], answer
+        code, answer = await call(
+            jp_fetch,
+            "clusters",
+            "api-mix",
+            "scale",
+            method="POST",
+            body={"workers": 2, "gpu": "v100"},
+        )
+        assert code == 200 and answer["answered"] is True, answer
+        models = await wait_model(jp_fetch, lambda m: m["api-mix"]["counts"] == {"joined": 3})
+        assert models["api-mix"]["mix"] == {"t4": 1, "v100": 2}
+        code, answer = await call(
+            jp_fetch, "clusters", "api-mix", "scale", method="POST", body={"workers": "t4=2"}
+        )
+        assert code == 200, answer
+        models = await wait_model(jp_fetch, lambda m: m["api-mix"]["mix"] == {"t4": 2, "v100": 0})
+
+
+@pytest.mark.slow
 async def test_cluster_started_from_the_panel_is_detached(
     jp_fetch: Fetch, jp_serverapp: Any
 ) -> None:
@@ -318,6 +352,9 @@ async def test_unknown_cluster_is_404(
         (("scale",), {"workers": 1.5}, "whole number"),
         (("scale",), {"workers": "two"}, "whole number"),
         (("scale",), {"workers": True}, "whole number"),
+        (("scale",), {"workers": "k80=-1"}, "k80=-1 is not a number of workers"),
+        (("scale",), {"workers": {}}, "asks for no workers"),
+        (("scale",), {"workers": 2, "gpu": 7}, "give a GPU type"),
         (("scale",), {}, "workers"),
         (("scale",), "{not json", "not valid JSON"),
         (("scale",), "[1, 2]", "JSON object"),
@@ -342,6 +379,11 @@ async def test_bad_control_input_is_400(
         ({"zone": "mars-1a"}, "Unknown zone"),
         ({"workers": 0}, "at least 1"),
         ({"workers": "2"}, "must be a whole number"),
+        # A mix of GPU types (the form's workers field): every type priced, counts whole.
+        ({"workers": "t4=1,h9000=1"}, "Unknown GPU type 'h9000'"),
+        ({"workers": "t4=two"}, "t4='two' is not a number of workers"),
+        ({"workers": {}}, "asks for no workers"),
+        ({"workers": [1, 2]}, "must be a whole number or a string or an object"),
         ({"preemption": "sometimes"}, "sometimes"),
         ({"name": "Bad Name"}, "not allowed"),
         ({"colour": "red"}, "Unknown parameter 'colour'"),

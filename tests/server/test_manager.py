@@ -121,3 +121,40 @@ def test_model_is_plain_json() -> None:
     m = make_cluster_model(ENTRY, run(), now=100.0)
     text = json.dumps(m, allow_nan=False)  # NaN would break the browser's JSON.parse
     assert json.loads(text)["workers"][0]["gpu"] is None  # the PS host has no GPU
+
+
+def test_a_mixed_cluster_shows_its_mix_each_workers_type_and_cost_per_type() -> None:
+    def typed(name: str, gpu: str, price: float) -> list[dict[str, Any]]:
+        return [{**e, "gpu": gpu, "price": price} for e in vm(name, 0.0)]
+
+    events = [
+        event(
+            "started",
+            0.0,
+            cluster="demo",
+            gpu="k80",
+            workers=3,
+            mix={"k80": 2, "v100": 1},
+            time_scale=1.0,
+            catalog="paper-2019",
+        ),
+        *vm("ps-0", 0.0, role="ps", spot=False),
+        *typed("w-0", "k80", 0.256),
+        *typed("w-1", "k80", 0.256),
+        *typed("w-2", "v100", 0.861),
+        event("scale", 60.0, workers=4, mix={"k80": 2, "v100": 2}),
+    ]
+    m = make_cluster_model(ENTRY, events, now=3600.0)
+    assert m["mix"] == {"k80": 2, "v100": 2} and m["target_workers"] == 4
+    assert {w["name"]: w["gpu"] for w in m["workers"] if w["role"] == "worker"} == {
+        "w-0": "k80",
+        "w-1": "k80",
+        "w-2": "v100",
+    }
+    by_gpu = m["cost_by_gpu"]
+    assert by_gpu["k80"] == {"vms": 2, "cost": pytest.approx(2 * 0.256)}
+    assert by_gpu["v100"]["cost"] == pytest.approx(0.861)
+    assert sum(r["cost"] for r in by_gpu.values()) == pytest.approx(m["cost"]["cost"])
+    # A record from before mixes: its one type and count.
+    old = make_cluster_model(ENTRY, run(), now=60.0)
+    assert old["mix"] is None  # its started event names no GPU type

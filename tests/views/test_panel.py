@@ -45,6 +45,25 @@ def test_panel_buttons_and_errors_without_a_cluster_process() -> None:
     assert "closed" in panel.header.value and panel.preempt_button.disabled
 
 
+def test_a_mixed_clusters_panel_shows_its_mix_and_cost_per_type() -> None:
+    events = [
+        {**LIFE[0], "gpu": "k80", "workers": 3, "mix": {"k80": 2, "v100": 1}},
+        *LIFE[1:4],
+        vm("requested", "w-2", 0, gpu="v100", price=0.9, price_on_demand=2.1),
+        *LIFE[4:7],
+        vm("running", "w-2", 1, gpu="v100"),
+    ]
+    cluster = FakeCluster(events)
+    cluster.gpu = "k80"  # type: ignore[attr-defined]
+    panel = ClusterPanel(cluster, start=False)
+    assert panel.workers_label.value == "2 k80 + 1 v100"
+    assert {r["name"]: r["gpu"] for r in panel.rows if r["role"] == "worker"}["w-2"] == "v100"
+    assert "per type:" in panel.totals.value and "v100 1 VM" in panel.totals.value
+    # The buttons add or remove workers of the main type: a plain number would be refused.
+    panel.scale_up.click()
+    assert cluster.calls[-1] == ("scale", (3, "k80"))
+
+
 # -- with a real cluster ----------------------------------------------------------------------------
 @pytest.fixture
 def cluster() -> Any:

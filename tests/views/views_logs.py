@@ -40,8 +40,8 @@ class FakeCluster:
         self.status = Status.running
         self.calls: list[tuple[str, Any]] = []
 
-    def scale(self, n: int) -> None:
-        self.calls.append(("scale", n))
+    def scale(self, n: int, gpu: str | None = None) -> None:
+        self.calls.append(("scale", n) if gpu is None else ("scale", (n, gpu)))
 
     def preempt(self, target: Any, notice: bool = True) -> list[str]:
         self.calls.append(("preempt", (target, notice)))

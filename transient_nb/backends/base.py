@@ -293,11 +293,14 @@ class Backend:
         ps_machine_type: str,
         notice_s: float,
         cluster_id: str = "",
+        asked_gpus: int = 1,
     ) -> None:
         """Check the cluster's settings against the provider; called before anything starts.
 
         ``cluster_id`` is unique to the cluster: what it creates carries it, so that it never
         takes (or deletes) a resource of someone else's that happens to have the same name.
+        ``gpus``: the types asked for (the first ``asked_gpus``: a mixed cluster asks for
+        several), then the fallback types.
         """
 
     async def start(self, scheduler_address: str) -> None:

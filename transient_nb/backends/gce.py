@@ -422,6 +422,7 @@ class GCEBackend(Backend):
         ps_machine_type: str,
         notice_s: float,
         cluster_id: str = "",
+        asked_gpus: int = 1,
     ) -> None:
         """Check project, zones, machine types, GPU types and image against the API.
 
@@ -487,7 +488,7 @@ class GCEBackend(Backend):
                     if not e.not_found:
                         raise ValueError(f"Could not look up GPU {accel} in {zone}: {e}") from e
                     self._not_offered.add((gpu, zone))
-            if i == 0 and not offered:
+            if i < asked_gpus and not offered:  # every type of a mix, not only the first
                 raise ValueError(
                     f"GPU type {gpu!r} ({accel}) is not offered in {', '.join(zones)}. List the "
                     f"zones that have it with `gcloud compute accelerator-types list "

@@ -6,7 +6,7 @@
 ``POST   /transient-nb/clusters``                     start a cluster here (JSON: its parameters)
 ``GET    /transient-nb/clusters/NAME``                one cluster's model
 ``DELETE /transient-nb/clusters/NAME``                stop it (a stale one is just removed)
-``POST   /transient-nb/clusters/NAME/scale``          ``{"workers": n}``
+``POST   /transient-nb/clusters/NAME/scale``          ``{"workers": n[, "gpu": "v100"]}`` or a mix
 ``POST   /transient-nb/clusters/NAME/preempt``        ``{"worker": "w-0", "notice": true}``
 ``GET    /transient-nb/options``                      what the "new cluster" form offers
 ====================================================  =============================================
@@ -129,7 +129,8 @@ class ClusterHandler(_BaseHandler):
 
 
 class ScaleHandler(_BaseHandler):
-    """``/transient-nb/clusters/NAME/scale``: ``{"workers": n}``."""
+    """``/transient-nb/clusters/NAME/scale``: ``{"workers": n}``, ``{"workers": n, "gpu": "v100"}``
+    or a whole mix, ``{"workers": "k80=2,v100=1"}``."""
 
     @tornado.web.authenticated
     async def post(self, name: str) -> None:
@@ -139,7 +140,7 @@ class ScaleHandler(_BaseHandler):
                 raise ValueError('Send {"workers": n}, the number of GPU workers to keep.')
         except ValueError as e:
             return self.fail(400, str(e))
-        await self.run(self.manager.scale(name, body["workers"]))
+        await self.run(self.manager.scale(name, body["workers"], body.get("gpu")))
 
 
 class PreemptHandler(_BaseHandler):

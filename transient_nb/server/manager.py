@@ -33,6 +33,7 @@ from transient_nb import config, registry
 from transient_nb.backends.tls import security_from_registry
 from transient_nb.events import CONTROL_TOPIC, EVENTS_RPC, read_run_record
 from transient_nb.head import launch_head
+from transient_nb.mix import parse_mix
 from transient_nb.prices import PriceCatalog, shipped_catalogs
 from transient_nb.state import MAX_GONE_ROWS, ClusterState, RunProgress
 
@@ -43,7 +44,8 @@ __all__ = ["MAX_GONE_ROWS", "ClusterManager", "fingerprint", "make_cluster_model
 #: Parameters the panel's "new cluster" form may send, with the JSON types each accepts.
 CREATE_PARAMETERS: dict[str, tuple[type, ...]] = {
     "name": (str,),
-    "workers": (int,),
+    # A number, or a mix of GPU types: {"k80": 2, "v100": 1} or the form's text "k80=2,v100=1".
+    "workers": (int, str, dict),
     "gpu": (str,),
     "zone": (str,),
     "spot": (bool,),
@@ -55,7 +57,13 @@ CREATE_PARAMETERS: dict[str, tuple[type, ...]] = {
     "replace": (bool,),
 }
 
-_TYPE_NAMES = {int: "a whole number", float: "a number", str: "a string", bool: "true or false"}
+_TYPE_NAMES = {
+    int: "a whole number",
+    float: "a number",
+    str: "a string",
+    bool: "true or false",
+    dict: "an object",
+}
 
 
 class ClusterNotFound(KeyError):
@@ -207,7 +215,9 @@ def make_cluster_model(
         "catalog": _plain(started.get("catalog")),
         "started": _plain(started.get("time")),
         "target_workers": _plain(state.target_workers),
+        "mix": state.target_mix,
         "workers": rows,
+        "cost_by_gpu": _cost_by_gpu(state, now),
         "counts": counts,
         "cost": {k: _plain(v) for k, v in cost.items()},
         "preemptions": state.preemptions,
@@ -221,6 +231,12 @@ def make_cluster_model(
         "updated": now,
         "connect_code": connect_code(name, address),
     }
+
+
+def _cost_by_gpu(state: ClusterState, now: float) -> dict[str, dict[str, Any]]:
+    """Dollars per GPU type (the PS host as ``"ps"``), for a mixed cluster's panel."""
+    frame = state.cost(now).by_gpu
+    return {str(g): {"vms": int(r["vms"]), "cost": _plain(r["cost"])} for g, r in frame.iterrows()}
 
 
 def fingerprint(models: Sequence[Mapping[str, Any]]) -> str:
@@ -482,6 +498,9 @@ class ClusterManager:
             if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
                 kind = " or ".join(_TYPE_NAMES[t] for t in types)
                 raise ValueError(f"{key}={value!r} must be {kind}.")
+            if key == "workers" and not isinstance(value, int):
+                # The form's one text field takes a mix too; refused here, before any head.
+                value = _workers(value)
             kwargs[key] = value
         name = str(kwargs.pop("name", None) or f"transient-{uuid.uuid4().hex[:6]}")
         if name in self._starting:
@@ -553,11 +572,23 @@ class ClusterManager:
         # Posted but not answered yet: the owning kernel acts when its loop gets to it.
         return {"request": request, "answered": False, "action": msg["action"]}
 
-    async def scale(self, name: str, workers: Any) -> dict[str, Any]:
-        """Ask cluster ``name`` to keep ``workers`` GPU workers."""
-        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
-            raise ValueError(f"workers={workers!r}: give a whole number of workers, 0 or more.")
-        return await self._control(name, {"action": "scale", "workers": workers})
+    async def scale(self, name: str, workers: Any, gpu: Any = None) -> dict[str, Any]:
+        """Ask cluster ``name`` to keep ``workers`` GPU workers (of type ``gpu``), or a mix.
+
+        ``workers``: a number (of type ``gpu`` if given; a mixed cluster needs it), or a whole
+        mix, ``{"k80": 2, "v100": 1}`` or ``"k80=2,v100=1"``.
+        """
+        if gpu is not None and (not isinstance(gpu, str) or not gpu.strip()):
+            raise ValueError(f"gpu={gpu!r}: give a GPU type such as 'v100', or leave it out.")
+        if isinstance(workers, int) and not isinstance(workers, bool):
+            if workers < 0:
+                raise ValueError(f"workers={workers!r}: give a whole number of workers, 0 or more.")
+        else:
+            workers = _workers(workers)
+        msg: dict[str, Any] = {"action": "scale", "workers": workers}
+        if gpu:
+            msg["gpu"] = gpu.strip().lower()
+        return await self._control(name, msg)
 
     async def preempt(self, name: str, worker: Any, notice: Any = True) -> dict[str, Any]:
         """Preempt worker ``worker`` of cluster ``name``, with or without the notice."""
@@ -611,8 +642,24 @@ class ClusterManager:
             "zones": catalog.zones(),
             "catalog": catalog.name,
             "catalogs": shipped_catalogs(),
-            "preemption_examples": ["none", "paper:k80", "paper:v100", "exp:mean=60s"],
+            "preemption_examples": ["none", "paper", "paper:k80", "paper:v100", "exp:mean=60s"],
+            # The workers field takes a number or a mix of the catalog's GPU types.
+            "workers_examples": ["4", "k80=2,p100=1,v100=1"],
         }
+
+
+def _workers(value: Any) -> dict[str, int]:
+    """A mix of GPU types from the panel (an object or ``"k80=2,v100=1"``), checked."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (str, Mapping))
+        or (isinstance(value, str) and "=" not in value)
+    ):
+        # JSON numbers stay numbers: "2" is a typo of the client, not a mix.
+        raise ValueError(
+            f"workers={value!r} must be a whole number, or a mix such as k80=2,v100=1."
+        )
+    return parse_mix(value, "")
 
 
 @functools.lru_cache(maxsize=16)

@@ -143,7 +143,7 @@ class ClusterPanel(LiveView, widgets.VBox):
         )
         self.totals.value = totals_html(self.cost)
         self.table.value = table_html(self.rows)
-        self.workers_label.value = f"{self.target if self.target is not None else '?'} workers"
+        self.workers_label.value = self._workers_text()
         choices = [r["name"] for r in workers if r["state"] in ("running", "joined")]
         if tuple(choices) != tuple(self.worker_select.options):
             keep = self.worker_select.value
@@ -169,7 +169,29 @@ class ClusterPanel(LiveView, widgets.VBox):
             return None
         return result
 
+    def _mixed(self) -> dict[str, int] | None:
+        """The cluster's mix when it has more than one GPU type asked for, else None."""
+        mix = {g: n for g, n in (self.state.target_mix or {}).items() if n > 0}
+        return mix if len(mix) > 1 else None
+
+    def _workers_text(self) -> str:
+        mix = self._mixed()
+        if mix is not None:
+            return " + ".join(f"{n} {g}" for g, n in mix.items())
+        return f"{self.target if self.target is not None else '?'} workers"
+
     def _scale(self, delta: int) -> None:
+        mix = self._mixed()
+        if mix is not None:
+            # A mixed cluster: the buttons add or remove workers of its main (first) type.
+            gpu = str(getattr(self.cluster, "gpu", None) or next(iter(mix)))
+            n = max(0, mix.get(gpu, 0) + delta)
+            done = self._act(
+                f"scale {gpu} to {n} workers", lambda: self.cluster.scale(n, gpu=gpu) or True
+            )
+            if done:
+                self._say(f"Scaling {gpu} to {n} GPU workers…")
+            return
         current = (
             self.target
             if self.target is not None

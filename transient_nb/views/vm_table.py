@@ -102,9 +102,19 @@ def table_html(rows: Sequence[Mapping[str, Any]]) -> str:
 
 
 def totals_html(cost: CostReport) -> str:
-    """Dollars per hour now, dollars so far, the on-demand counterfactual and the saving."""
-    return (
+    """Dollars per hour now, dollars so far, the on-demand counterfactual and the saving; for a
+    mixed cluster (more than one GPU type), what each type cost."""
+    text = (
         f"<b>{money(cost.rate, 3)}/h</b> now &middot; <b>{money(cost.total)}</b> so far "
         f"&middot; on demand {money(cost.total_on_demand)} &middot; "
         f"saved <b>{cost.saved_fraction:.0%}</b>"
     )
+    by_gpu = cost.by_gpu
+    if len(by_gpu.index.difference(["ps"])) > 1:
+        parts = [
+            f"{html.escape(str(g))} {int(r['vms'])} VM{'s' if r['vms'] != 1 else ''} "
+            f"{money(r['cost'])}"
+            for g, r in by_gpu.iterrows()
+        ]
+        text += "<br>per type: " + " &middot; ".join(parts)
+    return text

@@ -225,8 +225,11 @@ export class TransientSidebar extends Widget {
     }
     card.appendChild(head);
 
+    const mixed = c.mix ? Object.entries(c.mix).filter(([, n]) => n > 0) : [];
     const placement = [
-      c.gpu ?? 'no GPU',
+      mixed.length > 1
+        ? mixed.map(([g, n]) => `${n} ${g}`).join(' + ')
+        : (c.gpu ?? 'no GPU'),
       c.zone ?? '',
       c.spot === null ? '' : c.spot ? 'spot' : 'on-demand',
       c.target_workers !== null
@@ -257,6 +260,23 @@ export class TransientSidebar extends Widget {
       )
     );
     card.appendChild(money);
+    const types = Object.entries(c.cost_by_gpu ?? {});
+    if (types.length > 2) {
+      // More than one GPU type beside the PS host: what each type cost.
+      card.appendChild(
+        el(
+          'div',
+          'tnb-CostByGpu',
+          'Per type: ' +
+            types
+              .map(
+                ([g, r]) =>
+                  `${g} ${r.vms} VM${r.vms === 1 ? '' : 's'} ${dollars(r.cost)}`
+              )
+              .join(', ')
+        )
+      );
+    }
 
     const counts = Object.entries(c.counts)
       .map(([state, n]) => `${n} ${state}`)
@@ -382,18 +402,25 @@ export class TransientSidebar extends Widget {
   }
 
   private async _scale(c: ICluster): Promise<void> {
-    const result = await InputDialog.getNumber({
+    const mixed = c.mix ? Object.entries(c.mix).filter(([, n]) => n > 0) : [];
+    const result = await InputDialog.getText({
       title: `Scale ${c.name}`,
-      label: 'Number of GPU workers to keep (the PS host comes on top)',
-      value: c.target_workers ?? 1
+      label:
+        'GPU workers to keep (the PS host comes on top): a number, or a mix such as ' +
+        'k80=2,v100=1',
+      text:
+        mixed.length > 1
+          ? mixed.map(([g, n]) => `${g}=${n}`).join(',')
+          : String(c.target_workers ?? 1)
     });
     if (!result.button.accept || result.value === null) {
       return;
     }
+    const workers = workersValue(result.value);
     await this._act(`Scaling ${c.name} failed`, () =>
       requestAPI(`clusters/${encodeURIComponent(c.name)}/scale`, {
         method: 'POST',
-        body: JSON.stringify({ workers: result.value })
+        body: JSON.stringify({ workers })
       })
     );
   }
@@ -440,6 +467,14 @@ export namespace TransientSidebar {
 }
 
 /**
+ * What a workers field holds, as the server takes it: a number, or the text of a mix.
+ */
+export function workersValue(text: string): number | string {
+  const t = text.trim();
+  return /^\d+$/.test(t) ? Number(t) : t;
+}
+
+/**
  * The body of the "new cluster" dialog: workers, GPU, zone, spot and the preemption spec.
  */
 export class NewClusterForm
@@ -452,8 +487,9 @@ export class NewClusterForm
     const d = options.defaults;
     this._name = input('text', '');
     this._name.placeholder = 'a fresh name';
-    this._workers = input('number', String(d.workers));
-    this._workers.min = '0';
+    // A number, or a mix of GPU types (k80=2,v100=1): the server checks either.
+    this._workers = input('text', String(d.workers));
+    this._workers.placeholder = '4, or k80=2,v100=1';
     this._gpu = select(options.gpus, d.gpu);
     this._zone = select(options.zones, d.zone);
     this._spot = input('checkbox', '');
@@ -478,19 +514,23 @@ export class NewClusterForm
       el(
         'p',
         'tnb-Hint',
-        `Prices: ${options.catalog}. Preemptions: none, paper:k80, exp:mean=60s…`
+        `Prices: ${options.catalog}. Workers: a number, or a mix such as k80=2,v100=1 ` +
+          '(the GPU field is then not used). Preemptions: none, paper, paper:k80, ' +
+          'exp:mean=60s…'
       )
     );
   }
 
   getValue(): INewCluster {
     const value: INewCluster = {
-      workers: Number(this._workers.value),
-      gpu: this._gpu.value,
+      workers: workersValue(this._workers.value),
       zone: this._zone.value,
       spot: this._spot.checked,
       preemption: this._preemption.value.trim()
     };
+    if (typeof value.workers === 'number') {
+      value.gpu = this._gpu.value; // a mix names its own types
+    }
     const name = this._name.value.trim();
     if (name) {
       value.name = name;

@@ -55,7 +55,11 @@ export interface ICluster {
   preemption: string | null;
   time_scale: number | null;
   target_workers: number | null;
+  /** GPU type -> workers asked for (a mixed cluster has several types). */
+  mix: { [gpu: string]: number } | null;
   workers: IWorker[];
+  /** Dollars per GPU type (the PS host as "ps"). */
+  cost_by_gpu: { [gpu: string]: { vms: number; cost: number } };
   counts: { [state: string]: number };
   cost: ICost;
   preemptions: number;
@@ -88,13 +92,16 @@ export interface IOptions {
   zones: string[];
   catalog: string;
   preemption_examples: string[];
+  workers_examples?: string[];
 }
 
 /** What the "new cluster" form sends. */
 export interface INewCluster {
   name?: string;
-  workers: number;
-  gpu: string;
+  /** A number, or a mix of GPU types such as "k80=2,v100=1". */
+  workers: number | string;
+  /** Left out with a mix, which names its own types. */
+  gpu?: string;
   zone: string;
   spot: boolean;
   preemption: string;
