@@ -145,3 +145,45 @@ def test_bad_goals_are_refused_before_anything_changes(kwargs, match):
     with pytest.raises(ValueError, match=match):
         TransientPolicy(cluster, planner=Planner([K80], 0.1), **kwargs)
     assert cluster.scaled == [] and cluster.posted == []
+
+
+# -- one real run: the policy grows a local cluster to meet a deadline --------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_deadline_policy_grows_a_real_cluster_during_a_run(cleanup: None) -> None:
+    from conftest import of_kind, wait_for_sync
+
+    from transient_nb import TransientCluster, train
+
+    with TransientCluster(
+        workers={"t4": 1}, preemption="none", provisioning_delay=0, max_workers=3
+    ) as cluster:
+        cluster.wait_for_workers(timeout=120)
+        run = train(cluster, model="resnet8", data="digits", steps=100_000, eval_images=100)
+        try:
+            # 100,000 steps in 10 minutes needs far more than one worker's pace: grow.
+            policy = cluster.adapt(
+                goal="deadline", deadline="10m", gpus=["t4", "v100"], interval="1s"
+            )
+            decision = wait_for_sync(
+                lambda: of_kind(cluster.monitor.events, "policy-decision", acted=True),
+                timeout=120,
+            )[0]
+            assert decision["goal"] == "deadline" and "ETA" in decision["reason"]
+            assert sum(decision["mix"].values()) == 3  # as many as max_workers allows
+            assert cluster.mix == {g: n for g, n in decision["mix"].items() if n}
+            cluster.wait_for_workers(3, timeout=120)
+
+            # The trainers of the new workers contribute to the same run.
+            def trainers() -> int:
+                by_gpu = run.summary().get("by_gpu") or {}
+                return sum(int(v.get("workers", 0)) for v in by_gpu.values())
+
+            wait_for_sync(lambda: trainers() >= 3, timeout=120)
+            assert policy.last is not None and policy.last.goal == "deadline"
+            assert cluster.adapt(None) is None  # stopped; the cluster keeps its mix
+            assert cluster.mix == {g: n for g, n in decision["mix"].items() if n}
+        finally:
+            run.stop()
