@@ -212,3 +212,50 @@ def test_the_summary_shows_each_gpu_types_steps(capsys):
     out = capsys.readouterr().out
     assert "steps per GPU type" in out
     assert "k80 180 (2 workers, 9.00/s), v100 300 (1 workers, 15.00/s)" in out
+
+
+@pytest.mark.parametrize(
+    "goal, word",
+    [
+        ("fastest", "goal 'fastest': write deadline:DURATION"),
+        ("deadline:soon", "not 'soon'"),
+        ("budget:-3", "needs budget= a positive number of dollars, not -3.0"),
+    ],
+)
+def test_a_bad_policy_goal_is_refused_before_anything_starts(goal, word, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["run", "--adapt", goal, "--out", str(out), "--quiet"]) == 2
+    assert word in capsys.readouterr().err
+    assert list(out.glob("*/events.jsonl")) == [] and registry_entries() == []
+
+
+def registry_entries():
+    from transient_nb import registry
+
+    return registry.entries()
+
+
+@pytest.mark.slow
+def test_adapt_starts_and_stops_the_policy_of_a_detached_cluster(capsys):
+    from transient_nb import connect
+
+    argv = ["--name", "cli-adapt", "--workers", "1", "--preemption", "none"]
+    assert main(["up", *argv, "--provisioning-delay", "0s"]) == 0
+    try:
+        assert main(["adapt", "cli-adapt", "deadline:10m", "--gpus", "t4,v100"]) == 0
+        assert "Cluster cli-adapt: policy on, goal deadline:10m." in capsys.readouterr().out
+        assert main(["adapt", "cli-adapt", "soon"]) == 2  # refused here, nothing sent
+        assert main(["adapt", "cli-adapt", "off"]) == 0
+        assert "policy off" in capsys.readouterr().out
+        cluster = connect("cli-adapt")
+        try:
+            answers = [
+                e
+                for e in cluster.monitor.events
+                if e["kind"] == "control" and e.get("action") == "adapt"
+            ]
+        finally:
+            cluster.close()
+        assert [a["ok"] for a in answers] == [True, True]  # the head ran both
+    finally:
+        assert main(["down", "cli-adapt"]) == 0

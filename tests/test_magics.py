@@ -336,3 +336,34 @@ def test_a_mixed_cluster_from_the_magic(ip: InteractiveShell) -> None:
     assert {"k80", "v100"} <= set(workers["gpu"])
     with capture_output():
         magic(ip, "down")
+
+
+def test_adapt_turns_the_policy_on_and_off_and_refuses_bad_goals(ip: InteractiveShell) -> None:
+    with capture_output():
+        cluster = magic(
+            ip,
+            "up --workers 1 --preemption none --provisioning-delay 0s --name magic-adapt "
+            "--no-panel",
+        )
+    try:
+        for bad, word in [
+            ("adapt fastest", "goal 'fastest': write deadline:DURATION"),
+            ("adapt deadline:soon", "needs deadline= a positive duration such as '2h', not 'soon'"),
+            ("adapt budget:lots", "goal 'budget:lots'"),
+        ]:
+            with pytest.raises(UsageError, match=word):
+                magic(ip, bad)
+            assert getattr(cluster, "_policy", None) is None  # nothing was started
+        with capture_output() as out:
+            magic(ip, "adapt deadline:2h --gpus t4,v100 --max-workers 3 --interval 5s")
+        assert "policy on, goal deadline:2h" in out.stdout
+        policy = cluster._policy
+        assert policy.goal == "deadline" and policy.deadline_s == 7200
+        assert policy.max_workers == 3 and policy.interval_s == 5
+        assert sorted(k.gpu for k in policy.planner.kinds) == ["t4", "v100"]
+        with capture_output() as out:
+            magic(ip, "adapt off")
+        assert "policy off" in out.stdout and cluster._policy is None
+    finally:
+        with capture_output():
+            magic(ip, "down")

@@ -110,6 +110,25 @@ def _add_cluster_options(r: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_goal_options(r: argparse.ArgumentParser, flag: str, help: str) -> None:
+    r.add_argument(flag, default=None, metavar="GOAL", help=help)
+    r.add_argument("--gpus", default=None, help="GPU types the policy may use, e.g. t4,v100")
+    r.add_argument(
+        "--policy-max-workers", type=int, default=None, help="largest cluster the policy asks for"
+    )
+
+
+def _policy_kwargs(args: argparse.Namespace, goal_text: str) -> tuple[str | None, dict[str, Any]]:
+    from transient_nb.policy import parse_goal
+
+    goal, kwargs = parse_goal(goal_text)
+    if args.gpus:
+        kwargs["gpus"] = [g.strip() for g in args.gpus.split(",") if g.strip()]
+    if args.policy_max_workers is not None:
+        kwargs["max_workers"] = args.policy_max_workers
+    return goal, kwargs
+
+
 def _add_train_options(r: argparse.ArgumentParser) -> None:
     r.add_argument(
         "--model",
@@ -152,6 +171,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     _add_cluster_options(r)
     _add_train_options(r)
+    _add_goal_options(
+        r,
+        "--adapt",
+        "let the transient-aware policy choose the GPU mix during the run: deadline:DURATION, "
+        "budget:DOLLARS or cost-per-step",
+    )
     r.add_argument(
         "--detach",
         action="store_true",
@@ -181,6 +206,11 @@ def _parser() -> argparse.ArgumentParser:
     sc.add_argument("name")
     sc.add_argument("n", type=_workers, metavar="N|TYPE=N,...")
     sc.add_argument("--gpu", default=None, help="the GPU type N counts (others keep theirs)")
+    ad = sub.add_parser(
+        "adapt", help="let the transient-aware policy choose a cluster's GPU mix for a goal"
+    )
+    ad.add_argument("name")
+    _add_goal_options(ad, "goal", "deadline:DURATION, budget:DOLLARS, cost-per-step, or off")
     d = sub.add_parser("down", help="stop a cluster and everything it runs")
     d.add_argument("name")
     d.add_argument(
@@ -318,6 +348,11 @@ def run(args: argparse.Namespace) -> int:
                 if k not in ("resume", "budget", "seed")
             }
         )
+    goal, policy_kwargs = _policy_kwargs(args, args.adapt) if args.adapt else (None, {})
+    if goal is not None:
+        from transient_nb.policy import check_goal
+
+        check_goal(goal, policy_kwargs.get("deadline"), policy_kwargs.get("budget"))
     if args.detach:
         return run_detached(args)
     os.makedirs(args.out, exist_ok=True)
@@ -331,6 +366,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"Cluster {cluster.name}: {cluster.backend.describe()}", file=sys.stderr)
         cluster.wait_for_workers(1, timeout=300)
         job = train(cluster, **_train_kwargs(args))
+        if goal is not None:
+            cluster.adapt(goal, **policy_kwargs)
         _progress(job, job.hp.steps, quiet=args.quiet)
         job.wait()
         summary = job.summary()
@@ -368,6 +405,9 @@ def run_detached(args: argparse.Namespace) -> int:
     cluster = _start_head(args)
     try:
         run_view = train(cluster, **{k: v for k, v in _train_kwargs(args).items() if v is not None})
+        if args.adapt:
+            goal, policy_kwargs = _policy_kwargs(args, args.adapt)
+            cluster.adapt(goal, **policy_kwargs)
     except BaseException:
         cluster.shutdown()  # nothing is left running when the run cannot start
         raise
@@ -454,6 +494,19 @@ def attach(args: argparse.Namespace) -> int:
     return 0
 
 
+def adapt(args: argparse.Namespace) -> int:
+    """``adapt NAME GOAL``: start (``off``: stop) the policy of a running cluster."""
+    goal, kwargs = _policy_kwargs(args, args.goal)
+    cluster = _connect(args.name)
+    try:
+        cluster.adapt(goal, **kwargs)
+    finally:
+        cluster.close()
+    state = "off" if goal is None else f"on, goal {args.goal}"
+    print(f"Cluster {args.name}: policy {state}.")
+    return 0
+
+
 def scale(args: argparse.Namespace) -> int:
     """``scale NAME N [--gpu G]``: ask the owner to keep N workers (of type G), or a mix."""
     cluster = _connect(args.name)
@@ -533,6 +586,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "attach": attach,
             "down": down,
             "scale": scale,
+            "adapt": adapt,
             "sweep": sweep_vms,
         }
         if args.command in commands:

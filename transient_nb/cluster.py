@@ -554,6 +554,9 @@ class TransientCluster(SpecCluster):
             elif action == "preempt":
                 target = msg.get("worker") or int(msg.get("count", 1))
                 await self._preempt(target, notice=bool(msg.get("notice", True)))
+            elif action == "adapt":
+                goal = msg.get("goal")
+                self.adapt(None if goal is None else str(goal), **dict(msg.get("args") or {}))
             elif action == "stop":
                 await self._post("control", action="stop", ok=True, request=msg.get("id"))
                 self._spawn(self._close())

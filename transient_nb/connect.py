@@ -379,6 +379,19 @@ class RemoteCluster:
             msg["gpu"] = gpu
         return self._request(msg)
 
+    def adapt(self, goal: str | None = None, **kwargs: Any) -> dict[str, Any]:
+        """Start (or, with ``goal=None``, stop) the owning cluster's transient-aware policy.
+
+        The policy runs where the cluster lives (a head, or the kernel that owns it); its
+        arguments are those of :meth:`transient_nb.TransientCluster.adapt`. Its decisions are
+        ``policy-decision`` events, seen here as any other.
+        """
+        from transient_nb.policy import check_goal
+
+        if goal is not None:  # checked here first: a mistake is reported before any change
+            check_goal(goal, kwargs.get("deadline"), kwargs.get("budget"))
+        return self._request({"action": "adapt", "goal": goal, "args": kwargs})
+
     def preempt(self, target: int | str = 1, notice: bool = True) -> dict[str, Any]:
         """Ask the owning cluster to preempt ``target`` workers (a count) or the worker named so."""
         if isinstance(target, bool) or not isinstance(target, (int, str)):

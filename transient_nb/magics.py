@@ -186,6 +186,20 @@ def _scale() -> None:
     type, the other types unchanged), or ``scale k80=2,v100=1`` (the whole mix)."""
 
 
+@magic_arguments(name="transient_cluster adapt")
+@argument(
+    "goal",
+    metavar="GOAL",
+    help="deadline:DURATION (e.g. deadline:2h), budget:DOLLARS, cost-per-step, or off",
+)
+@argument("--gpus", type=_names, metavar="G1,G2", help="GPU types it may use")
+@argument("--max-workers", type=_whole("workers", 1), metavar="N", help="largest cluster")
+@argument("--interval", metavar="DURATION", help="how often it decides (default 30s)")
+def _adapt() -> None:
+    """Let the transient-aware policy choose the GPU mix for a goal (``off`` stops it); its
+    decisions, with their reasons, are ``policy-decision`` events."""
+
+
 @magic_arguments(name="transient_cluster preempt")
 @argument(
     "target",
@@ -262,6 +276,7 @@ def _cell() -> None:
 SUBCOMMANDS: dict[str, Any] = {
     "up": _up,
     "scale": _scale,
+    "adapt": _adapt,
     "preempt": _preempt,
     "status": _status,
     "train": _train,
@@ -270,7 +285,7 @@ SUBCOMMANDS: dict[str, Any] = {
     "connect": _connect,
 }
 #: Subcommands that act on the current cluster.
-NEEDS_CLUSTER = ("scale", "preempt", "status", "train", "down")
+NEEDS_CLUSTER = ("scale", "adapt", "preempt", "status", "train", "down")
 
 
 @contextmanager
@@ -391,7 +406,7 @@ class TransientMagics(Magics):
         command, _, rest = line.strip().partition(" ")
         if not command:
             raise UsageError(
-                "Give a subcommand: %transient_cluster up (or scale, preempt, status, train, down, "
+                "Give a subcommand: %transient_cluster up (or scale, adapt, preempt, status, train, down, "
                 "list, connect); %transient_cluster? shows the help."
             )
         if command not in SUBCOMMANDS:
@@ -467,6 +482,18 @@ class TransientMagics(Magics):
         with _usage_errors("%transient_cluster up: "):
             cluster = TransientCluster(**kwargs)
         return self._adopt(cluster, args.var, not args.no_panel)
+
+    def _do_adapt(self, args: argparse.Namespace) -> None:
+        from transient_nb.policy import parse_goal
+
+        with _usage_errors():
+            goal, kwargs = parse_goal(args.goal)
+            kwargs.update(_kwargs(args, ("gpus", "max_workers", "interval")))
+            self.cluster.adapt(goal, **kwargs)
+        if goal is None:
+            print(f"{self.cluster.name}: policy off; the cluster keeps its workers.")
+        else:
+            print(f"{self.cluster.name}: policy on, goal {args.goal}.")
 
     def _do_scale(self, args: argparse.Namespace) -> None:
         with _usage_errors():

@@ -46,6 +46,64 @@ from transient_nb.preemption import HOUR
 logger = logging.getLogger(__name__)
 
 
+def parse_goal(text: str) -> tuple[str | None, dict[str, Any]]:
+    """Read a goal as typed in the magic and the CLI: ``GOAL[:VALUE]``, or ``off``.
+
+    Examples
+    --------
+    >>> parse_goal("deadline:2h")
+    ('deadline', {'deadline': '2h'})
+    >>> parse_goal("budget:20")
+    ('budget', {'budget': 20.0})
+    >>> parse_goal("cost-per-step"), parse_goal("off")
+    (('cost-per-step', {}), (None, {}))
+    """
+    goal, _, value = str(text).strip().partition(":")
+    goal = goal.strip().lower()
+    if goal in ("off", "none", "stop"):
+        return None, {}
+    if goal == "deadline" and value:
+        return goal, {"deadline": value.strip()}
+    if goal == "budget" and value:
+        try:
+            return goal, {"budget": float(value)}
+        except ValueError:
+            pass
+    if goal == "cost-per-step" and not value:
+        return goal, {}
+    raise ValueError(
+        f"goal {text!r}: write deadline:DURATION (e.g. deadline:2h), budget:DOLLARS (e.g. "
+        "budget:20), cost-per-step, or off."
+    )
+
+
+def check_goal(
+    goal: Any, deadline: Any = None, budget: Any = None
+) -> tuple[float | None, float | None]:
+    """Check a goal and its limit; returns ``(deadline_s, budget)``, or a ``ValueError`` that
+    names the bad value and says what to give."""
+    if goal not in GOALS:
+        raise ValueError(f"goal={goal!r}: use one of {', '.join(GOALS)}.")
+    deadline_s: float | None = None
+    if goal == "deadline":
+        try:
+            deadline_s = parse_timedelta(deadline, default="seconds")
+        except (ValueError, TypeError, KeyError, IndexError):
+            deadline_s = None
+        if not deadline_s or deadline_s <= 0:
+            raise ValueError(
+                f"goal='deadline' needs deadline= a positive duration such as '2h', "
+                f"not {deadline!r}."
+            )
+    if goal == "budget":
+        if not (isinstance(budget, (int, float)) and not isinstance(budget, bool) and budget > 0):
+            raise ValueError(
+                f"goal='budget' needs budget= a positive number of dollars, not {budget!r}."
+            )
+        return deadline_s, float(budget)
+    return deadline_s, None
+
+
 class TransientPolicy:
     """Choose the cluster's GPU mix for a goal, periodically, from its event log.
 
@@ -85,28 +143,10 @@ class TransientPolicy:
         hysteresis: float = 0.1,
         planner: Planner | None = None,
     ):
-        if goal not in GOALS:
-            raise ValueError(f"goal={goal!r}: use one of {', '.join(GOALS)}.")
-        self.deadline_s: float | None = None
-        if goal == "deadline":
-            try:
-                self.deadline_s = parse_timedelta(deadline, default="seconds")
-            except (ValueError, TypeError, KeyError, IndexError):
-                self.deadline_s = None
-            if not self.deadline_s or self.deadline_s <= 0:
-                raise ValueError(
-                    f"goal='deadline' needs deadline= a positive duration such as '2h', "
-                    f"not {deadline!r}."
-                )
-        if goal == "budget" and not (
-            isinstance(budget, (int, float)) and not isinstance(budget, bool) and budget > 0
-        ):
-            raise ValueError(
-                f"goal='budget' needs budget= a positive number of dollars, not {budget!r}."
-            )
+        self.deadline_s, budget = check_goal(goal, deadline, budget)
         self.cluster = cluster
         self.goal = goal
-        self.budget = None if budget is None else float(budget)
+        self.budget = budget
         limit = getattr(getattr(cluster, "limits", None), "max_workers", None)
         self.max_workers = int(max_workers or limit or 8)
         if self.max_workers < 1:
