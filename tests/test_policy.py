@@ -187,3 +187,29 @@ def test_a_deadline_policy_grows_a_real_cluster_during_a_run(cleanup: None) -> N
             assert cluster.mix == {g: n for g, n in decision["mix"].items() if n}
         finally:
             run.stop()
+
+
+def test_by_default_it_chooses_among_the_mix_and_the_fallbacks_at_catalog_prices():
+    from transient_nb.prices import PriceCatalog
+
+    catalog = PriceCatalog.load("paper-2019")
+    cluster = SimpleNamespace(
+        mix={"k80": 1, "v100": 1},
+        gpu="k80",
+        policy=SimpleNamespace(fallback_gpus=["p100", "k80"]),
+        catalog=catalog,
+        zone="us-central1-a",
+        machine_type="n1-standard-4",
+        ps_machine_type="n1-standard-4",
+        spot=True,
+        limits=SimpleNamespace(max_workers=None),
+    )
+    policy = TransientPolicy(cluster, "cost-per-step")
+    assert [k.gpu for k in policy.planner.kinds] == ["k80", "v100", "p100"]
+    k80 = policy.planner.kinds[0]
+    assert k80.spot and k80.hourly == catalog.worker_price(
+        "k80", "n1-standard-4", cluster.zone
+    ).rate(True)
+    assert policy.max_workers == 8  # no limit: the default
+    with pytest.raises(ValueError, match="None of the GPU types \\['tpu'\\]"):
+        TransientPolicy(cluster, "cost-per-step", gpus=["tpu"])

@@ -119,7 +119,8 @@ class TransientPolicy:
     budget
         For ``goal="budget"``: dollars the cluster may spend in all (what it spent counts).
     gpus
-        GPU types it may use (default: the cluster's own and its fallbacks).
+        GPU types it may use (default: the cluster's own, every type of its mix, and its
+        fallbacks).
     max_workers
         Largest cluster it may ask for (default: the cluster's ``max_workers`` limit, else 8).
     interval
@@ -154,7 +155,17 @@ class TransientPolicy:
         self.interval_s = float(parse_timedelta(interval, default="seconds") or 30.0)
         self.hysteresis = float(hysteresis)
         if planner is None:
-            gpus = list(gpus or [cluster.gpu, *getattr(cluster.policy, "fallback_gpus", [])])
+            # Default: the types the cluster has (all of a mix) and its fallbacks.
+            gpus = list(
+                gpus
+                or dict.fromkeys(
+                    [
+                        *dict(getattr(cluster, "mix", None) or {}),
+                        cluster.gpu,
+                        *getattr(cluster.policy, "fallback_gpus", []),
+                    ]
+                )
+            )
             kinds = kinds_from_catalog(
                 cluster.catalog, gpus, [cluster.zone], cluster.machine_type, spot=cluster.spot
             )
