@@ -795,7 +795,7 @@ def test_the_local_control_plane_is_tls_and_obeys_only_its_own_client(cleanup: N
 def test_name_of_a_running_cluster_is_taken(tmp_path: Path) -> None:
     registry.register("taken", {"scheduler_address": "tcp://127.0.0.1:1"})  # this process: alive
     before = child_pids()
-    with pytest.raises(ValueError, match=r"'taken' is already running \(pid \d+\)"):
+    with pytest.raises(ValueError, match=r"'taken' is already running \(kernel pid \d+\)"):
         TransientCluster(name="taken", provisioning_delay=0)
     assert child_pids() - before == set()
     assert registry.lookup("taken")["scheduler_address"] == "tcp://127.0.0.1:1"

@@ -291,6 +291,9 @@ def test_gce(tmp_path: Path, kernel_env: dict[str, str]) -> None:
             "DASK_TRANSIENT__GCE__OPERATION_TIMEOUT": "60s",
             "DASK_TRANSIENT__GCE__DEATH_TIMEOUT": "60s",
             "DASK_TRANSIENT__NOTICE": "2s",
+            # GCE's default is a detached cluster whose head is a VM: the client (this kernel)
+            # reaches the head's scheduler through a firewall rule open to its own address.
+            "DASK_TRANSIENT__GCE__CLIENT_CIDR": "127.0.0.1/32",
         }
         nb = execute("gce.ipynb", tmp_path, env)
         no_errors(nb)
@@ -302,7 +305,8 @@ def test_gce(tmp_path: Path, kernel_env: dict[str, str]) -> None:
         ), setup
         up = shown(cell(nb, "up"))
         assert any(d.get("text/plain", "").startswith("<ClusterPanel gce-demo") for d in up), up
-        assert "gce-demo: preempting w-" in stdout(cell(nb, "preempt"))
+        # The cluster is detached (its head is a VM): the kernel asks the head to preempt.
+        assert "gce-demo: preempting 1 (with the notice)" in stdout(cell(nb, "preempt"))
         assert "gce-demo: scaling to 3 GPU workers." in stdout(cell(nb, "scale"))
 
         summary = stdout(cell(nb, "run-summary"))
@@ -311,6 +315,8 @@ def test_gce(tmp_path: Path, kernel_env: dict[str, str]) -> None:
         assert int(m.group(1)) >= int(m.group(2)) == 1000, summary
         assert int(m.group(3)) >= 1, summary
         # While the run trained: the notice, the VM stopped, a replacement asked for.
+        # The head's record (the fake's VMs inherit this test's run folder through the
+        # environment, as a VM image could set it).
         (record,) = (tmp_path / "runs").glob("gce-demo-*/events.jsonl")
         log = read_run_record(record)
         kinds = [e["kind"] for e in log]
