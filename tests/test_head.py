@@ -272,3 +272,16 @@ def test_shutdown_succeeds_when_the_head_closes_before_its_answer_is_read(
     assert answer["action"] == "stop" and answer["closed"] is True
     psutil.Process(head_pid).wait(timeout=60) if psutil.pid_exists(head_pid) else None
     assert all(e["name"] != name or e["stale"] for e in registry.entries())
+
+
+def test_shutdown_still_stops_the_head_after_the_mirror_gave_up() -> None:
+    # Under load the handle's event-log mirror can give up (MAX_FAILURES slow reads) and mark the
+    # handle closed; shutdown() must still stop the head, not leave it running (a CI leak).
+    from distributed.core import Status
+
+    cluster = TransientCluster(workers=1, detached=True, **FAST)
+    cluster.status = Status.closed  # what the mirror does when it gives up
+    answer = cluster.shutdown()
+    # The head answered and its cluster is closed (its registry entry is gone).
+    assert answer["action"] == "stop" and answer["closed"] is True
+    assert all(e["name"] != cluster.name or e["stale"] for e in registry.entries())

@@ -43,6 +43,8 @@ MAX_FAILURES = 8
 
 #: Seconds between reads of the scheduler's log while waiting for a control answer.
 POLL_S = 0.05
+#: Longest wait for one such read.
+READ_TIMEOUT_S = 2.0
 
 
 class RemoteEventLog:
@@ -248,12 +250,18 @@ class RemoteCluster:
             await asyncio.sleep(POLL_S)
             # Read the scheduler's log directly: the answer must not wait for the next mirror tick.
             try:
-                new = await getattr(self._scheduler, EVENTS_RPC)(since=since)
-            except (OSError, CommClosedError):
+                # Bounded: a scheduler that is closing can leave a read unanswered for a minute.
+                new = await asyncio.wait_for(
+                    getattr(self._scheduler, EVENTS_RPC)(since=since),
+                    max(0.1, min(READ_TIMEOUT_S, deadline - time.monotonic())),
+                )
+            except (OSError, CommClosedError, asyncio.TimeoutError) as failure:
                 # A "stop" may close the scheduler before its answer is read: that is the answer,
                 # once the owner's registry entry confirms it.
-                if msg["action"] == "stop" and await self._owner_gone(deadline):
+                if msg["action"] == "stop" and await self._owner_gone(time.monotonic()):
                     return {"action": "stop", "ok": True, "request": request, "closed": True}
+                if isinstance(failure, asyncio.TimeoutError):
+                    continue  # a slow read (a loaded host): read again until the deadline
                 raise
             for e in new:
                 if e.get("kind") == "control" and e.get("request") == request:
@@ -410,7 +418,12 @@ class RemoteCluster:
         client certificate. The answer's ``closed`` says whether the owner is gone.
         """
         try:
-            answer = self._request({"action": "stop"})
+            if self.status == Status.running:
+                answer = self._request({"action": "stop"})
+            else:
+                # The mirror gave up on a slow scheduler (MAX_FAILURES reads in a row): the owner
+                # may well be alive, and "stop" must still reach it rather than leave it running.
+                answer = self.client.sync(self._control, {"action": "stop"}, None)
         finally:
             self.close()
         if self.entry.get("head_vm"):
