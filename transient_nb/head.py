@@ -250,15 +250,9 @@ class Head:
             self.cluster.close(timeout=120)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m transient_nb.head SPEC_JSON`` (see :func:`launch`)."""
-    parser = argparse.ArgumentParser(prog="python -m transient_nb.head")
-    parser.add_argument("spec", help="JSON file written by transient_nb.head.launch")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    with open(args.spec) as f:
-        spec = json.load(f)
-    os.remove(args.spec)
+def prepare_process(spec: Mapping[str, Any]) -> threading.Event:
+    """Set up a head process: the client's ``transient`` config, and an event that SIGTERM and
+    SIGINT set (the head then closes its cluster); SIGHUP is ignored."""
     dask.config.update(dask.config.config, {"transient": spec.get("config") or {}}, priority="new")
     stop = threading.Event()
 
@@ -269,6 +263,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a closed terminal or kernel is no reason to go
+    return stop
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m transient_nb.head SPEC_JSON`` (see :func:`launch`)."""
+    parser = argparse.ArgumentParser(prog="python -m transient_nb.head")
+    parser.add_argument("spec", help="JSON file written by transient_nb.head.launch")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    with open(args.spec) as f:
+        spec = json.load(f)
+    os.remove(args.spec)
+    stop = prepare_process(spec)
 
     from transient_nb.cluster import TransientCluster
 

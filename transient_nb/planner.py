@@ -353,28 +353,26 @@ class Planner:
         if not estimates:
             raise ValueError("No configuration trains at all: no kind of worker has a step rate.")
         now = self.estimate(current, remaining_steps) if current is not None else None
-        feasible = True
-        if goal == "deadline":
-            assert deadline_s is not None
-            ok = [e for e in estimates if e.eta_s <= deadline_s]
-            feasible = bool(ok)
-            chosen = (
-                min(ok, key=lambda e: (e.cost, e.eta_s))
-                if ok
-                else min(estimates, key=lambda e: (e.eta_s, e.cost))
-            )
-        elif goal == "budget":
-            assert budget is not None
-            ok = [e for e in estimates if e.cost <= budget]
-            feasible = bool(ok)
-            chosen = (
-                min(ok, key=lambda e: (e.eta_s, e.cost))
-                if ok
-                else min(estimates, key=lambda e: (e.cost, e.eta_s))
-            )
-        else:
-            chosen = min(estimates, key=lambda e: (e.cost_per_step, e.eta_s))
         limit = deadline_s if goal == "deadline" else budget if goal == "budget" else None
+        feasible = True
+        if limit is None:  # cost-per-step
+            chosen = min(estimates, key=lambda e: (e.cost_per_step, e.eta_s))
+        else:
+            # Deadline: the cheapest within the time, else the fastest. Budget: the fastest
+            # within the money, else the cheapest.
+            def bounded(e: Estimate) -> float:
+                return e.eta_s if goal == "deadline" else e.cost
+
+            def other(e: Estimate) -> float:
+                return e.cost if goal == "deadline" else e.eta_s
+
+            ok = [e for e in estimates if bounded(e) <= limit]
+            feasible = bool(ok)
+            chosen = (
+                min(ok, key=lambda e: (other(e), bounded(e)))
+                if ok
+                else min(estimates, key=lambda e: (bounded(e), other(e)))
+            )
         reason = _reason(chosen, now, goal, feasible)
         return Plan(goal, chosen, now, reason, feasible, estimates, limit)
 

@@ -22,13 +22,8 @@ from __future__ import annotations
 
 import json
 import logging
-import signal
 import sys
-import threading
 from collections.abc import Sequence
-from typing import Any
-
-import dask.config
 
 from transient_nb.backends.gce_api import ComputeAPI, GCEError
 from transient_nb.backends.gce_enroll import _request
@@ -41,6 +36,7 @@ from transient_nb.backends.gce_head import (
     PORT_ATTRIBUTE,
 )
 from transient_nb.backends.tls import CLIENT_CN
+from transient_nb.head import prepare_process
 
 logger = logging.getLogger(__name__)
 
@@ -93,16 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     instance = _metadata("instance/name")
     zone = _metadata("instance/zone").rsplit("/", 1)[-1]
     project = _metadata("project/project-id")
-    dask.config.update(dask.config.config, {"transient": spec.get("config") or {}}, priority="new")
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: Any) -> None:
-        logger.info("Signal %d: closing the cluster", signum)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    stop = prepare_process(spec)
     try:
         cluster = TransientCluster(
             name=spec["name"],
