@@ -107,6 +107,44 @@ def test_a_deadline_the_cluster_would_miss_makes_it_grow_and_says_why():
     assert again is not None and len(cluster.scaled) == 1 and len(cluster.posted) == 1
 
 
+def _scaled_stream(time_scale: float, step_scale: float) -> tuple[TransientPolicy, Any]:
+    """One K80 trainer's stream as a cluster at ``time_scale`` records it for a run whose steps
+    each stand for ``step_scale`` emulated ones: 6 emulated steps per simulated second, one
+    revocation after 30 simulated minutes, 16 simulated minutes into a 1 h deadline."""
+    import json
+
+    cluster = RecordingCluster({"k80": 2})
+    cluster.time_scale = time_scale
+    policy = _policy(cluster, "deadline", deadline="1h")
+    policy.started_at = T0
+    hp = json.dumps({"emulate_step_scale": step_scale})
+    cluster.add("train-started", T0, run="r", steps=round(64_000 / step_scale), hparams=hp)
+    _vm(cluster, "w-0", "k80", T0)
+    _vm(cluster, "w-1", "k80", T0)
+    wall = 1 / time_scale  # wall seconds per simulated second
+    for i in range(3):  # 3000 emulated steps each 500 simulated seconds
+        local = round(3000 * i / step_scale)
+        cluster.add("worker-metrics", T0 + 500 * i * wall, worker="w-0", local_step=local)
+    cluster.add("preempted", T0 + 1800 * wall, worker="w-1", role="worker", gpu="k80")
+    policy.observe(cluster.monitor.events)
+    return policy, policy.recommend(now=T0 + 960 * wall)
+
+
+def test_a_time_scaled_paced_run_is_planned_on_the_simulated_clock_in_emulated_steps():
+    """A local cluster at time_scale=60 whose run stands for 100x its steps must get the plan of
+    the run it emulates: the same rate, hazard, deadline left and steps left, not wall-clock
+    ones (which would make a K80 look 60/100 as fast and the deadline 60x as far)."""
+    plain, plan = _scaled_stream(1.0, 1.0)
+    scaled, scaled_plan = _scaled_stream(60.0, 100.0)
+    assert scaled.planner.rate("k80") == pytest.approx(plain.planner.rate("k80")) == 6.0
+    assert scaled.planner.hazard_per_h(K80) == pytest.approx(plain.planner.hazard_per_h(K80))
+    assert scaled.step_scale == 100.0 and scaled.time_scale == 60.0
+    assert plan is not None and scaled_plan is not None
+    assert scaled_plan.limit == pytest.approx(plan.limit) == pytest.approx(3600 - 960)
+    assert scaled_plan.chosen.config == plan.chosen.config
+    assert scaled_plan.chosen.eta_s == pytest.approx(plan.chosen.eta_s)
+
+
 def test_a_near_equal_mix_is_not_worth_a_change():
     cluster = RecordingCluster({"k80": 8})
     policy = _policy(cluster, "deadline", deadline="10h", hysteresis=0.5)

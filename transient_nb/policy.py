@@ -15,6 +15,13 @@ What it learns from the event log (:meth:`TransientPolicy.observe`):
   (hours its workers ran), which update the paper's prior hazard;
 - the run's progress and target (``train-started`` and ``metrics``) and the money spent.
 
+Its clock is the cluster's: on a local cluster with ``time_scale`` (simulated seconds per wall
+second), deadlines, start-up delays, hazards and ETAs are in simulated time, as the bill is, and
+a wall-clock rate or exposure is converted. Its steps are the steps the run stands for: with the
+paper emulation's ``emulate_step_scale`` (each global step paced as that many GPU steps), a
+trainer's rate and the steps left are counted in emulated steps, the unit of the planner's prior
+rates and PS capacity. Without either, both clocks and both step counts are the same.
+
 Goals: ``"deadline"`` (the cheapest mix expected to finish in time), ``"budget"`` (the fastest
 mix expected to stay within the money left) and ``"cost-per-step"``. A new mix is applied only when
 it is expected to be better by at least ``hysteresis`` (a fraction) in the goal's measure, so the
@@ -115,7 +122,8 @@ class TransientPolicy:
     goal
         ``"deadline"``, ``"budget"`` or ``"cost-per-step"``.
     deadline
-        For ``goal="deadline"``: a duration (``"2h"``, seconds) from when the policy starts.
+        For ``goal="deadline"``: a duration (``"2h"``, seconds) from when the policy starts, on
+        the cluster's clock (simulated time on a local cluster with a ``time_scale``).
     budget
         For ``goal="budget"``: dollars the cluster may spend in all (what it spent counts).
     gpus
@@ -189,6 +197,10 @@ class TransientPolicy:
         self._step = 0
         self._task: asyncio.Task[None] | None = None
         self._posted_eta: float | None = None
+        # Simulated seconds per wall second (the local backend's time_scale; 1 on a cloud), and
+        # emulated steps per global step (from the run's hparams; 1 unless the run is paced).
+        self.time_scale = float(getattr(cluster, "time_scale", 1.0) or 1.0)
+        self.step_scale = 1.0
 
     # -- what it learns ------------------------------------------------------------------------------
     def observe(self, events: Iterable[Mapping[str, Any]]) -> None:
@@ -208,7 +220,7 @@ class TransientPolicy:
         elif kind in ("preempted", "deleted") and name in self._vm:
             vm = self._vm[str(name)]
             started = self._running_since.pop(str(name), None)
-            hours = 0.0 if started is None else max(0.0, t - started) / HOUR
+            hours = 0.0 if started is None else max(0.0, t - started) * self.time_scale / HOUR
             revoked = int(kind == "preempted" and bool(vm.get("spot", True)))
             self.planner.observe_exposure(str(vm.get("gpu")), str(vm.get("zone")), hours, revoked)
         elif kind == "worker-metrics" and name:
@@ -217,10 +229,12 @@ class TransientPolicy:
             self._local[str(name)] = (t, local)
             gpu = self._vm.get(str(name), {}).get("gpu")
             if before is not None and gpu and t > before[0] and local > before[1]:
-                self.planner.observe_rate(str(gpu), (local - before[1]) / (t - before[0]))
+                wall_rate = (local - before[1]) / (t - before[0])
+                self.planner.observe_rate(str(gpu), wall_rate * self.step_scale / self.time_scale)
         elif kind == "train-started":
             self._steps = int(e.get("steps") or 0) or None
             self._step = int(e.get("resumed_step") or 0)
+            self.step_scale = _step_scale(e.get("hparams"))
         elif kind == "metrics":
             self._step = max(self._step, int(e.get("step", 0)))
 
@@ -249,13 +263,14 @@ class TransientPolicy:
         kwargs: dict[str, Any] = {}
         if self.goal == "deadline":
             assert self.deadline_s is not None
-            kwargs["deadline_s"] = max(1.0, self.deadline_s - (now - self.started_at))
+            elapsed = (now - self.started_at) * self.time_scale
+            kwargs["deadline_s"] = max(1.0, self.deadline_s - elapsed)
         elif self.goal == "budget":
             assert self.budget is not None
             kwargs["budget"] = max(0.01, self.budget - float(self.cluster.cost().total))
         return self.planner.choose(
             self.goal,
-            remaining,
+            remaining * self.step_scale,
             max_workers=self.max_workers,
             max_shards=int(getattr(self.cluster, "ps_hosts", 1) or 1),
             current=self.current(),
@@ -345,3 +360,18 @@ class TransientPolicy:
         if task is not None:
             self.cluster.loop.add_callback(task.cancel)
             self._task = None
+
+
+def _step_scale(hparams: Any) -> float:
+    """``emulate_step_scale`` of a ``train-started`` event's hparams (a JSON text), else 1."""
+    import json
+
+    try:
+        value = float(
+            (json.loads(hparams) if isinstance(hparams, str) else hparams or {}).get(
+                "emulate_step_scale", 1.0
+            )
+        )
+    except (TypeError, ValueError, AttributeError):
+        return 1.0
+    return value if value > 0 and math.isfinite(value) else 1.0
