@@ -165,7 +165,9 @@ def test_a_budget_counts_what_was_spent_already():
         policy.observe(cluster.monitor.events)
         plans.append(policy.recommend())
     assert plans[0].limit == pytest.approx(10.0) and plans[1].limit == pytest.approx(0.5)
-    assert plans[0].chosen.eta_s < plans[1].chosen.eta_s
+    # $10 buy the plateau; the $0.50 left after spending $9.50 buy no way to finish.
+    assert plans[0].feasible and plans[0].chosen.cost <= 10.0
+    assert not plans[1].feasible and plans[1].chosen.cost > 0.5
 
 
 @pytest.mark.parametrize(
