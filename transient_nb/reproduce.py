@@ -347,6 +347,8 @@ def run_setup(
     timeout: float = 900,
     prices: str = "paper-2019",
     lifetimes: str | None = None,
+    replace: bool = False,
+    adapt: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run ``setup`` for ``steps`` global steps standing for the paper's 64K; its figures.
 
@@ -355,13 +357,18 @@ def run_setup(
     one worker of its type at each of its step marks, through ``cluster.scale``: the new VM
     waits out the paper's start-up delay, its trainer joins the running job, and the learning
     rate follows the active workers (the trainer's rule). ``lifetimes``: default
-    ``"paper"``, each worker its own type's curve from the paper.
+    ``"paper"``, each worker its own type's curve from the paper. ``replace``: replace revoked
+    workers (today's reactive default) rather than go on without them (the paper's rule).
+    ``adapt``: the keywords of ``cluster.adapt`` (a transient-aware policy from the moment the
+    lifetimes are armed; a ``budget`` then counts from that moment, as the figures' window does).
     """
     from transient_nb.training.run import train
 
     step_scale = PAPER_STEPS / steps
     time_scale = wall_pace * step_scale
-    with local_cluster(setup, time_scale=time_scale, seed=seed, prices=prices) as cluster:
+    with local_cluster(
+        setup, time_scale=time_scale, seed=seed, prices=prices, replace=replace
+    ) as cluster:
         run = train(
             cluster,
             model=model,
@@ -379,13 +386,18 @@ def run_setup(
         if setup.spot:
             _wait_for_trainers(run, setup.workers)
             arm_lifetimes(cluster, lifetimes or "paper")
+        if adapt:
+            goal = dict(adapt)
+            if goal.get("budget") is not None:
+                goal["budget"] = float(goal["budget"]) + float(cluster.cost().total)
+            cluster.adapt(**goal)
         marks = grow_marks(setup, steps)
         deadline = time.monotonic() + timeout
         while not run.done and time.monotonic() < deadline:
             if marks and run.step >= marks[0]:
                 marks.pop(0)
                 cluster.scale(cluster.mix[setup.gpu] + 1, gpu=setup.gpu)
-            if not any(
+            if not replace and not any(
                 vm.spec.role == "worker" and not vm.stopped for vm in list(cluster.workers.values())
             ):
                 # Revoked workers are not replaced (the paper's rule): nobody is left to train.
@@ -406,7 +418,11 @@ def run_setup(
             with_ps=setup.bills_ps,
         )
         joins = join_delays(run.events(), time_scale) if setup.grow_to else []
+        final_mix = {g: n for g, n in cluster.mix.items() if n}
+        decisions = [e for e in run.events() if e.get("kind") == "policy-decision"]
     return {
+        "final_mix": final_mix,
+        "decisions": decisions,
         "setup": setup.label,
         "gpu": setup.gpu,
         "workers": setup.workers,

@@ -1,0 +1,90 @@
+"""The transient-aware policy against static and reactive clusters, on the paper emulation.
+
+Runs real worker processes on the local backend with paced GPU step times and PS capacity
+(:mod:`transient_nb.evaluation`): for each preemption trace (calm, the paper's curves, a storm
+near the start-up time), the static configurations (revoked workers not replaced), the reactive
+one (replaced) and the policy with each goal (a deadline, a budget, cost per step), at the
+paper's prices. Prints one row per run and the issue's three verdicts per trace.
+
+Examples::
+
+    python benchmarks/policy_evaluation.py                     # every trace (~25 min, 2 cores)
+    python benchmarks/policy_evaluation.py --traces storm      # one trace
+    python benchmarks/policy_evaluation.py --tiny              # smoke configuration (CI)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _common import fmt, log, md_table, quiet
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tiny", action="store_true", help="seconds-long smoke configuration")
+    parser.add_argument("--traces", nargs="+", default=["calm", "paper", "storm"])
+    parser.add_argument("--steps", type=int, default=640, help="global steps standing for 64K")
+    parser.add_argument(
+        "--wall-pace", type=float, default=0.4, help="wall steps/s per paper step/s"
+    )
+    parser.add_argument("--deadline", type=float, default=None, help="deadline goal, hours")
+    parser.add_argument("--budget", type=float, default=None, help="budget goal, dollars")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    quiet()
+    os.environ.setdefault("TRANSIENT_NB_STRICT_EVENTS", "1")
+    import pandas as pd
+
+    from transient_nb import evaluation
+
+    deadline = evaluation.DEADLINE_H if args.deadline is None else args.deadline
+    budget = evaluation.BUDGET if args.budget is None else args.budget
+    goals = evaluation.goals(deadline, budget)
+    static, reactive = evaluation.STATIC, (evaluation.REACTIVE,)
+    if args.tiny:
+        args.traces, args.steps, args.wall_pace = ["calm"], 120, 1.2
+        static, reactive, goals = static[1:2], (), goals[2:]
+    trials = evaluation.trials(args.traces, static=static, reactive=reactive, policy_goals=goals)
+    t0, rows = time.time(), []
+    for i, trial in enumerate(trials):
+        log(f"[{i + 1}/{len(trials)}] {trial.trace}: {trial.label} ({trial.setup.label})")
+        rows.append(
+            evaluation.run_trial(trial, steps=args.steps, wall_pace=args.wall_pace, seed=args.seed)
+        )
+    table = pd.DataFrame(rows)
+    cols = ["trace", "run", "start", "end", "changes", "hours", "cost", "steps_per_dollar"]
+    cols += ["revocations", "behind", "failed"]
+    for c in cols:
+        if c not in table:
+            table[c] = ""
+    print(
+        md_table(
+            [c.replace("_", " ") for c in cols],
+            [
+                [fmt(v, 3) if isinstance(v, float) else ("" if pd.isna(v) else v) for v in r]
+                for r in table[cols].astype(object).values.tolist()
+            ],
+        )
+    )
+    print()
+    print(
+        f"seed {args.seed}, {args.steps} steps standing for 64K, wall pace {args.wall_pace}, "
+        f"deadline {deadline} h, budget ${budget:.2f}, paper-2019 prices, "
+        f"{time.time() - t0:.0f} s. Hours and cost are of the whole 64K-step run, from the "
+        "moment every first trainer runs; 'end' is the mix at the end (a policy changes it)."
+    )
+    for line in evaluation.verdicts(table, deadline, budget):
+        print(f"- {line}")
+    if (pd.to_numeric(table["behind"], errors="coerce").fillna(0) > 0).any():
+        print("WARNING: this host could not keep the emulated pace in some runs (see 'behind').")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
