@@ -198,3 +198,31 @@ def test_paper_emulation():
     assert dyn["setup"] == "dynamic 1->4 transient K80"
     assert 2 <= len(dyn["join s"].split(",")) <= 3, dyn
     assert_positive(dynamic, "hours", "cost $")
+
+
+@pytest.mark.timeout(400)
+def test_policy_evaluation():
+    """The policy against a static cluster on the paper emulation, its --tiny form: one static
+    run, a budget policy and a cost-per-step policy, each a real paced run that finishes; the
+    policies start from their planner's choice and report the verdicts."""
+    proc = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "policy_evaluation.py"), "--tiny"],
+        capture_output=True,
+        text=True,
+        timeout=380,
+    )
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    lines = [ln.strip() for ln in proc.stdout.splitlines() if ln.strip().startswith("|")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    rows = [
+        dict(zip(header, (c.strip() for c in ln.strip("|").split("|")), strict=True))
+        for ln in lines[2:]
+    ]
+    assert [r["run"] for r in rows] == ["static 4 P100", "policy budget", "policy cost-per-step"]
+    for r in rows:
+        assert r["failed"] == "", r
+        assert 0 < float(r["hours"]) < 2 and 0 < float(r["cost"]) < 5, r
+        assert float(r["steps per dollar"]) == pytest.approx(64_000 / float(r["cost"]), rel=0.01)
+    # The planner's first choice at the paper's prices: P100s (the cheapest per step).
+    assert "p100" in rows[2]["start"], rows[2]
+    assert "- calm, budget $1.00: policy" in proc.stdout, proc.stdout

@@ -109,6 +109,8 @@ def _isolated_env(root: Path) -> dict[str, str]:
     # Clusters made from the panel's form come up at once, and preemptions are quick.
     env["DASK_TRANSIENT__PROVISIONING_DELAY"] = "0s"
     env["DASK_TRANSIENT__NOTICE"] = "1s"
+    # A policy turned on from the panel may grow a cluster up to this (3 processes, not 64).
+    env["DASK_TRANSIENT__LIMITS__MAX_WORKERS"] = "3"
     # No "news" toast over the page.
     settings = root / "jupyter-config" / "lab" / "user-settings" / "@jupyterlab"
     (settings / "apputils-extension").mkdir(parents=True, exist_ok=True)
@@ -282,6 +284,20 @@ def test_panel_shows_preempts_connects_stops_and_creates(lab: Lab, kernel_cluste
             run = train(remote, model="resnet8", data="digits", steps=1_000_000, eval_images=200)
             expect(created.locator(".tnb-Training")).to_contain_text("Training", timeout=SLOW_MS)
             page.screenshot(path=ARTIFACTS / "6-created-from-panel.png")
+            # A policy from the panel: a bad goal is refused with what to type; a budget is
+            # taken, and its first decision shows with the odds of losing workers.
+            created.locator(".tnb-AdaptButton").click()
+            page.locator(".jp-Dialog input").fill("budget:lots")
+            page.locator(".jp-Dialog .jp-mod-accept").click()
+            expect(panel.locator(".tnb-Message")).to_contain_text("budget:DOLLARS", timeout=SLOW_MS)
+            created.locator(".tnb-AdaptButton").click()
+            page.locator(".jp-Dialog input").fill("budget:5")
+            page.locator(".jp-Dialog .jp-mod-accept").click()
+            policy = created.locator(".tnb-Policy")
+            expect(policy).to_contain_text("Policy: budget $5.00 · ", timeout=SLOW_MS)
+            expect(policy).to_contain_text("expected $")
+            expect(policy).to_contain_text("P(losing ≥1, ≥2, ≥3 workers within 1 h)")
+            page.screenshot(path=ARTIFACTS / "7-policy-on.png")
             created.locator(".tnb-StopButton").click()
             page.locator(".jp-Dialog .jp-mod-accept").click()
             expect(created).to_have_count(0, timeout=SLOW_MS)

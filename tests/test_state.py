@@ -25,6 +25,7 @@ from transient_nb.state import (
     history,
     summarize,
 )
+from transient_nb.views.format import policy_text
 from transient_nb.views.panel import ClusterPanel
 
 RECORD = Path(__file__).parent / "data" / "run-record.jsonl"
@@ -97,6 +98,36 @@ def test_a_late_left_does_not_revive_a_preempted_vm() -> None:
         ]
     )
     assert [(r["state"], r["gone"]) for r in state.rows(now=3.0)] == [("preempted", True)]
+
+
+def test_the_policy_on_its_last_decision_and_off() -> None:
+    """What the panels show of a policy: the goal that is on, its latest decision, nothing once
+    it is turned off (a decision of an earlier policy is not shown under a new goal)."""
+    state = ClusterState()
+    decision = {"reason": "8 k80 ...: ETA 3.90 h -> 0.49 h", "acted": True, "feasible": True}
+    decision |= {"eta_s": 1764.0, "expected_cost": 1.07, "mix": {"k80": 8}}
+    decision |= {"p_lose_1h": [0.48, 0.14, 0.03], "goal": "deadline", "liveput": 36.4}
+    state.feed([{"kind": "policy-decision", "time": 0.5, **decision}])  # no policy on: ignored
+    assert state.policy is None
+    state.feed(
+        [
+            {"kind": "policy", "time": 1.0, "goal": "deadline", "deadline_s": 3600.0},
+            {"kind": "policy-decision", "time": 2.0, **decision},
+        ]
+    )
+    assert state.policy is not None
+    assert (state.policy["goal"], state.policy["deadline_s"]) == ("deadline", 3600.0)
+    assert state.policy["decision"]["time"] == 2.0
+    assert state.policy["decision"]["p_lose_1h"] == [0.48, 0.14, 0.03]
+    assert state.policy["decision"]["eta_s"] == 1764.0 and "liveput" not in state.policy["decision"]
+    model = make_cluster_model({"name": "c"}, [], state=state)
+    assert model["policy"] == {**state.policy, "text": policy_text(state.policy)}
+    assert model["policy"]["text"].startswith("Policy: deadline in 1 h 00 min · 8 k80")
+    assert model["policy"]["text"].endswith("within 1 h): 48%, 14%, 3%")
+    state.feed([{"kind": "policy", "time": 3.0, "goal": "budget", "budget": 5.0}])
+    assert state.policy["decision"] is None and state.policy["budget"] == 5.0
+    state.feed([{"kind": "policy", "time": 4.0, "goal": None}])
+    assert state.policy is None
 
 
 # -- progress, summary, history ---------------------------------------------------------------------

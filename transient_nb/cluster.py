@@ -1237,7 +1237,7 @@ class TransientCluster(SpecCluster):
     def _stop_policy(self) -> None:
         policy, self._policy = getattr(self, "_policy", None), None
         if policy is not None:
-            policy.stop()
+            policy.stop(announce=False)  # closing: the log ends with "closed" anyway
 
     def __repr__(self) -> str:
         live = {g: n for g, n in self._mix.items() if n}

@@ -103,6 +103,8 @@ EVENTS: dict[str, tuple[str, ...]] = {
     # A cluster-level money or time limit stopped the cluster.
     "limit-reached": ("reason", "cost", "budget", "deadline_s"),
     "closed": ("cluster",),
+    # A transient-aware policy was turned on with a goal, or off (goal None).
+    "policy": ("goal", "deadline_s", "budget"),
     # The transient-aware policy (transient_nb.policy) chose a mix, acted on it or not, and why.
     "policy-decision": (
         "goal",

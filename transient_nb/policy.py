@@ -344,7 +344,20 @@ class TransientPolicy:
         loop.add_callback(self._start)
 
     async def _start(self) -> None:
+        await self._announce(self.goal)
         self._task = asyncio.ensure_future(self._loop())
+
+    async def _announce(self, goal: str | None) -> None:
+        # The views (panel, dashboard) show which goal is on, and drop a stopped policy's plan.
+        try:
+            await self.cluster._post(
+                "policy",
+                goal=goal,
+                deadline_s=self.deadline_s if goal else None,
+                budget=self.budget if goal else None,
+            )
+        except Exception:  # the scheduler may be closing with the cluster
+            logger.debug("could not post 'policy' for %s", self.goal, exc_info=True)
 
     async def _loop(self) -> None:
         while True:
@@ -354,12 +367,14 @@ class TransientPolicy:
                 logger.exception("Policy round of %s failed", getattr(self.cluster, "name", "?"))
             await asyncio.sleep(self.interval_s)
 
-    def stop(self) -> None:
-        """Stop deciding (the cluster keeps its current mix)."""
+    def stop(self, announce: bool = True) -> None:
+        """Stop deciding (the cluster keeps its current mix); ``announce`` it in the event log."""
         task = self._task
         if task is not None:
             self.cluster.loop.add_callback(task.cancel)
             self._task = None
+            if announce:
+                self.cluster.loop.add_callback(self._announce, None)
 
 
 def _step_scale(hparams: Any) -> float:

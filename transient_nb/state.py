@@ -47,6 +47,17 @@ GONE_STATES = BILLING_ENDS
 VM_FIELDS = ("role", "gpu", "zone", "spot", "machine", "price", "price_on_demand", "address")
 
 _LIFECYCLE = frozenset(LIFECYCLE)
+#: What the views show of a policy's last decision (``policy-decision`` fields, and its time).
+POLICY_DECISION_FIELDS = (
+    "time",
+    "reason",
+    "acted",
+    "feasible",
+    "eta_s",
+    "expected_cost",
+    "mix",
+    "p_lose_1h",
+)
 
 
 def worker_key(name: str) -> tuple[int, int, str]:
@@ -700,6 +711,9 @@ class ClusterState:
     preemptions: int = 0
     #: The last answer to a control request (``control`` event).
     last_control: dict[str, Any] | None = None
+    #: The transient-aware policy that is on: its goal and limit (``policy`` event), and its
+    #: last decision (``policy-decision``); None while none is on.
+    policy: dict[str, Any] | None = None
     #: Time of the last event read (None before any).
     last_time: float | None = None
 
@@ -754,6 +768,20 @@ class ClusterState:
             self.target_mix = _mix_or_none(e)
         elif kind == "control":
             self.last_control = dict(e)
+        elif kind == "policy":
+            goal = e.get("goal")
+            self.policy = (
+                None
+                if goal is None
+                else {
+                    "goal": goal,
+                    "deadline_s": e.get("deadline_s"),
+                    "budget": e.get("budget"),
+                    "decision": None,
+                }
+            )
+        elif kind == "policy-decision" and self.policy is not None:
+            self.policy["decision"] = {k: e.get(k) for k in POLICY_DECISION_FIELDS}
 
     def _lifecycle(self, e: Event) -> None:
         name = e.get("worker")

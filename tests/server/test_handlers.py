@@ -253,6 +253,41 @@ async def test_a_mixed_cluster_is_shown_and_scaled_by_type(jp_fetch: Fetch) -> N
 
 
 @pytest.mark.slow
+async def test_a_policy_is_turned_on_and_off_and_shown(jp_fetch: Fetch) -> None:
+    async with kernel_cluster("api-adapt", workers=1):
+        await wait_model(jp_fetch, lambda m: m.get("api-adapt", {}).get("counts") == {"joined": 1})
+        # Bad goals are refused by the server, naming the value, before the cluster is asked.
+        for goal, words in [
+            ("deadline:soon", "not 'soon'"),
+            ("budget:-3", "budget"),
+            ("faster", "'faster'"),
+            (7, "goal=7"),
+        ]:
+            code, answer = await call(
+                jp_fetch, "clusters", "api-adapt", "adapt", method="POST", body={"goal": goal}
+            )
+            assert code == 400 and words in answer["message"], (goal, answer)
+        code, answer = await call(jp_fetch, "clusters", "api-adapt", "adapt", method="POST")
+        assert code == 400 and "deadline:2h" in answer["message"], answer
+        assert (await listing(jp_fetch))["api-adapt"]["policy"] is None
+        code, answer = await call(
+            jp_fetch, "clusters", "api-adapt", "adapt", method="POST", body={"goal": "budget:20"}
+        )
+        assert code == 200 and answer["answered"] is True, answer
+        models = await wait_model(jp_fetch, lambda m: m["api-adapt"]["policy"] is not None)
+        policy = models["api-adapt"]["policy"]
+        # No run yet: the goal is on, and it has nothing to decide.
+        assert policy["text"] == "Policy: budget $20.00 (waiting for a training run to plan for)"
+        del policy["text"]
+        assert policy == {"goal": "budget", "deadline_s": None, "budget": 20.0, "decision": None}
+        code, answer = await call(
+            jp_fetch, "clusters", "api-adapt", "adapt", method="POST", body={"goal": "off"}
+        )
+        assert code == 200, answer
+        await wait_model(jp_fetch, lambda m: m["api-adapt"]["policy"] is None)
+
+
+@pytest.mark.slow
 async def test_cluster_started_from_the_panel_is_detached(
     jp_fetch: Fetch, jp_serverapp: Any
 ) -> None:
@@ -414,6 +449,7 @@ async def test_bad_wait_is_400(jp_fetch: Fetch) -> None:
         ("DELETE", "transient-nb/clusters/x"),
         ("POST", "transient-nb/clusters/x/scale"),
         ("POST", "transient-nb/clusters/x/preempt"),
+        ("POST", "transient-nb/clusters/x/adapt"),
         ("GET", "transient-nb/options"),
     ],
 )

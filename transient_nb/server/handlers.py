@@ -8,6 +8,7 @@
 ``DELETE /transient-nb/clusters/NAME``                stop it (a stale one is just removed)
 ``POST   /transient-nb/clusters/NAME/scale``          ``{"workers": n[, "gpu": "v100"]}`` or a mix
 ``POST   /transient-nb/clusters/NAME/preempt``        ``{"worker": "w-0", "notice": true}``
+``POST   /transient-nb/clusters/NAME/adapt``          ``{"goal": "deadline:2h"}``, ``"off"``...
 ``GET    /transient-nb/options``                      what the "new cluster" form offers
 ====================================================  =============================================
 
@@ -157,6 +158,23 @@ class PreemptHandler(_BaseHandler):
         await self.run(self.manager.preempt(name, body["worker"], body.get("notice", True)))
 
 
+class AdaptHandler(_BaseHandler):
+    """``/transient-nb/clusters/NAME/adapt``: ``{"goal": "deadline:2h"}`` (or ``budget:20``,
+    ``cost-per-step``, ``off``)."""
+
+    @tornado.web.authenticated
+    async def post(self, name: str) -> None:
+        try:
+            body = self.body()
+            if "goal" not in body:
+                raise ValueError(
+                    'Send {"goal": "deadline:2h"}, "budget:20", "cost-per-step" or "off".'
+                )
+        except ValueError as e:
+            return self.fail(400, str(e))
+        await self.run(self.manager.adapt(name, body["goal"]))
+
+
 class OptionsHandler(_BaseHandler):
     """``/transient-nb/options``: defaults and choices of the "new cluster" form."""
 
@@ -173,5 +191,6 @@ def handlers(base_url: str = "/") -> list[tuple[str, type[APIHandler]]]:
         (url_path_join(root, "clusters", _NAME), ClusterHandler),
         (url_path_join(root, "clusters", _NAME, "scale"), ScaleHandler),
         (url_path_join(root, "clusters", _NAME, "preempt"), PreemptHandler),
+        (url_path_join(root, "clusters", _NAME, "adapt"), AdaptHandler),
         (url_path_join(root, "options"), OptionsHandler),
     ]

@@ -36,6 +36,7 @@ from transient_nb.head import launch_head
 from transient_nb.mix import parse_mix
 from transient_nb.prices import PriceCatalog, shipped_catalogs
 from transient_nb.state import MAX_GONE_ROWS, ClusterState, RunProgress
+from transient_nb.views.format import policy_text
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +90,15 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (bool, int, float, str)):
         return value
     return str(value)
+
+
+def _plain_deep(value: Any) -> Any:
+    """:func:`_plain` through dicts and lists (a policy's decision: its mix and odds)."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain_deep(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain_deep(v) for v in value]
+    return _plain(value)
 
 
 def connect_code(name: str, scheduler_address: str | None) -> str:
@@ -225,6 +235,11 @@ def make_cluster_model(
         "last_control": (
             {k: _plain(control.get(k)) for k in ("action", "ok", "error", "request", "time")}
             if control
+            else None
+        ),
+        "policy": (
+            {**_plain_deep(state.policy), "text": policy_text(state.policy)}
+            if state.policy
             else None
         ),
         "n_events": len(events),
@@ -597,6 +612,24 @@ class ClusterManager:
         if not isinstance(notice, bool):
             raise ValueError(f"notice={notice!r} must be true or false.")
         return await self._control(name, {"action": "preempt", "worker": worker, "notice": notice})
+
+    async def adapt(self, name: str, goal: Any) -> dict[str, Any]:
+        """Turn a transient-aware policy on for cluster ``name``, or off.
+
+        ``goal``: ``"deadline:2h"``, ``"budget:20"``, ``"cost-per-step"`` or ``"off"`` (as in
+        ``%transient_cluster adapt``); checked here, before the cluster is asked.
+        """
+        from transient_nb.policy import check_goal, parse_goal
+
+        if not isinstance(goal, str) or not goal.strip():
+            raise ValueError(
+                f"goal={goal!r}: give deadline:DURATION (e.g. deadline:2h), budget:DOLLARS "
+                "(e.g. budget:20), cost-per-step, or off."
+            )
+        name_, args = parse_goal(goal)
+        if name_ is not None:
+            check_goal(name_, args.get("deadline"), args.get("budget"))
+        return await self._control(name, {"action": "adapt", "goal": name_, "args": args})
 
     async def stop(self, name: str) -> dict[str, Any]:
         """Stop cluster ``name``; a stale entry (its owner is gone) is just removed."""

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
 
 def money(x: float | None, digits: int = 4) -> str:
@@ -32,3 +34,41 @@ def duration(seconds: float | None) -> str:
     if seconds < 3600:
         return f"{seconds // 60:.0f} min {seconds % 60:02.0f} s"
     return f"{seconds // 3600:.0f} h {seconds % 3600 // 60:02.0f} min"
+
+
+def policy_text(policy: Mapping[str, Any] | None) -> str:
+    """One line on the transient-aware policy that is on (empty when none is).
+
+    Its goal, its latest decision's reason (the configuration, the expected time and money to
+    the end), and the cluster's probability of losing at least 1, 2 and 3 workers within the hour.
+
+    Examples
+    --------
+    >>> policy_text(None)
+    ''
+    >>> policy_text({"goal": "deadline", "deadline_s": 7200, "budget": None, "decision": None})
+    'Policy: deadline in 2 h 00 min (waiting for a training run to plan for)'
+    >>> policy_text({"goal": "budget", "budget": 20, "decision": {
+    ...     "reason": "4 p100 in us-central1-a, 1 PS shard: ETA 0.40 h", "p_lose_1h": [0.2, 0.02]}})
+    'Policy: budget $20.00 · 4 p100 in us-central1-a, 1 PS shard: ETA 0.40 h · P(losing ≥1, ≥2 workers within 1 h): 20%, 2%'
+    """
+    if not policy:
+        return ""
+    goal = str(policy.get("goal"))
+    if goal == "deadline":
+        what = f"deadline in {duration(policy.get('deadline_s'))}"
+    elif goal == "budget":
+        what = f"budget {money(policy.get('budget'), 2)}"
+    else:
+        what = goal
+    decision = policy.get("decision")
+    if not decision:
+        return f"Policy: {what} (waiting for a training run to plan for)"
+    text = f"Policy: {what} · {decision.get('reason')}"
+    odds = [p for p in (decision.get("p_lose_1h") or []) if p is not None]
+    if odds:
+        ks = ", ".join(f"≥{k}" for k in range(1, len(odds) + 1))
+        text += f" · P(losing {ks} workers within 1 h): " + ", ".join(
+            f"{100 * p:.0f}%" for p in odds
+        )
+    return text

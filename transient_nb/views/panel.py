@@ -23,7 +23,7 @@ import ipywidgets as widgets
 
 from transient_nb.cost import CostReport
 from transient_nb.state import ClusterState, minimum_s_of
-from transient_nb.views.format import money
+from transient_nb.views.format import money, policy_text
 from transient_nb.views.live import LiveView
 from transient_nb.views.progress import RunPanel, RunView
 from transient_nb.views.vm_table import table_html, totals_html
@@ -66,6 +66,7 @@ class ClusterPanel(LiveView, widgets.VBox):
 
         self.header = widgets.HTML()
         self.totals = widgets.HTML()
+        self.policy_line = widgets.HTML()
         self.table = widgets.HTML()
         self.scale_down = widgets.Button(
             description="−1", tooltip="One GPU worker fewer", layout=widgets.Layout(width="44px")
@@ -113,7 +114,15 @@ class ClusterPanel(LiveView, widgets.VBox):
         self.preempt_button.on_click(lambda _: self.preempt())
         self.stop_button.on_click(lambda _: self.shutdown())
         super().__init__(
-            [self.header, self.totals, self.table, controls, self.run_box, self.message],
+            [
+                self.header,
+                self.totals,
+                self.policy_line,
+                self.table,
+                controls,
+                self.run_box,
+                self.message,
+            ],
             layout=widgets.Layout(padding="4px"),
         )
         self.add_class("transient-panel")
@@ -142,6 +151,7 @@ class ClusterPanel(LiveView, widgets.VBox):
             f"workers working"
         )
         self.totals.value = totals_html(self.cost)
+        self.policy_line.value = html.escape(policy_text(self.state.policy))
         self.table.value = table_html(self.rows)
         self.workers_label.value = self._workers_text()
         choices = [r["name"] for r in workers if r["state"] in ("running", "joined")]
