@@ -227,6 +227,17 @@ def check_emulated_section(nb: Any) -> None:
         assert points[(4, 1)][0] == pytest.approx(45, rel=0.1), curve_out
         assert points[(4, 2)][0] > points[(4, 1)][0] * 1.2, curve_out
     check_mixed_and_dynamic(nb)
+    check_policy_evaluation(nb)
+
+
+def check_policy_evaluation(nb: Any) -> None:
+    """Issue 16's evaluation, reduced: a policy run and a static run of the same paced work."""
+    out = stdout(cell(nb, "policy-evaluation"))
+    assert "calm, progress per dollar" not in out  # no reactive run in the reduced form
+    rows = html_table(shown(cell(nb, "policy-evaluation"))[-1]["text/html"])
+    assert [r["run"] for r in rows] == ["static 4 P100", "policy cost-per-step"], rows
+    for r in rows:
+        assert r["failed"] == "" and float(r["hours"]) > 0 and float(r["cost"]) > 0, r
 
 
 def check_mixed_and_dynamic(nb: Any) -> None:

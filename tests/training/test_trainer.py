@@ -627,3 +627,124 @@ def test_set_flat_takes_any_float_vector_and_an_empty_layout():
     assert t[0].tolist() == [[0, 1], [2, 3]] and t[1].tolist() == [4, 5, 6]
     set_flat([], np.zeros(0))  # nothing to copy into
     assert get_flat([]).shape == (0,) and get_flat([]).dtype == np.float32
+
+
+# -- one call to the shards, without a loop: _gather and _newer_generation ------------------------
+class _Reply:
+    """A call's future that answers ``value`` (or raises it) after ``after`` seconds, or never."""
+
+    def __init__(self, value=None, after: float | None = 0.0):
+        self.value, self.after, self.t0 = value, after, time.monotonic()
+        self.waits: list[float] = []
+
+    def result(self, timeout=None):
+        self.waits.append(timeout)
+        left = None if self.after is None else self.after - (time.monotonic() - self.t0)
+        if left is None or left > timeout:
+            time.sleep(timeout)
+            raise concurrent.futures.TimeoutError()
+        time.sleep(max(0.0, left))
+        if isinstance(self.value, BaseException):
+            raise self.value
+        return self.value
+
+
+def _gatherer(generation=0, published=0, hp=None, locate=None):
+    hp = hp or HParams(steps=10, call_timeout_s=1.2)
+    published_gen = {"g": published}
+    trainer = _trainer(locate or (lambda timeout: (published_gen["g"], [])), hp=hp)
+    trainer.generation = generation
+    return trainer, published_gen
+
+
+def test_gather_returns_every_shards_reply_in_order():
+    from transient_nb.training.trainer import WAIT_SLICE_S
+
+    trainer, _ = _gatherer()
+    slow = _Reply("b", after=0.7)  # more than one wait slice: it is waited for again
+    assert trainer._gather([_Reply("a"), slow, _Reply("c")]) == ["a", "b", "c"]
+    assert len(slow.waits) == 2 and all(w == WAIT_SLICE_S for w in slow.waits)
+
+
+def test_gather_gives_up_at_the_call_timeout_not_before():
+    from transient_nb.training.trainer import PSUnavailable
+
+    trainer, _ = _gatherer(hp=HParams(steps=10, call_timeout_s=1.2))
+    t0 = time.monotonic()
+    with pytest.raises(PSUnavailable, match=r"no reply within 1\.[2-9] s"):
+        trainer._gather([_Reply(after=None)])
+    assert 1.2 <= time.monotonic() - t0 < 3.0
+    # A reply that comes just within the bound is taken.
+    trainer, _ = _gatherer(hp=HParams(steps=10, call_timeout_s=1.2))
+    assert trainer._gather([_Reply("late", after=0.9)]) == ["late"]
+
+
+def test_gather_follows_a_newer_generation_and_a_stop_but_not_a_drain():
+    from transient_nb.training.trainer import PSUnavailable, _Stopped
+
+    trainer, published = _gatherer(generation=3, published=3)
+    published["g"] = 4
+    with pytest.raises(PSUnavailable, match="a new parameter server was published"):
+        trainer._gather([_Reply(after=None)])
+    trainer, _ = _gatherer(generation=3, published=3)
+    trainer._stop.set()
+    with pytest.raises(_Stopped):
+        trainer._gather([_Reply(after=None)])
+    # Draining: the last push is worth waiting for, up to the bound.
+    trainer, _ = _gatherer(generation=3, published=3)
+    trainer._stop.set()
+    trainer._draining.set()
+    with pytest.raises(PSUnavailable, match="no reply within"):
+        trainer._gather([_Reply(after=None)])
+
+
+def test_gather_turns_any_call_error_into_ps_unavailable_with_its_cause():
+    from transient_nb.training.trainer import PSUnavailable
+
+    trainer, _ = _gatherer()
+    error = OSError("comm closed")
+    with pytest.raises(PSUnavailable, match="comm closed") as info:
+        trainer._gather([_Reply("a"), _Reply(error)])
+    assert info.value.__cause__ is error
+
+
+def test_newer_generation_is_only_a_strictly_newer_one_and_a_failed_look_is_none():
+    trainer, published = _gatherer(generation=5, published=5)
+    assert trainer._newer_generation() is False
+    published["g"] = 4
+    assert trainer._newer_generation() is False
+    published["g"] = 6
+    assert trainer._newer_generation() is True
+    asked = []
+
+    def broken(timeout):
+        asked.append(timeout)
+        raise TimeoutError("variable not there")
+
+    trainer, _ = _gatherer(generation=5, locate=broken)
+    assert trainer._newer_generation() is False
+    assert asked == [1.0]  # a short look: it runs inside a wait slice
+
+
+def test_drain_stops_the_loop_for_its_last_push_and_waits_for_it_until_the_deadline():
+    trainer, _ = _gatherer()
+    # The loop finishes its last push: the drain returns as soon as it is done.
+    threading.Timer(0.3, trainer._done.set).start()
+    t0 = time.monotonic()
+    asyncio.run(trainer._drain(time.time() + 30))
+    assert 0.25 <= time.monotonic() - t0 < 5
+    assert trainer._draining.is_set() and trainer._stop.is_set()
+    assert trainer._stopping() is False  # a drain is not a stop: the last push still goes
+    # A loop that never finishes: the drain gives up at its deadline.
+    trainer, _ = _gatherer()
+    t0 = time.monotonic()
+    asyncio.run(trainer._drain(time.time() + 0.4))
+    assert 0.35 <= time.monotonic() - t0 < 5
+
+
+def test_post_keeps_the_event_with_the_run_when_there_is_no_worker():
+    trainer, _ = _gatherer()
+    trainer._post("trainer-ps-lost", worker="w-0", step=2, error="gone")
+    (event,) = trainer.posted
+    assert event["kind"] == "trainer-ps-lost" and event["run"] == "r"
+    assert event["worker"] == "w-0" and event["step"] == 2 and event["time"] > 0
