@@ -59,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(
             evaluation.run_trial(trial, steps=args.steps, wall_pace=args.wall_pace, seed=args.seed)
         )
+        log(f"    {rows[-1]}")  # a run's figures as soon as it has them
     table = pd.DataFrame(rows)
     cols = ["trace", "run", "start", "end", "changes", "hours", "cost", "steps_per_dollar"]
     cols += ["revocations", "behind", "failed"]

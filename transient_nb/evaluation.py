@@ -35,7 +35,7 @@ from transient_nb.planner import Planner, kinds_from_catalog
 from transient_nb.reproduce import PAPER_STEPS, Setup, format_types, run_setup
 
 #: Preemption traces: name -> lifetime model (:func:`~transient_nb.preemption.parse_preemption`).
-TRACES = {"calm": "exp:mean=24h", "paper": "paper", "storm": "exp:mean=5min"}
+TRACES = {"calm": "exp:mean=24h", "paper": "paper", "storm": "exp:mean=300s"}
 
 #: GPU types the policy may use, and the static configurations it is compared with.
 GPUS = ("k80", "p100", "v100")
@@ -112,10 +112,15 @@ def trials(
     policy_goals: Sequence[Mapping[str, Any]] | None = None,
 ) -> list[Trial]:
     """Every run of the evaluation, trace by trace."""
+    from transient_nb.preemption import parse_preemption
+
     out = []
-    for trace in traces:
+    traces = list(traces)
+    for trace in traces:  # every trace checked before the first run starts
         if trace not in TRACES:
             raise ValueError(f"trace {trace!r}: use one of {', '.join(TRACES)}.")
+        parse_preemption(TRACES[trace])
+    for trace in traces:
         out += [Trial(trace, "static", s) for s in static]
         out += [Trial(trace, "reactive", s) for s in reactive]
         for goal in goals() if policy_goals is None else policy_goals:

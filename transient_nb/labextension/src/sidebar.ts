@@ -305,6 +305,10 @@ export class TransientSidebar extends Widget {
       );
     }
 
+    if (c.policy) {
+      card.appendChild(el('div', 'tnb-Policy', c.policy.text));
+    }
+
     if (c.last_control && !c.last_control.ok) {
       card.appendChild(
         el(
@@ -327,6 +331,15 @@ export class TransientSidebar extends Widget {
         'tnb-ScaleButton jp-mod-styled',
         () => this._scale(c),
         !live
+      )
+    );
+    actions.appendChild(
+      button(
+        'Adapt…',
+        'tnb-AdaptButton jp-mod-styled',
+        () => this._adapt(c),
+        !live,
+        'Let a transient-aware policy choose the GPU mix for a deadline, a budget or cost per step'
       )
     );
     actions.appendChild(
@@ -421,6 +434,33 @@ export class TransientSidebar extends Widget {
       requestAPI(`clusters/${encodeURIComponent(c.name)}/scale`, {
         method: 'POST',
         body: JSON.stringify({ workers })
+      })
+    );
+  }
+
+  private async _adapt(c: ICluster): Promise<void> {
+    const p = c.policy;
+    const now = !p
+      ? 'deadline:2h'
+      : p.goal === 'deadline' && p.deadline_s
+        ? `deadline:${p.deadline_s}s`
+        : p.goal === 'budget' && p.budget
+          ? `budget:${p.budget}`
+          : p.goal;
+    const result = await InputDialog.getText({
+      title: `Adapt ${c.name}`,
+      label:
+        'Goal: deadline:2h (cheapest mix that finishes in time), budget:20 (fastest within ' +
+        'the dollars), cost-per-step, or off',
+      text: now
+    });
+    if (!result.button.accept || result.value === null) {
+      return;
+    }
+    await this._act(`Adapting ${c.name} failed`, () =>
+      requestAPI(`clusters/${encodeURIComponent(c.name)}/adapt`, {
+        method: 'POST',
+        body: JSON.stringify({ goal: result.value })
       })
     );
   }

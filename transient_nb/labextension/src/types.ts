@@ -69,7 +69,29 @@ export interface ICluster {
     ok: boolean;
     error: string | null;
   } | null;
+  /** The transient-aware policy that is on (null: none). */
+  policy: IPolicy | null;
   connect_code: string;
+}
+
+export interface IPolicy {
+  /** The line the notebook panel shows too (`views.format.policy_text`). */
+  text: string;
+  goal: string;
+  deadline_s: number | null;
+  budget: number | null;
+  /** Its latest decision (null before a training run gives it steps to plan for). */
+  decision: {
+    time: number;
+    reason: string;
+    acted: boolean;
+    feasible: boolean;
+    eta_s: number | null;
+    expected_cost: number | null;
+    mix: { [gpu: string]: number };
+    /** P(losing at least 1, 2, 3 workers within the hour). */
+    p_lose_1h: number[];
+  } | null;
 }
 
 export interface IClusterList {
