@@ -330,6 +330,24 @@ def test_a_worker_that_joins_during_its_notice_still_drains(cleanup: None) -> No
     assert events[0]["time"] - notice["time"] < 30
 
 
+def test_scale_down_gives_back_the_worker_likeliest_to_be_revoked(cleanup: None) -> None:
+    """Selective revocation: of two working VMs, the one near GCE's 24 h limit goes (the paper's
+    curve gives it even odds of revocation within the hour), not the newest (7.8%)."""
+    with TransientCluster(workers=2, provisioning_delay=0, name="give-back") as cluster:
+        cluster.wait_for_workers(2, timeout=120)
+        old = cluster.workers["w-0"]
+        assert old.running_since is not None
+        old.running_since -= 22.5 * 3600  # as if it had run 22.5 h
+        cluster.scale(1)
+        wait_for_sync(lambda: "deleted" in kinds(snapshot(cluster), worker="w-0"), timeout=60)
+        events = snapshot(cluster)
+        (given,) = of_kind(events, "give-back")
+        assert given["worker"] == "w-0" and given["working"] is True
+        assert given["p_revoked_1h"] == pytest.approx(0.505, abs=0.005)
+        assert "deleted" not in kinds(events, worker="w-1")
+        assert n_joined(cluster) == 1
+
+
 def test_scale_up_and_down_while_preempting(cleanup: None) -> None:
     with TransientCluster(
         workers=1,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 import re
 import statistics
@@ -287,3 +288,28 @@ def test_paper_lifetimes_follow_each_workers_type() -> None:
     }
     assert early["k80"] == pytest.approx(0.078, abs=0.02)
     assert early["v100"] == pytest.approx(0.273, abs=0.03)
+
+
+def test_odds_of_a_revocation_within_the_hour_follow_the_age() -> None:
+    """Selective revocation reads these: the paper's curves make a young K80 and one near GCE's
+    24 h limit the likeliest to go; an exponential model is memoryless; no model, no odds."""
+    from transient_nb.preemption import HOUR, PaperLifetimesByGpu, revoked_within
+
+    paper = PaperLifetimesByGpu()
+    k80 = paper.for_gpu("k80")
+    assert k80.revoked_within(0) == pytest.approx(0.078)
+    # Hours 12-23: 0.149 of the servers over 11 h, of the 0.805 still up at 12 h.
+    assert k80.revoked_within(12 * HOUR) == pytest.approx(0.149 / 11 / 0.805)
+    assert k80.revoked_within(22.5 * HOUR) == pytest.approx((0.672 - 0.33727) / (1 - 0.33727), 1e-3)
+    assert k80.revoked_within(24 * HOUR) == 1.0 and k80.revoked_within(30 * HOUR) == 1.0
+    assert k80.revoked_within(0, horizon_s=2 * HOUR) == pytest.approx(0.141)
+    assert k80.cdf(-1) == 0.0 and k80.cdf(0.5) == pytest.approx(0.039)
+    # Per type, and the fallback curve for a type the paper did not measure.
+    assert revoked_within(paper, "v100", 0) == pytest.approx(0.273)
+    assert revoked_within(paper, "t4", 0) == pytest.approx(0.078)
+    assert revoked_within(paper, "k80", -5) == pytest.approx(0.078)  # a clock skew is age 0
+    exp = parse_preemption("exp:mean=2h")
+    assert revoked_within(exp, None, 0) == revoked_within(exp, None, 20 * HOUR)
+    assert revoked_within(exp, None, 0) == pytest.approx(1 - math.exp(-0.5))
+    assert revoked_within(parse_preemption("none"), "k80", 0) == 0.0
+    assert revoked_within(object(), "k80", 0) == 0.0

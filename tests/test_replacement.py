@@ -155,3 +155,19 @@ def test_each_type_of_a_mix_has_its_own_preferred_gpu_and_the_same_fallbacks() -
     assert [c.gpu for c in p.candidates()] == ["k80", "k80", "p100", "p100"]
     p.remember_stockout(Placement("v100", "us-central1-a", True))
     assert next(p.candidates("v100")) == Placement("v100", "us-east1-c", True)
+
+
+def test_give_back_first_what_does_no_work_then_the_likeliest_revoked_then_the_newest() -> None:
+    from transient_nb.replacement import Held, give_back_order
+
+    held = [
+        Held("w-0", True, 0.505, 0),  # a K80 22.5 h old: GCE's 24 h limit is near
+        Held("w-1", True, 0.017, 1),  # 12 h old
+        Held("w-2", True, 0.078, 2),  # in its first, riskiest hour
+        Held("w-3", True, 0.078, 3),  # as risky, newer
+        Held("w-4", False, 0.0, 4),  # still booting: gives nothing up
+        Held("w-5", False, 0.9, 5),
+    ]
+    order = [h.name for h in give_back_order(held)]
+    assert order == ["w-5", "w-4", "w-0", "w-3", "w-2", "w-1"]
+    assert give_back_order([]) == []

@@ -1161,16 +1161,45 @@ class TransientCluster(SpecCluster):
                 if not asked:
                     await self._post("scale", workers=self._target, mix=dict(self._mix))
                     asked = True
-                # Give back the VMs that are not yet working first, then the newest ones.
-                order = sorted(
-                    vms, key=lambda w: (w.lifecycle == "joined", -int(w.name.split("-")[1]))
-                )
-                for vm in order[: len(vms) - want]:
+                # Selective revocation: the VMs not yet working first, then those most likely
+                # to be revoked within the hour at their age, then the newest.
+                for vm, odds in self._give_back(vms, len(vms) - want):
+                    await self._post(
+                        "give-back",
+                        worker=vm.name,
+                        gpu=gpu,
+                        working=self._working(vm),
+                        p_revoked_1h=round(odds, 4),
+                    )
                     self.simulator.vm_gone(vm.name)
                     self.worker_spec.pop(vm.name, None)
                     if vm.spec.slot is not None:
                         self._slots.pop(vm.spec.slot, None)
                 await self._correct_state()
+
+    def _working(self, vm: Any) -> bool:
+        """Whether ``vm``'s worker has joined and not left (the scheduler's membership; a VM's
+        own lifecycle ends at "running")."""
+        return vm.name in self._joined and not getattr(vm, "worker_left", False)
+
+    def _give_back(self, vms: list[Any], n: int) -> list[tuple[Any, float]]:
+        """The ``n`` of ``vms`` to give back, with their odds of revocation within the hour."""
+        from transient_nb.preemption import NoPreemption, PaperLifetimesByGpu, revoked_within
+        from transient_nb.replacement import Held, give_back_order
+
+        model = self.simulator.model
+        if isinstance(model, NoPreemption):
+            model = PaperLifetimesByGpu()  # no model of its own (a cloud): the paper's curves
+        now = time.time()
+        held, by_name = [], {}
+        for vm in vms:
+            since = getattr(vm, "running_since", None)
+            age_s = 0.0 if since is None else (now - since) * self.time_scale
+            spot = bool(getattr(vm.spec, "spot", self.spot))
+            odds = revoked_within(model, self._asked_gpu(vm), age_s) if spot else 0.0
+            held.append(Held(vm.name, self._working(vm), odds, int(vm.name.split("-")[1])))
+            by_name[vm.name] = vm
+        return [(by_name[h.name], h.p_revoked_1h) for h in give_back_order(held)[:n]]
 
     # -- waiting -------------------------------------------------------------------------------------------
     async def _wait_for_workers(

@@ -103,6 +103,8 @@ EVENTS: dict[str, tuple[str, ...]] = {
     # A cluster-level money or time limit stopped the cluster.
     "limit-reached": ("reason", "cost", "budget", "deadline_s"),
     "closed": ("cluster",),
+    # Scale-down gave this worker back: it was not working yet, or the likeliest to be revoked.
+    "give-back": ("worker", "gpu", "working", "p_revoked_1h"),
     # A transient-aware policy was turned on with a goal, or off (goal None).
     "policy": ("goal", "deadline_s", "budget"),
     # The transient-aware policy (transient_nb.policy) chose a mix, acted on it or not, and why.
@@ -217,7 +219,9 @@ CLUSTER_EVENTS = (
     "control",
     "control-refused",
     "limit-reached",
+    "policy",
     "policy-decision",
+    "give-back",
     "closed",
 )
 #: Events posted by workers and by the training run (same topic, same log).

@@ -19,7 +19,7 @@ import math
 import os
 import random
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from dask.utils import parse_timedelta
 
@@ -60,6 +60,10 @@ class NoPreemption:
     def lifetime(self, rng: random.Random) -> float | None:
         return None
 
+    def revoked_within(self, age_s: float, horizon_s: float = HOUR) -> float:
+        """Probability of a revocation within ``horizon_s`` of a VM ``age_s`` old: none."""
+        return 0.0
+
 
 @dataclass(frozen=True)
 class EmpiricalLifetimes:
@@ -81,6 +85,28 @@ class EmpiricalLifetimes:
         # Flat stretches of the CDF hold no probability, so u never lands inside them.
         h = h0 + (h1 - h0) * (u - f0) / (f1 - f0)
         return h * HOUR
+
+    def cdf(self, hours: float) -> float:
+        """Fraction of VMs revoked by ``hours`` of age (1 past the last point: GCE's 24 h)."""
+        if hours >= self.hours[-1]:
+            return self.fractions[-1]
+        i = max(1, bisect.bisect_right(self.hours, hours))
+        h0, h1 = self.hours[i - 1], self.hours[i]
+        f0, f1 = self.fractions[i - 1], self.fractions[i]
+        return f0 + (f1 - f0) * (max(hours, h0) - h0) / (h1 - h0)
+
+    def revoked_within(self, age_s: float, horizon_s: float = HOUR) -> float:
+        """Probability that a VM that lived ``age_s`` is revoked within the next ``horizon_s``.
+
+        Examples
+        --------
+        >>> k80 = PaperLifetimesByGpu().for_gpu("k80")
+        >>> round(k80.revoked_within(0), 3), round(k80.revoked_within(22.5 * HOUR), 3)
+        (0.078, 0.505)
+        """
+        a, b = age_s / HOUR, (age_s + horizon_s) / HOUR
+        alive = 1.0 - self.cdf(a)
+        return 1.0 if alive <= 0 else (self.cdf(b) - self.cdf(a)) / alive
 
 
 @dataclass(frozen=True)
@@ -117,6 +143,10 @@ class Exponential:
     def lifetime(self, rng: random.Random) -> float | None:
         return rng.expovariate(1.0 / self.mean_s)
 
+    def revoked_within(self, age_s: float, horizon_s: float = HOUR) -> float:
+        """Probability of a revocation within ``horizon_s``, whatever the age (memoryless)."""
+        return 1.0 - math.exp(-horizon_s / self.mean_s)
+
 
 @dataclass(frozen=True)
 class TraceEntry:
@@ -136,6 +166,19 @@ class Trace:
 
     def lifetime(self, rng: random.Random) -> float | None:
         return None
+
+    def revoked_within(self, age_s: float, horizon_s: float = HOUR) -> float:
+        """A trace names its times, not odds: unknown, so 0 (no VM preferred)."""
+        return 0.0
+
+
+def revoked_within(model: Any, gpu: str | None, age_s: float, horizon_s: float = HOUR) -> float:
+    """Probability that a ``gpu`` VM ``age_s`` old is revoked within ``horizon_s`` under
+    ``model`` (a model with ``for_gpu`` answers for that type; one without odds, 0)."""
+    for_gpu = getattr(model, "for_gpu", None)
+    one = for_gpu(gpu) if callable(for_gpu) else model
+    odds = getattr(one, "revoked_within", None)
+    return float(odds(max(0.0, age_s), horizon_s)) if callable(odds) else 0.0
 
 
 def parse_trace(path: str) -> Trace:

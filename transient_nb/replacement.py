@@ -122,3 +122,31 @@ class ReplacementPolicy:
         """Placements currently skipped."""
         now = self.clock()
         return [Placement(*k) for k, until in self._stockouts.items() if until > now]
+
+
+@dataclass(frozen=True)
+class Held:
+    """A worker VM the cluster could give back on scale-down."""
+
+    name: str
+    working: bool  # its worker joined (a VM still booting or starting has done no work yet)
+    p_revoked_1h: float  # its probability of being revoked within the hour, at its age
+    index: int  # its number (w-INDEX): higher is newer
+
+
+def give_back_order(held: Sequence[Held]) -> list[Held]:
+    """Which VMs to give back first on scale-down (the paper's *selective revocation*).
+
+    First the VMs that do no work yet; then the working ones most likely to be revoked within
+    the hour (what the provider would probably take anyway, e.g. a Spot VM near GCE's 24 h limit,
+    or a K80 in its first, riskiest hour); at equal odds the newest (the least warmed up).
+
+    Examples
+    --------
+    >>> order = give_back_order(
+    ...     [Held("w-0", True, 0.50, 0), Held("w-1", True, 0.05, 1), Held("w-2", False, 0.0, 2)]
+    ... )
+    >>> [h.name for h in order]
+    ['w-2', 'w-0', 'w-1']
+    """
+    return sorted(held, key=lambda h: (h.working, -round(h.p_revoked_1h, 9), -h.index))

@@ -127,6 +127,7 @@ class TransientVM(ProcessInterface):
         self._on_running = on_running
         self._on_exit = on_exit
         self.lifecycle = "created"
+        self.running_since: float | None = None
         #: True once we stopped the VM on purpose (preemption or deletion).
         self.stopped = False
         #: True when the provider's own notice already reached the VM (GCE's metadata server):
@@ -179,6 +180,8 @@ class TransientVM(ProcessInterface):
     async def post(self, kind: str, **fields: Any) -> None:
         """Log a lifecycle event of this VM."""
         self.lifecycle = kind if kind != "left" else self.lifecycle
+        if kind == "running":
+            self.running_since = time.time()  # its age (selective revocation)
         await self._post_event(kind, **{**self.spec.event_fields(), **fields})
 
     # -- ProcessInterface ------------------------------------------------------------------------
