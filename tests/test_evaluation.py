@@ -1,0 +1,89 @@
+"""The policy's evaluation: its runs, its first choices and its verdicts (the runs themselves are
+real paced clusters: tests/test_benchmarks.py runs the tiny form, benchmarks/NOTES.md the figures)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from transient_nb import evaluation
+from transient_nb.preemption import parse_preemption
+
+
+def test_every_trace_is_a_lifetime_model_and_a_bad_one_is_refused_before_any_run():
+    for spec in evaluation.TRACES.values():
+        parse_preemption(spec)
+    with pytest.raises(ValueError, match="trace 'stormy': use one of calm, paper, storm"):
+        evaluation.trials(["calm", "stormy"])
+
+
+def test_the_runs_of_a_trace_and_the_policys_first_choices():
+    runs = evaluation.trials(["paper"])
+    assert [r.label for r in runs] == [
+        "static 8 K80",
+        "static 4 P100",
+        "static 4 V100",
+        "reactive 4 P100",
+        "policy deadline",
+        "policy budget",
+        "policy cost-per-step",
+    ]
+    assert {r.trace for r in runs} == {"paper"}
+    first = {r.goal["goal"]: r.setup for r in runs if r.strategy == "policy"}
+    # At the paper's prices a P100 is the cheapest step: cost per step takes P100s only.
+    assert set(first["cost-per-step"].types) == {"p100"}
+    # The planner's expectation meets the goal it was chosen for.
+    planner = evaluation.planner()
+    for goal, setup in first.items():
+        from transient_nb.planner import Configuration
+
+        kinds = {k.gpu: k for k in planner.kinds}
+        e = planner.estimate(
+            Configuration.of({kinds[g]: n for g, n in setup.types.items()}), 64_000
+        )
+        if goal == "deadline":
+            assert e.eta_s <= evaluation.DEADLINE_H * 3600
+        if goal == "budget":
+            assert e.cost <= evaluation.BUDGET
+        assert setup.spot and setup.workers == sum(setup.types.values()) <= 8
+
+
+def _row(trace, strategy, run, hours, cost, failed=""):
+    return {
+        "trace": trace,
+        "strategy": strategy,
+        "run": run,
+        "hours": hours,
+        "cost": cost,
+        "steps_per_dollar": 64_000 / cost if cost else float("nan"),
+        "failed": failed,
+    }
+
+
+def test_verdicts_compare_with_the_right_static_run_and_say_better_only_when_it_is():
+    table = pd.DataFrame(
+        [
+            _row("paper", "static", "static 8 K80", 0.50, 1.10),
+            _row("paper", "static", "static 4 P100", 0.40, 0.93),
+            _row("paper", "static", "static 4 V100", 0.40, 1.40),
+            _row("paper", "static", "static 2 K80", 0.0, 0.0, failed="every worker was revoked"),
+            _row("paper", "reactive", "reactive 4 P100", 0.41, 0.95),
+            _row("paper", "policy", "policy deadline", 0.49, 0.88),
+            _row("paper", "policy", "policy budget", 0.41, 0.97),
+            _row("paper", "policy", "policy cost-per-step", 0.49, 0.90),
+        ]
+    )
+    deadline, budget, per_dollar = evaluation.verdicts(table, deadline_h=0.6, budget=1.0)
+    # The cheapest static within 0.6 h is 4 P100 ($0.93): the policy's $0.88 is better.
+    assert deadline.startswith("paper, deadline 0.6 h: policy 0.49 h $0.88")
+    assert "static 4 P100: 0.40 h $0.93 -> better" in deadline
+    # The fastest static within $1 is 4 P100 (0.40 h): the policy's 0.41 h is not better.
+    assert "static 4 P100: 0.40 h $0.93 -> not better" in budget
+    assert per_dollar.endswith("-> better") and "reactive 4 P100" in per_dollar
+    # No static run meets a goal: said so.
+    (deadline,) = evaluation.verdicts(table[table["run"] != "policy budget"], deadline_h=0.1)[:1]
+    assert deadline.endswith("(no static configuration met it)")
+    # A policy that overshoots its deadline is not better, however cheap.
+    late = table.copy()
+    late.loc[late["run"] == "policy deadline", "hours"] = 0.7
+    assert evaluation.verdicts(late, deadline_h=0.6)[0].endswith("-> not better")
