@@ -92,11 +92,22 @@ def scratch(module: str, rev: str | None) -> Path:
     return work
 
 
+#: Fraction of their bounds the trainer's loop tests wait (``TRANSIENT_NB_TEST_PATIENCE``): a
+#: mutant that breaks the loop then fails in seconds, not after a minute. mutmut's clean run must
+#: pass with it, so a bound too short for this machine stops the run rather than kill mutants.
+PATIENCE = "0.25"
+
+
 def mutmut(work: Path, module: str, tests: list[str], *args: str) -> subprocess.CompletedProcess:
     code = _CHILD.format(only=f"transient_nb/{module}.py", tests=tests)
     # One torch/OpenMP thread: mutmut forks a child per mutant, and a forked torch thread pool
     # hangs on its first call (the mutant then "dies" by timeout and counts as killed).
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1"}
+    env = {
+        "TRANSIENT_NB_TEST_PATIENCE": PATIENCE,
+        **os.environ,
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "OMP_NUM_THREADS": "1",
+    }
     return subprocess.run(
         [sys.executable, "-c", code, *args], cwd=work, env=env, capture_output=True, text=True
     )
@@ -115,15 +126,23 @@ def results(work: Path, module: str, tests: list[str]) -> dict[str, str]:
 
 
 def run_module(
-    module: str, tests: list[str], max_children: int, rev: str | None
+    module: str,
+    tests: list[str],
+    max_children: int,
+    rev: str | None,
+    only: list[str] | None = None,
 ) -> dict[str, object]:
     work = scratch(module, rev)
     start = time.monotonic()
-    proc = mutmut(work, module, tests, "run", "--max-children", str(max_children))
+    proc = mutmut(work, module, tests, "run", "--max-children", str(max_children), *(only or []))
     (work / "run.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
         sys.exit(f"mutmut failed for {module} (see {work / 'run.log'}):\n{proc.stdout[-3000:]}")
     verdicts = results(work, module, tests)
+    if only:  # the mutants asked for (fnmatch patterns, as mutmut reads them)
+        import fnmatch
+
+        verdicts = {n: v for n, v in verdicts.items() if any(fnmatch.fnmatch(n, p) for p in only)}
     survivors = sorted(n for n, v in verdicts.items() if v in SURVIVED)
     (work / "survivors.txt").write_text(mutmut(work, module, tests, "show-all", *survivors).stdout)
     killed = sum(v in KILLED for v in verdicts.values())
@@ -148,6 +167,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-children", type=int, default=1)
     parser.add_argument("--rev", help="mutate this commit (e.g. HEAD), not the working tree")
     parser.add_argument("--json", type=Path, help="also write the rows here")
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        help="only these mutants (names or fnmatch patterns, e.g. '*Trainer*_gather*')",
+    )
     args = parser.parse_args(argv)
     rows = []
     for module in args.modules or DEFAULT:
@@ -155,7 +179,7 @@ def main(argv: list[str] | None = None) -> None:
         if not tests:
             parser.error(f"no tests known for {module!r}: give them with --tests")
         print(f"mutating transient_nb/{module}.py against {' '.join(tests)}", file=sys.stderr)
-        rows.append(run_module(module, tests, args.max_children, args.rev))
+        rows.append(run_module(module, tests, args.max_children, args.rev, args.only))
     print("| module | mutants | killed | survived | other | score | minutes |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import threading
 import time
 
@@ -97,6 +98,11 @@ def loop():
     thread.join(5)
 
 
+#: How long the loop tests wait, as a fraction of their bounds: 1 in CI; benchmarks/mutation.py
+#: sets less (TRANSIENT_NB_TEST_PATIENCE), so that a mutant that breaks the loop fails in seconds
+#: rather than waiting out a minute (the clean run must pass with it all the same).
+PATIENCE = float(os.environ.get("TRANSIENT_NB_TEST_PATIENCE", "1"))
+
 HP = HParams(
     steps=60,
     batch_size=16,
@@ -156,7 +162,7 @@ def _start(trainer):
 
 
 def _until(predicate, timeout=60.0):
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + timeout * PATIENCE
     while not predicate():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.01)
@@ -168,7 +174,7 @@ def test_trains_until_the_run_has_its_steps(loop, tmp_path, pipeline):
     double = _double(loop, tmp_path, hp=hp)
     trainer = _trainer(Published(double), hp=hp)
     thread, box = _start(trainer)
-    thread.join(120)
+    thread.join(120 * PATIENCE)
     # Pipelined, the push in flight when the run got its steps still lands: one more.
     total = hp.steps + (1 if pipeline else 0)
     assert box["result"]["state"] == "finished" and box["result"]["accepted"] == total
@@ -201,7 +207,7 @@ def test_a_slow_ps_is_rejoined_not_abandoned(loop, tmp_path, pipeline):
     kinds = [e["kind"] for e in trainer.posted]
     assert kinds.index("trainer-ps-lost") < kinds.index("ps-rejoined")
     asyncio.run(trainer.stop())
-    thread.join(30)
+    thread.join(30 * PATIENCE)
     assert box["result"]["state"] == "stopped"
     # Every local step either arrived (the timed-out push too, once the PS thawed) or is
     # counted as a gap: nothing vanishes silently.
@@ -223,7 +229,7 @@ def test_a_new_generation_is_followed(loop, tmp_path):
     time.sleep(0.3)
     assert old.ps.version == count  # nothing goes to the old one any more
     asyncio.run(trainer.stop())
-    thread.join(30)
+    thread.join(30 * PATIENCE)
 
 
 def test_a_ps_that_never_answers_is_given_up_within_the_bound(loop, tmp_path):
@@ -234,7 +240,7 @@ def test_a_ps_that_never_answers_is_given_up_within_the_bound(loop, tmp_path):
     _until(lambda: double.ps.version >= 3)
     t0 = time.monotonic()
     double.error = OSError("Unable to contact Actor's worker")
-    thread.join(hp.ps_lost_after_s + 20)
+    thread.join(hp.ps_lost_after_s + 20 * PATIENCE)
     assert not thread.is_alive()
     assert isinstance(box.get("error"), PSLost), box
     assert "no parameter server answered" in str(box["error"])
@@ -252,7 +258,7 @@ def test_stop_is_prompt_even_while_the_ps_is_away(loop, tmp_path):
     _until(lambda: trainer.state == "rejoining")
     t0 = time.monotonic()
     asyncio.run(trainer.stop())
-    thread.join(30)
+    thread.join(30 * PATIENCE)
     assert not thread.is_alive() and time.monotonic() - t0 < 10
     assert box["result"]["state"] == "stopped"
 
@@ -264,7 +270,7 @@ def test_a_notice_pushes_the_last_gradient_and_leaves(loop, tmp_path):
     thread, box = _start(trainer)
     _until(lambda: double.ps.version >= 5)
     asyncio.run(trainer._drain(time.time() + 30))
-    thread.join(30)
+    thread.join(30 * PATIENCE)
     assert box["result"]["state"] == "drained"
     assert double.ps.finals == {"w-0"} and double.ps.active() == []
     assert double.ps.last_local["w-0"] == trainer.local_step  # the last gradient arrived
@@ -402,7 +408,7 @@ def test_a_paced_trainer_runs_at_its_gpus_rate_divided_by_time_scale(loop, tmp_p
     double = _double(loop, tmp_path, hp=hp)
     trainer = _trainer(Published(double), hp=hp, gpu="k80", time_scale=5.0)
     thread, box = _start(trainer)
-    thread.join(60)
+    thread.join(60 * PATIENCE)
     assert box["result"]["state"] == "finished"
     times = double.push_times[5:]  # after the first steps (data, model, join)
     rate = (len(times) - 1) / (times[-1] - times[0])
@@ -421,7 +427,7 @@ def test_an_impossible_pace_is_reported_not_hidden(loop, tmp_path, monkeypatch):
     double = _double(loop, tmp_path, hp=hp)
     trainer = _trainer(Published(double), hp=hp, gpu="k80", time_scale=1.0)
     thread, box = _start(trainer)
-    thread.join(60)
+    thread.join(60 * PATIENCE)
     assert box["result"]["state"] == "finished"
     behind = [e for e in trainer.posted if e["kind"] == "emulation-behind"]
     assert behind and behind[0]["worker"] == "w-0" and behind[0]["role"] == "worker"
@@ -435,7 +441,7 @@ def test_a_gpu_type_without_a_rate_is_said_unpaced(loop, tmp_path, monkeypatch):
     trainer = _trainer(Published(double), hp=hp, time_scale=1.0)
     t0 = time.monotonic()
     thread, box = _start(trainer)
-    thread.join(60)
+    thread.join(60 * PATIENCE)
     assert box["result"]["state"] == "finished" and time.monotonic() - t0 < 9  # not 1 step/s
     paced = [e for e in trainer.posted if e["kind"] == "emulation-paced"]
     assert paced[0]["gpu"] == "h100" and paced[0]["wall_steps_per_s"] is None
@@ -551,7 +557,7 @@ def test_the_trainer_posts_its_metrics_with_the_run_and_its_device(loop, tmp_pat
     double = _double(loop, tmp_path, hp=hp)
     trainer = _trainer(Published(double), hp=hp)
     thread, box = _start(trainer)
-    thread.join(120)
+    thread.join(120 * PATIENCE)
     assert box["result"]["state"] == "finished"
     metrics = [e for e in trainer.posted if e["kind"] == "worker-metrics"]
     assert [e["local_step"] for e in metrics] == [1, 2, 3, 4, 5]
@@ -614,7 +620,7 @@ def test_two_shards_each_get_their_slice_and_only_the_first_the_statistics(loop,
         locate=lambda timeout: (0, list(doubles)),
     )
     thread, box = _start(trainer)
-    thread.join(120)
+    thread.join(120 * PATIENCE)
     assert box["result"]["state"] == "finished"
     assert [d.ps.version for d in doubles] == [6, 6]
     assert sorted(set(seen)) == [(0, n // 2, True), (1, n - n // 2, False)]
