@@ -76,9 +76,9 @@ def test_verdicts_compare_with_the_right_static_run_and_say_better_only_when_it_
     deadline, budget, per_dollar = evaluation.verdicts(table, deadline_h=0.6, budget=1.0)
     # The cheapest static within 0.6 h is 4 P100 ($0.93): the policy's $0.88 is better.
     assert deadline.startswith("paper, deadline 0.6 h: policy 0.49 h $0.88")
-    assert "static 4 P100: 0.40 h $0.93 -> better" in deadline
-    # The fastest static within $1 is 4 P100 (0.40 h): the policy's 0.41 h is not better.
-    assert "static 4 P100: 0.40 h $0.93 -> not better" in budget
+    assert "static 4 P100: 0.40 h $0.93 -> better (cost)" in deadline
+    # The fastest static within $1 is 4 P100 (0.40 h): the policy's 0.41 h is worse.
+    assert "static 4 P100: 0.40 h $0.93 -> worse (time)" in budget
     assert per_dollar.endswith("-> better") and "reactive 4 P100" in per_dollar
     # No static run meets a goal: said so.
     (deadline,) = evaluation.verdicts(table[table["run"] != "policy budget"], deadline_h=0.1)[:1]
@@ -86,4 +86,9 @@ def test_verdicts_compare_with_the_right_static_run_and_say_better_only_when_it_
     # A policy that overshoots its deadline is not better, however cheap.
     late = table.copy()
     late.loc[late["run"] == "policy deadline", "hours"] = 0.7
-    assert evaluation.verdicts(late, deadline_h=0.6)[0].endswith("-> not better")
+    assert evaluation.verdicts(late, deadline_h=0.6)[0].endswith("-> worse")
+    assert "missed the deadline" in evaluation.verdicts(late, deadline_h=0.6)[0]
+    # Within 1%: as good, not better (one run of one seed each).
+    even = table.copy()
+    even.loc[even["run"] == "policy budget", "hours"] = 0.4005
+    assert evaluation.verdicts(even, budget=1.0)[1].endswith("-> as good (time)")

@@ -253,3 +253,26 @@ def test_by_default_it_chooses_among_the_mix_and_the_fallbacks_at_catalog_prices
     assert policy.max_workers == 8  # no limit: the default
     with pytest.raises(ValueError, match="None of the GPU types \\['tpu'\\]"):
         TransientPolicy(cluster, "cost-per-step", gpus=["tpu"])
+
+
+def test_it_learns_the_start_up_and_lets_a_change_settle_for_that_long():
+    cluster = RecordingCluster({"k80": 1})
+    cluster.time_scale = 10.0
+    policy = _policy(cluster, "deadline", deadline="1h")
+    assert policy.planner.startup_s == pytest.approx(108.5)  # the paper's prior
+    now = time.time()
+    _vm(cluster, "w-0", "k80", now - 30)
+    cluster.add("joined", now - 3, worker="w-0")  # 27 wall s at time_scale 10: 270 s
+    cluster.add("train-started", now, run="r", steps=64_000)
+    plan = asyncio.run(policy.adapt())
+    assert policy.planner.startup_s == pytest.approx(270.0)
+    assert plan is not None and len(cluster.scaled) == 1  # 1 K80 misses 1 h: it grows
+    # Something undoes the change at once (a revocation, a user): the policy waits until a
+    # start-up (27 wall s here) has passed before it changes the mix again.
+    cluster.mix = {"k80": 1}
+    asyncio.run(policy.adapt())
+    assert len(cluster.scaled) == 1 and policy.settling()
+    assert not policy.settling(now=time.time() + 27.5)
+    policy._acted_at = time.time() - 28
+    asyncio.run(policy.adapt())
+    assert len(cluster.scaled) == 2 and cluster.scaled[1] == cluster.scaled[0]

@@ -163,10 +163,25 @@ def run_trial(
     }
 
 
+#: Figures within this fraction of each other are as good (one run of one seed each).
+SAME = 0.01
+
+
+def _compare(ours: float, theirs: float, lower_is_better: bool = True) -> str:
+    """``"better"``, ``"as good"`` or ``"worse"``, within :data:`SAME`."""
+    if not lower_is_better:
+        ours, theirs = -ours, -theirs
+    if ours < theirs - SAME * abs(theirs):
+        return "better"
+    return "as good" if ours <= theirs + SAME * abs(theirs) else "worse"
+
+
 def verdicts(
     table: pd.DataFrame, deadline_h: float = DEADLINE_H, budget: float = BUDGET
 ) -> list[str]:
-    """The issue's three claims, checked on ``table`` (rows of :func:`run_trial`), per trace."""
+    """The issue's three claims, checked on ``table`` (rows of :func:`run_trial`), per trace:
+    each says ``better``, ``as good`` (within 1%), ``worse``, or that the policy missed its
+    goal."""
     out = []
     for trace, rows in table.groupby("trace", sort=False):
         done = rows[rows["failed"] == ""]
@@ -177,48 +192,52 @@ def verdicts(
             return None if hit.empty else hit.iloc[0]
 
         p = policy("deadline")
-        meets = static[static["hours"] <= deadline_h]
         if p is not None:
-            best = meets.sort_values("cost").iloc[0] if not meets.empty else None
-            out.append(
-                f"{trace}, deadline {deadline_h} h: policy {p['hours']:.2f} h ${p['cost']:.2f}"
-                + (
+            meets = static[static["hours"] <= deadline_h]
+            line = f"{trace}, deadline {deadline_h} h: policy {p['hours']:.2f} h ${p['cost']:.2f}"
+            if p["hours"] > deadline_h:
+                line += ": missed the deadline"
+            if meets.empty:
+                line += " (no static configuration met it)"
+            else:
+                best = meets.sort_values("cost").iloc[0]
+                line += (
                     f" against the cheapest static that meets it, {best['run']}: "
                     f"{best['hours']:.2f} h ${best['cost']:.2f} -> "
                     + (
-                        "better"
-                        if p["hours"] <= deadline_h and p["cost"] < best["cost"]
-                        else "not better"
+                        "worse"
+                        if p["hours"] > deadline_h
+                        else _compare(p["cost"], best["cost"]) + " (cost)"
                     )
-                    if best is not None
-                    else " (no static configuration met it)"
                 )
-            )
+            out.append(line)
         p = policy("budget")
-        within = static[static["cost"] <= budget]
         if p is not None:
-            best = within.sort_values("hours").iloc[0] if not within.empty else None
-            out.append(
-                f"{trace}, budget ${budget:.2f}: policy {p['hours']:.2f} h ${p['cost']:.2f}"
-                + (
+            within = static[static["cost"] <= budget]
+            line = f"{trace}, budget ${budget:.2f}: policy {p['hours']:.2f} h ${p['cost']:.2f}"
+            if p["cost"] > budget:
+                line += ": over the budget"
+            if within.empty:
+                line += " (no static configuration stayed within it)"
+            else:
+                best = within.sort_values("hours").iloc[0]
+                line += (
                     f" against the fastest static within it, {best['run']}: "
                     f"{best['hours']:.2f} h ${best['cost']:.2f} -> "
                     + (
-                        "better"
-                        if p["cost"] <= budget and p["hours"] < best["hours"]
-                        else "not better"
+                        "worse"
+                        if p["cost"] > budget
+                        else _compare(p["hours"], best["hours"]) + " (time)"
                     )
-                    if best is not None
-                    else " (no static configuration stayed within it)"
                 )
-            )
+            out.append(line)
         p = policy("cost-per-step")
         reactive = done[done["strategy"] == "reactive"]
         if p is not None and not reactive.empty:
             r = reactive.iloc[0]
             out.append(
                 f"{trace}, progress per dollar: policy {p['steps_per_dollar']:.0f} steps/$ "
-                f"against reactive {r['run']} {r['steps_per_dollar']:.0f} -> "
-                + ("better" if p["steps_per_dollar"] > r["steps_per_dollar"] else "not better")
+                f"against {r['run']} {r['steps_per_dollar']:.0f} -> "
+                + _compare(p["steps_per_dollar"], r["steps_per_dollar"], lower_is_better=False)
             )
     return out

@@ -170,8 +170,8 @@ class Planner:
     two_shard_gain
         How much faster two PS shards serve than one (default: the paper's 1.75).
     startup_s
-        Seconds from asking for a Spot worker to its first step (default: the paper's 81-98 s
-        boot, midpoint, plus 19 s of warm restart).
+        Prior seconds from asking for a Spot worker to its joining (default: the paper's 81-98 s
+        boot, midpoint, plus 19 s of warm restart); the median observed replaces it.
     """
 
     def __init__(
@@ -196,7 +196,8 @@ class Planner:
         self.ps_steps_per_s = ps_steps_per_s
         self.two_shard_gain = two_shard_gain
         lo, hi = PAPER_STARTUP_S["spot"]
-        self.startup_s = float((lo + hi) / 2 + 19.0 if startup_s is None else startup_s)
+        self.prior_startup_s = float((lo + hi) / 2 + 19.0 if startup_s is None else startup_s)
+        self._observed_startups: list[float] = []
         self._observed_rates: dict[str, list[float]] = {}
         self._revocations: dict[tuple[str, str], int] = {}
         self._exposure_h: dict[tuple[str, str], float] = {}
@@ -213,6 +214,18 @@ class Planner:
         key = (gpu.lower(), zone)
         self._exposure_h[key] = self._exposure_h.get(key, 0.0) + max(0.0, hours)
         self._revocations[key] = self._revocations.get(key, 0) + max(0, revocations)
+
+    def observe_startup(self, seconds: float) -> None:
+        """A worker joined ``seconds`` after it was asked for (``requested`` to ``joined``)."""
+        if seconds > 0 and math.isfinite(seconds):
+            self._observed_startups.append(float(seconds))
+
+    @property
+    def startup_s(self) -> float:
+        """Seconds a lost worker is down before its replacement works: the median observed
+        start-up, else the prior (a storm makes it count as much as the lifetimes do)."""
+        seen = sorted(self._observed_startups)
+        return seen[len(seen) // 2] if seen else self.prior_startup_s
 
     def rate(self, gpu: str) -> float:
         """Steps/s of one ``gpu`` worker: the median observed, else the prior (0 if none)."""

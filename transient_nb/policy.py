@@ -193,6 +193,8 @@ class TransientPolicy:
         self._local: dict[str, tuple[float, int]] = {}  # worker -> (time, local_step) last seen
         self._vm: dict[str, dict[str, Any]] = {}
         self._running_since: dict[str, float] = {}
+        self._requested_at: dict[str, float] = {}
+        self._acted_at: float | None = None
         self._steps: int | None = None
         self._step = 0
         self._task: asyncio.Task[None] | None = None
@@ -217,6 +219,13 @@ class TransientPolicy:
             self._vm[str(name)] = dict(e)
             if kind == "running":
                 self._running_since[str(name)] = t
+            else:
+                self._requested_at[str(name)] = t
+        elif kind == "joined" and name in self._requested_at:
+            # How long a worker takes from being asked for to working, on this cluster: what
+            # every revocation costs, and what the planner's availability needs.
+            waited = t - self._requested_at.pop(str(name))
+            self.planner.observe_startup(waited * self.time_scale)
         elif kind in ("preempted", "deleted") and name in self._vm:
             vm = self._vm[str(name)]
             started = self._running_since.pop(str(name), None)
@@ -295,6 +304,16 @@ class TransientPolicy:
             return new.eta_s < now.eta_s * (1 - self.hysteresis)
         return new.cost_per_step < now.cost_per_step * (1 - self.hysteresis)
 
+    def settling(self, now: float | None = None) -> bool:
+        """Whether the last change is still taking effect: its workers take a start-up (the
+        median observed) to boot and join, and until then the cluster's rates, and the plan made
+        from them, do not show it. No other change before (under a storm, changing on a plan
+        made mid-change flapped the mix: each change billed a boot and gave back working VMs)."""
+        if self._acted_at is None:
+            return False
+        now = time.time() if now is None else now
+        return now - self._acted_at < self.planner.startup_s / self.time_scale
+
     def mix_of(self, plan: Plan) -> dict[str, int]:
         """The plan as the mix ``cluster.scale`` takes (types it leaves out go to 0)."""
         mix = {k.gpu: 0 for k in self.planner.kinds}
@@ -319,9 +338,10 @@ class TransientPolicy:
         plan = self.recommend()
         if plan is None:
             return None
-        act = self.worth_changing(plan)
+        act = self.worth_changing(plan) and not self.settling()
         if act:
             self.cluster.scale(self.mix_of(plan))
+            self._acted_at = time.time()
         self.last = plan
         changed = self._changed_view(plan)
         if act or changed:
