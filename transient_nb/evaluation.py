@@ -60,6 +60,8 @@ class Trial:
     strategy: str  # "static", "reactive" or "policy"
     setup: Setup
     goal: dict[str, Any] = field(default_factory=dict)
+    gpus: tuple[str, ...] = GPUS  # what the policy may buy
+    max_workers: int = 8
 
     @property
     def label(self) -> str:
@@ -128,13 +130,29 @@ def trials(
     return out
 
 
+def dynamic_trials() -> list[Trial]:
+    """The paper's dynamic experiment as a policy: one transient K80 that the policy may grow to
+    four K80 for the best cost per step, against the static K80 it starts as (the paper grew
+    1 -> 4 K80 on a schedule: 40.8% faster and 21.5% cheaper than static)."""
+    one = Setup("1 K80", "k80", 1, True, bill_ps=True)
+    return [
+        Trial("paper", "static", one),
+        Trial("paper", "policy", one, {"goal": "cost-per-step"}, gpus=("k80",), max_workers=4),
+    ]
+
+
 def run_trial(
     trial: Trial, *, steps: int, wall_pace: float = 0.4, seed: int = 0, interval: float = 1.0
 ) -> dict[str, Any]:
     """Run one trial; its row (a run that could not finish is a row with its reason)."""
     adapt = None
     if trial.strategy == "policy":
-        adapt = {**trial.goal, "gpus": list(GPUS), "max_workers": 8, "interval": interval}
+        adapt = {
+            **trial.goal,
+            "gpus": list(trial.gpus),
+            "max_workers": trial.max_workers,
+            "interval": interval,
+        }
     row: dict[str, Any] = {"trace": trial.trace, "strategy": trial.strategy, "run": trial.label}
     try:
         out = run_setup(
