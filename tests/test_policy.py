@@ -276,3 +276,29 @@ def test_it_learns_the_start_up_and_lets_a_change_settle_for_that_long():
     policy._acted_at = time.time() - 28
     asyncio.run(policy.adapt())
     assert len(cluster.scaled) == 2 and cluster.scaled[1] == cluster.scaled[0]
+
+
+def test_a_goal_no_mix_can_meet_changes_the_mix_only_for_a_clearly_faster_one():
+    """Under a storm no mix meets a 1 h deadline: the policy must not trade one miss for a
+    near-equal one (each change boots VMs and gives working ones back), only for a clear gain."""
+    from transient_nb.planner import Configuration, Plan
+
+    cluster = RecordingCluster({"k80": 4})
+    policy = _policy(cluster, "deadline", deadline="1h")
+    p = policy.planner
+
+    def estimate(n_k80: int, n_v100: int = 0) -> Any:
+        return p.estimate(Configuration.of({K80: n_k80, V100: n_v100}), 400_000)
+
+    def plan(new: Any, now: Any) -> Plan:
+        return Plan("deadline", new, now, "", feasible=False, candidates=[], limit=3600.0)
+
+    now = estimate(4, 1)
+    near = estimate(8)  # 8% faster, and missing too
+    assert not plan(near, now).meets(near) and 0.9 < near.eta_s / now.eta_s < 1
+    assert policy.worth_changing(plan(near, now)) is False
+    far = estimate(6, 2)  # clearly faster, still missing
+    assert far.eta_s < now.eta_s * 0.9 and policy.worth_changing(plan(far, now)) is True
+    # A mix that meets it is always worth it.
+    quick = p.estimate(Configuration.of({K80: 6, V100: 2}), 64_000)
+    assert plan(quick, now).meets(quick) and policy.worth_changing(plan(quick, now)) is True

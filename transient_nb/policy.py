@@ -294,13 +294,15 @@ class TransientPolicy:
         if now.liveput <= 0:
             return True
         if plan.goal == "deadline":
-            # The current mix misses the deadline: change. Else only for enough money saved.
+            # The current mix misses the deadline: change for one that meets it, or, when none
+            # does, for one enough faster (a near-equal miss is no reason to boot and give back
+            # VMs: under a storm that flapped the mix a dozen times). Else only for enough money.
             if not plan.meets(now):
-                return True
+                return plan.meets(new) or new.eta_s < now.eta_s * (1 - self.hysteresis)
             return new.cost < now.cost * (1 - self.hysteresis)
         if plan.goal == "budget":
             if not plan.meets(now):
-                return True
+                return plan.meets(new) or new.cost < now.cost * (1 - self.hysteresis)
             return new.eta_s < now.eta_s * (1 - self.hysteresis)
         return new.cost_per_step < now.cost_per_step * (1 - self.hysteresis)
 
