@@ -49,6 +49,7 @@ from transient_nb.planner import (
     plan_fields,
 )
 from transient_nb.preemption import HOUR
+from transient_nb.state import event_log
 
 logger = logging.getLogger(__name__)
 
@@ -336,7 +337,7 @@ class TransientPolicy:
 
     async def adapt(self) -> Plan | None:
         """One round: read the log, decide, and change the cluster when it is worth it."""
-        self.observe(list(self.cluster.monitor.events))
+        self.observe(list(event_log(self.cluster)))
         plan = self.recommend()
         if plan is None:
             return None

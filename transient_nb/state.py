@@ -921,7 +921,9 @@ def _int_or_none(value: Any) -> int | None:
 
 
 def event_log(cluster: Any) -> Sequence[Event]:
-    """The live, append-only event list of ``cluster``: the one way views read events.
+    """The live, append-only event list of ``cluster``: the one way in-process readers (views,
+    the policy, run handles) read events; only its owner (the cluster's scheduler plugin, or a
+    remote handle's mirror) touches ``monitor.events`` itself.
 
     A :class:`~transient_nb.TransientCluster` keeps the log in its scheduler plugin (appended on
     the cluster's event loop, where the views' periodic callbacks run too). A

@@ -25,6 +25,15 @@ logger = logging.getLogger(__name__)
 
 PostEvent = Callable[..., Awaitable[None]]
 
+#: The environment Dask's nanny gives every worker process, on every backend. The nanny sets
+#: MALLOC_TRIM_THRESHOLD_=65536, which halves torch's CPU speed (measured here); None removes it.
+#: One thread per BLAS/OpenMP pool keeps workers from fighting over the cores.
+WORKER_PRE_SPAWN_ENVIRON = {
+    "MALLOC_TRIM_THRESHOLD_": None,
+    "OMP_NUM_THREADS": 1,
+    "MKL_NUM_THREADS": 1,
+}
+
 
 @dataclass(frozen=True)
 class VMSpec:

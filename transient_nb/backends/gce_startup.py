@@ -14,7 +14,7 @@ import shlex
 from typing import Any
 
 import transient_nb
-from transient_nb.backends.local import WORKER_PRE_SPAWN_ENVIRON
+from transient_nb.backends.base import WORKER_PRE_SPAWN_ENVIRON
 
 #: Seconds a booting VM waits for the cluster to sign its certificate request.
 ENROLL_TIMEOUT_S = 600.0

@@ -34,22 +34,19 @@ from dask.utils import parse_timedelta
 from distributed.core import rpc
 
 from transient_nb import config
-from transient_nb.backends.base import Backend, CapacityError, TransientVM, VMSpec
+from transient_nb.backends.base import (
+    WORKER_PRE_SPAWN_ENVIRON,
+    Backend,
+    CapacityError,
+    TransientVM,
+    VMSpec,
+)
 from transient_nb.backends.tls import CLIENT_CN, ClusterCA
 
 logger = logging.getLogger(__name__)
 
 #: How often a VM checks whether its process is still alive (seconds).
 POLL_S = 0.05
-
-#: Dask's nanny sets MALLOC_TRIM_THRESHOLD_=65536 in its workers, which halves torch's CPU speed
-#: (measured here); None removes it. One thread per BLAS/OpenMP pool keeps workers from fighting
-#: over the cores.
-WORKER_PRE_SPAWN_ENVIRON = {
-    "MALLOC_TRIM_THRESHOLD_": None,
-    "OMP_NUM_THREADS": 1,
-    "MKL_NUM_THREADS": 1,
-}
 
 
 def cuda_device_count() -> int:

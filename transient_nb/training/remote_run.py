@@ -15,6 +15,7 @@ from typing import Any
 
 import pandas as pd
 
+from transient_nb.state import event_log
 from transient_nb.training.hparams import HParams
 from transient_nb.training.resume import run_history, summarize_run
 
@@ -47,14 +48,12 @@ class RemoteRun:
     # -- from the event log --------------------------------------------------------------------
     def events(self) -> list[dict[str, Any]]:
         """This run's events and the cluster's lifecycle events, in order."""
-        return [
-            dict(e) for e in list(self.cluster.monitor.events) if e.get("run") in (None, self.id)
-        ]
+        return [dict(e) for e in list(event_log(self.cluster)) if e.get("run") in (None, self.id)]
 
     def _own(self, kind: str) -> list[Mapping[str, Any]]:
         return [
             e
-            for e in list(self.cluster.monitor.events)
+            for e in list(event_log(self.cluster))
             if e.get("kind") == kind and e.get("run") == self.id
         ]
 
