@@ -302,3 +302,46 @@ def test_prune_by_default_keeps_two_and_deletes_torn_older_folders(tmp_path):
     assert checkpoint.steps(url) == [5, 4]
     assert checkpoint.prune(url, keep=1) == [4]
     assert checkpoint.prune(url, keep=1) == []
+
+
+def test_each_file_is_fsynced_before_its_rename_and_its_folder_after(tmp_path, monkeypatch):
+    """After a power loss the final name points at complete bytes, and the rename itself holds:
+    the data is fsync'ed under its temporary name, then renamed, then the folder is fsync'ed."""
+    import stat
+
+    url = str(tmp_path)
+    calls = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        st = os.fstat(fd)
+        target = os.readlink(f"/proc/self/fd/{fd}")
+        if stat.S_ISDIR(st.st_mode):
+            calls.append(("fsync-dir", target, None))
+        else:
+            calls.append(("fsync-file", target, st.st_size))
+        real_fsync(fd)
+
+    def replace(src, dst):
+        calls.append(("replace", os.fspath(src), os.fspath(dst)))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(checkpoint.os, "fsync", fsync)
+    monkeypatch.setattr(checkpoint.os, "replace", replace)
+    _publish(url, 9)
+    folder = os.path.realpath(checkpoint.step_dir(url, 9))
+    replaces = [c for c in calls if c[0] == "replace"]
+    assert [os.path.basename(dst) for _, _, dst in replaces] == [
+        "shard-0.npz",
+        "shard-1.npz",
+        "manifest.json",
+    ]
+    for _, src, dst in replaces:
+        i = calls.index(("replace", src, dst))
+        # Immediately before the rename: the temporary file's data, all of it, was fsync'ed.
+        kind, target, size = calls[i - 1]
+        assert (kind, target) == ("fsync-file", os.path.realpath(src))
+        assert size == os.path.getsize(dst)
+        # Immediately after: the folder holding the new name.
+        assert calls[i + 1] == ("fsync-dir", folder, None)
+    assert len(calls) == 3 * len(replaces)  # nothing else, nothing twice
