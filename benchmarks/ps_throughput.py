@@ -262,13 +262,7 @@ class RpcParameterServer:
 
         from transient_nb.training.hparams import HParams
 
-        self.hp = HParams(
-            **{
-                **hparams,
-                "decay_at": tuple(hparams["decay_at"]),
-                "decay_factors": tuple(hparams["decay_factors"]),
-            }
-        )
+        self.hp = HParams.from_dict(hparams)
         self.w = w.clone()
         self.v = torch.zeros_like(self.w)
         self.decay = decay * self.hp.weight_decay
@@ -290,13 +284,21 @@ class RpcParameterServer:
         bn_delta: Any,
         final: bool,
     ) -> tuple[Any, Any, int]:
+        from transient_nb.training.optim import momentum_sgd_
+
         self = rref.local_value()
         with self.lock:  # TensorPipe serves requests on a thread pool
             self.active.add(trainer)
             lr = self.hp.lr_at(self.version, max(1, len(self.active)))
-            # v = mu*v + g + wd*w; w -= lr*v (the same update as ours)
-            self.v.mul_(self.hp.momentum).add_(grad.float()).addcmul_(self.decay, self.w)
-            self.w.sub_(self.v, alpha=lr)
+            # The same update as ours, the same function (numpy views of the tensors' memory).
+            momentum_sgd_(
+                self.w.numpy(),
+                self.v.numpy(),
+                grad.numpy(),
+                self.decay.numpy(),
+                lr,
+                self.hp.momentum,
+            )
             if bn_delta is not None and self.bn is not None:
                 self.bn += bn_delta
             self.version += 1
