@@ -6,13 +6,19 @@ dummy comm). Clusters are real and small.
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import dask
+import fsspec
 import pytest
 from conftest import of_kind, wait_for_sync
 from distributed.core import Status
+from fsspec.implementations.memory import MemoryFileSystem
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.utils.capture import capture_output
@@ -124,6 +130,76 @@ def test_cell_mistakes(ip: InteractiveShell, cell: str, message: str) -> None:
         ip.run_cell_magic("transient_cluster", "", cell)
     assert message in str(info.value)
     assert len(registry.entries()) == before  # nothing was started
+
+
+class ReadOnlyFS(MemoryFileSystem):
+    """An fsspec filesystem that refuses writes, as a bucket without write permission does."""
+
+    protocol = "readonly-magics"
+
+    def _open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
+        if "r" not in mode:
+            raise PermissionError(f"403: no write permission on {path}")
+        return super()._open(path, mode, **kwargs)
+
+
+@pytest.fixture
+def fake_gce(tmp_path: Path) -> Iterator[Any]:
+    """tests/backends/fake_gce.py's Compute Engine, as the configured GCE endpoint."""
+    path = Path(__file__).resolve().parent / "backends" / "fake_gce.py"
+    spec = importlib.util.spec_from_file_location("fake_gce_for_magics", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    fake = module.FakeGCE(str(tmp_path / "vms"), project="test-project")
+    settings = {
+        "transient.gce.api-endpoint": fake.url,
+        "transient.gce.project": fake.project,
+        "transient.gce.scheduler-host": "127.0.0.1",
+        "transient.gce.python": sys.executable,
+        "transient.gce.poll-interval": "0.1s",
+        "transient.gce.operation-timeout": "30s",
+    }
+    try:
+        with dask.config.set(settings):
+            yield fake
+    finally:
+        fake.close()
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        (None, "train: checkpoint_url=None: on the gce backend the PS checkpoints must live"),
+        ("/tmp/ckpt", "train: checkpoint_url='/tmp/ckpt': on the gce backend"),
+        ("file:///tmp/ckpt", "train: checkpoint_url='file:///tmp/ckpt': on the gce backend"),
+        ("readonly-magics://bucket/runs", "checkpoint_url='readonly-magics://bucket/runs' cannot"),
+    ],
+)
+def test_a_gce_cell_checks_its_checkpoint_url_before_any_vm(
+    fake_gce: Any, ip: InteractiveShell, url: str | None, message: str
+) -> None:
+    """Issue 11: a `backend: gce` cell whose `train:` block has no shared, writable
+    checkpoint_url is refused before the cluster is created: no VM, no firewall, no API call."""
+    fsspec.register_implementation(ReadOnlyFS.protocol, ReadOnlyFS, clobber=True)
+    train_block = "  steps: 10\n" + (f"  checkpoint_url: {url}\n" if url else "")
+    cell = (
+        "cluster:\n  backend: gce\n  workers: 1\n  gpu: t4\n  zone: us-central1-a\n"
+        "  detached: false\n"
+        f"train:\n{train_block}"
+    )
+    magics: TransientMagics = ip.magics_manager.registry["TransientMagics"]
+    before = len(registry.entries())
+    with pytest.raises(UsageError) as info:
+        ip.run_cell_magic("transient_cluster", "", cell)
+    text = str(info.value)
+    assert message in text
+    # It says what to pass (the shape), or what to check (the probe).
+    assert "gs://YOUR-BUCKET" in text or "may write to it" in text
+    assert fake_gce.requests == []  # not a single Compute Engine call, let alone an insert
+    assert fake_gce.instance_names() == []
+    assert len(registry.entries()) == before and magics.clusters == {}
+    assert magics.cluster is None
 
 
 def test_help_is_the_docstring_with_every_subcommand(ip: InteractiveShell) -> None:

@@ -25,7 +25,7 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
 
-from transient_nb import registry
+from transient_nb import config, registry
 from transient_nb.mix import format_mix, parse_mix
 
 #: Execution count at which the magic itself displayed the view of an object (by ``id``): the
@@ -682,7 +682,7 @@ class TransientMagics(Magics):
             from transient_nb.training.data import check_data_spec
             from transient_nb.training.hparams import HParams
             from transient_nb.training.models import MODELS
-            from transient_nb.training.run import check_train_args, train
+            from transient_nb.training.run import check_checkpoint_url, check_train_args, train
 
             # train()'s own arguments and, through its **hparams, every HParams field.
             hparam_names = [f.name for f in dataclasses.fields(HParams)]
@@ -700,6 +700,11 @@ class TransientMagics(Magics):
                 check_data_spec(train_kwargs.get("data", "synthetic"))
                 not_checked = ("budget", "checkpoint_url", "seed", "device", "wait", "resume")
                 check_train_args(**{k: v for k, v in train_kwargs.items() if k not in not_checked})
+                # On a cloud backend: shared storage, probed with a write, before any VM is made.
+                check_checkpoint_url(
+                    train_kwargs.get("checkpoint_url"),
+                    str(config.get("backend", override_with=cluster_kwargs.get("backend"))),
+                )
                 budget = train_kwargs.get("budget")
                 if budget is not None and (
                     isinstance(budget, bool)

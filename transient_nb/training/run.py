@@ -123,6 +123,12 @@ class TrainingRun:
         self.target_accuracy = target_accuracy
         self.budget = budget
         self.deadline = deadline
+        # The run's own money and time limits, under the cluster's (which stop the cluster):
+        # the same Limits and the same rule, counted from the run's start.
+        self.limits = limits.Limits(
+            budget=budget, deadline_s=None if deadline is None else deadline - time.time()
+        )
+        self._limits_t0 = time.monotonic()
         self.seed = seed
         self.device = device
         #: Where a resumed run goes on from (it keeps the earlier run's id and checkpoints).
@@ -162,6 +168,10 @@ class TrainingRun:
         self._next_eval = hparams.eval_interval
         self._next_checkpoint = hparams.checkpoint_interval
         self._checkpoint_wanted = threading.Event()
+        # Checkpoint attempts started, and the latest one settled (published, or nothing new to
+        # publish): run.checkpoint() waits for an attempt started after it was called.
+        self._checkpoint_attempts = 0
+        self._checkpoint_settled = 0
         self._inflight: dict[str, Any] | None = None  # the checkpoint being written
         self._status_future: Any = None
         self._status_sent = 0.0
@@ -204,10 +214,11 @@ class TrainingRun:
     def checkpoint(self, timeout: float = 120) -> int:
         """Write a checkpoint now (through the driver, so it never races the automatic ones);
         returns its step."""
-        before = self.checkpoint_step
+        # Not the one being written now (its snapshot may predate this call): a later one.
+        wanted = self._checkpoint_attempts + 1
         self._checkpoint_wanted.set()
         deadline = time.monotonic() + timeout
-        while self.checkpoint_step <= before and not self._done.is_set():
+        while self._checkpoint_settled < wanted and not self._done.is_set():
             if time.monotonic() > deadline:
                 raise TimeoutError(f"No checkpoint of run {self.id} within {timeout} s.")
             time.sleep(0.05)
@@ -372,10 +383,11 @@ class TrainingRun:
             and self.accuracy >= self.target_accuracy
         ):
             return "accuracy"
-        if self.budget is not None and self.cluster.cost().total >= self.budget:
-            return "budget"
-        if self.deadline is not None and time.time() >= self.deadline:
-            return "deadline"
+        if self.limits.budget is not None or self.limits.deadline_s is not None:
+            spent = self.cluster.cost().total if self.limits.budget is not None else 0.0
+            reached = self.limits.reached(spent, time.monotonic() - self._limits_t0)
+            if reached is not None:
+                return reached
         if self._given_up and not self._slots:
             # Every worker's trainer kept failing: nothing trains, the GPUs only bill.
             errors = sorted(set(self._given_up.values()))
@@ -605,6 +617,8 @@ class TrainingRun:
     # -- checkpoints: every shard at one agreed version, the manifest last --------------------------
     def _start_checkpoint(self, timeout: float | None = None) -> None:
         timeout = timeout or self.hp.call_timeout_s
+        self._checkpoint_attempts += 1
+        attempt = self._checkpoint_attempts
         try:
             first = self._ps[0].snapshot().result(timeout=timeout)
             step = int(first["step"])
@@ -620,8 +634,10 @@ class TrainingRun:
             ) * self.hp.checkpoint_interval
             self._inflight = None
             self.checkpoint_step = max(self.checkpoint_step, step)
+            self._checkpoint_settled = attempt
             return
         self._inflight = {
+            "attempt": attempt,
             "step": step,
             "counters": first["counters"],
             "futures": [ps.write_snapshot(step) for ps in self._ps],
@@ -666,6 +682,7 @@ class TrainingRun:
             logger.warning("Checkpoint of step %d failed: %r", job["step"], e)
             return
         self.checkpoint_step = job["step"]
+        self._checkpoint_settled = job["attempt"]
         self._next_checkpoint = (
             job["step"] // self.hp.checkpoint_interval + 1
         ) * self.hp.checkpoint_interval
@@ -1023,19 +1040,9 @@ def train(
             )
     if getattr(cluster, "status", None) is not None and cluster.status.name != "running":
         raise ValueError(f"The cluster is {cluster.status.name}; start it (or a new one) first.")
-    backend = getattr(getattr(cluster, "backend", None), "name", "local")
-    if backend != "local":
-        if (
-            checkpoint_url is None
-            or "://" not in checkpoint_url
-            or checkpoint_url.startswith(("file://", "memory://"))
-        ):
-            raise ValueError(
-                f"checkpoint_url={checkpoint_url!r}: on the {backend} backend the PS checkpoints must "
-                "live on storage that outlives the PS host and that every host can reach; pass e.g. "
-                "checkpoint_url='gs://YOUR-BUCKET/transient-runs'."
-            )
-        probe_checkpoint_url(checkpoint_url)
+    check_checkpoint_url(
+        checkpoint_url, getattr(getattr(cluster, "backend", None), "name", "local")
+    )
     run = TrainingRun(
         cluster,
         model,
@@ -1122,6 +1129,28 @@ def check_train_args(
     return HParams.from_dict(
         {"steps": steps, **{k: v for k, v in hparams.items() if v is not None}}
     ).validate()
+
+
+def check_checkpoint_url(checkpoint_url: str | None, backend: str) -> None:
+    """On a non-local ``backend``: refuse a missing or host-local ``checkpoint_url``, then probe it
+    with a write (:func:`probe_checkpoint_url`). Nothing to check on the local backend.
+
+    :func:`train` calls it before anything starts; the ``%%transient_cluster`` cell magic calls
+    it before it creates the cluster.
+    """
+    if backend == "local":
+        return
+    if (
+        checkpoint_url is None
+        or "://" not in checkpoint_url
+        or checkpoint_url.startswith(("file://", "memory://"))
+    ):
+        raise ValueError(
+            f"checkpoint_url={checkpoint_url!r}: on the {backend} backend the PS checkpoints must "
+            "live on storage that outlives the PS host and that every host can reach; pass e.g. "
+            "checkpoint_url='gs://YOUR-BUCKET/transient-runs'."
+        )
+    probe_checkpoint_url(checkpoint_url)
 
 
 def probe_checkpoint_url(url: str) -> None:
