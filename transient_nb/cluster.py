@@ -603,9 +603,10 @@ class TransientCluster(SpecCluster):
         while not self._closing:
             spent = self.cost().total
             reason = None
-            if budget is not None and spent >= budget:
+            reached = self.limits.reached(spent, time.monotonic() - t0)
+            if reached == "budget":
                 reason = f"budget of ${budget:.2f} spent (${spent:.4f})"
-            elif deadline_s is not None and time.monotonic() - t0 >= deadline_s:
+            elif reached == "deadline":
                 reason = f"deadline of {deadline_s:g} s reached"
             if reason is not None:
                 await self._post(

@@ -107,6 +107,27 @@ class Limits:
             join_timeout_s=join if join is not None else 600.0,
         )
 
+    def reached(self, spent: float, elapsed_s: float) -> str | None:
+        """What stops a cluster or a run now: ``"budget"`` once ``spent`` dollars reach the
+        budget, ``"deadline"`` once ``elapsed_s`` seconds reach the deadline, else None.
+
+        The one rule for the cluster's limits and a training run's own (``train(budget=,
+        deadline=)``), which hold a :class:`Limits` of their own.
+
+        Examples
+        --------
+        >>> Limits(budget=5.0, deadline_s=60).reached(spent=4.0, elapsed_s=59)
+        >>> Limits(budget=5.0, deadline_s=60).reached(spent=5.0, elapsed_s=0)
+        'budget'
+        >>> Limits(deadline_s=60).reached(spent=99.0, elapsed_s=60)
+        'deadline'
+        """
+        if self.budget is not None and spent >= self.budget:
+            return "budget"
+        if self.deadline_s is not None and elapsed_s >= self.deadline_s:
+            return "deadline"
+        return None
+
     def check_workers(self, n: int) -> None:
         """Refuse ``n`` workers above ``max_workers``, saying how to allow more."""
         if n > self.max_workers:
