@@ -330,3 +330,42 @@ def test_a_cloud_run_needs_shared_checkpoint_storage_it_can_write(tmp_path):
             probe_checkpoint_url(bad)
     finally:
         locked.chmod(0o700)
+
+
+def test_train_probes_the_checkpoint_url_on_a_cloud_backend():
+    """train() itself writes to a cloud run's checkpoint_url before anything starts: a URL of
+    the right shape that cannot be written (a bucket without write permission) is refused,
+    named, with what to check."""
+    from types import SimpleNamespace
+
+    import fsspec
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    tried = []
+
+    class ReadOnlyFS(MemoryFileSystem):
+        protocol = "readonly-train"
+
+        def _open(self, path, mode="rb", **kwargs):
+            tried.append((path, mode))
+            if "r" not in mode:
+                raise PermissionError(f"403: no write permission on {path}")
+            return super()._open(path, mode, **kwargs)
+
+    fsspec.register_implementation(ReadOnlyFS.protocol, ReadOnlyFS, clobber=True)
+
+    # A stand-in: train() checks its input before it uses the cluster.
+    gce = SimpleNamespace(
+        backend=SimpleNamespace(name="gce"),
+        status=SimpleNamespace(name="running"),
+        cost=lambda: SimpleNamespace(total=0.0),
+    )
+    url = "readonly-train://bucket/runs"
+    with pytest.raises(ValueError) as info:
+        train(gce, model="resnet8", data="digits", steps=10, checkpoint_url=url)
+    message = str(info.value)
+    assert f"checkpoint_url={url!r} cannot be written (PermissionError: 403" in message
+    assert "may write to it, or pass another checkpoint_url" in message
+    # The refusal came from a write under that URL, not from anything else.
+    assert [mode for _, mode in tried] == ["wb"]
+    assert "bucket/runs/.transient-nb-probe-" in tried[0][0]
