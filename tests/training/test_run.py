@@ -369,3 +369,78 @@ def test_train_probes_the_checkpoint_url_on_a_cloud_backend():
     # The refusal came from a write under that URL, not from anything else.
     assert [mode for _, mode in tried] == ["wb"]
     assert "bucket/runs/.transient-nb-probe-" in tried[0][0]
+
+
+def test_an_explicit_checkpoint_while_an_automatic_one_is_written(tmp_path, monkeypatch):
+    """run.checkpoint() called while the driver writes an automatic checkpoint (made slow on the
+    PS host): it waits for a checkpoint started no earlier than the call, reports the step its
+    manifest holds, and storage only ever holds complete sets, published oldest first."""
+    import fsspec
+
+    from transient_nb.training import checkpoint
+    from transient_nb.training import run as run_module
+
+    monkeypatch.setattr(run_module, "CHECKPOINTS_KEPT", 1000)  # keep every one, to check them
+    url = str(tmp_path / "ckpt")
+    with TransientCluster(workers=1, provisioning_delay=0) as cluster:
+        cluster.wait_for_workers(timeout=120)
+        client = cluster.get_client()
+        ps_name = next(name for name in cluster.workers if name.startswith("ps-"))
+        ps_address = next(
+            a for a, w in client.scheduler_info()["workers"].items() if w["name"] == ps_name
+        )
+
+        def slow_writes():
+            # The PS host's disk becomes slow: each shard file after step 0 takes 0.5 s.
+            import time
+
+            from transient_nb.training import checkpoint
+
+            original = checkpoint.write_shard
+
+            def write_shard(url, step, shard, arrays):
+                if step > 0:
+                    time.sleep(0.5)
+                return original(url, step, shard, arrays)
+
+            checkpoint.write_shard = write_shard
+
+        client.run(slow_writes, workers=[ps_address])
+        run = train(
+            cluster,
+            model="resnet8",
+            data="digits",
+            steps=10**6,
+            batch_size=32,
+            checkpoint_every=20,
+            eval_every=10**6,
+            shards=2,
+            checkpoint_url=url,
+        )
+        reported = []
+        try:
+            until(lambda: run.checkpoint_step >= 0 and run.step > 0, what="training under way")
+            for _ in range(3):
+                until(lambda: run._inflight is not None, what="an automatic checkpoint written")
+                inflight = run._inflight
+                writing = inflight["step"] if inflight else -1
+                step = run.checkpoint(timeout=120)
+                reported.append((writing, step))
+                with open(os.path.join(checkpoint.step_dir(url, step), "manifest.json")) as f:
+                    assert json.load(f)["step"] == step
+                assert checkpoint.latest_step(url) >= step
+        finally:
+            run.stop(timeout=120)
+        run.wait(timeout=60)
+    # Not the automatic checkpoint already being written: a newer one.
+    assert all(step > writing for writing, step in reported), reported
+    published = [e["step"] for e in kinds(run, "checkpoint")]
+    assert published == sorted(set(published))  # never an older one after a newer one
+    assert {s for _, s in reported} <= set(published)
+    # Every folder on storage is a complete set, each with its own step, all published.
+    fs, root = fsspec.core.url_to_fs(url)
+    on_storage = checkpoint.steps(url)
+    assert sorted(on_storage) == published
+    for step in on_storage:
+        ck = checkpoint._read_complete(fs, root, step)
+        assert ck is not None and ck.step == step and len(ck.shards) == 2
