@@ -171,3 +171,16 @@ def test_give_back_first_what_does_no_work_then_the_likeliest_revoked_then_the_n
     order = [h.name for h in give_back_order(held)]
     assert order == ["w-5", "w-4", "w-0", "w-3", "w-2", "w-1"]
     assert give_back_order([]) == []
+
+
+def test_what_the_provider_does_not_offer_is_never_a_placement() -> None:
+    p = ReplacementPolicy(
+        "t4", "us-central1-a", True, fallback_zones=["us-central1-b"], fallback_gpus=["v100"]
+    )
+    p.not_offered |= {("v100", "us-central1-b")}
+    assert [(c.gpu, c.zone) for c in p.candidates()] == [
+        ("t4", "us-central1-a"),
+        ("t4", "us-central1-b"),
+        ("v100", "us-central1-a"),
+    ]
+    assert ("v100", "us-central1-b") not in {(c.gpu, c.zone) for c in p.placements()}

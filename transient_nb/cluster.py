@@ -428,6 +428,7 @@ class TransientCluster(SpecCluster):
         # Before the scheduler or any VM exists, in a thread: a bad setting raises here with
         # nothing to clean up, and an asynchronous cluster's event loop is never blocked.
         await asyncio.to_thread(self.backend.prepare, self.name, **self._prepare_options)
+        self.policy.not_offered |= self.backend.not_offered()  # where to go is the policy's call
         await super()._start()
         self._log(self.backend.describe())
         await self._post(

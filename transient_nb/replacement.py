@@ -43,6 +43,8 @@ class ReplacementPolicy:
         after which that Spot placement is tried last; 0 never reorders.
     clock
         Injected for tests.
+    not_offered
+        (GPU type, zone) pairs the provider does not offer: skipped.
 
     Examples
     --------
@@ -62,6 +64,9 @@ class ReplacementPolicy:
     preemption_limit: int = 0
     preemption_window_s: float = 3600.0
     clock: Callable[[], float] = time.monotonic
+    #: (GPU type, zone) pairs the provider does not offer (the backend describes them when it
+    #: prepares): never picked, never priced.
+    not_offered: set[tuple[str, str]] = field(default_factory=set)
     _stockouts: dict[tuple[str, str, bool], float] = field(default_factory=dict)
     _preemptions: dict[tuple[str, str], list[float]] = field(default_factory=dict)
 
@@ -78,7 +83,8 @@ class ReplacementPolicy:
         for spot in modes:
             for gpu in gpus:
                 for zone in zones:
-                    yield Placement(gpu, zone, spot)
+                    if (gpu, zone) not in self.not_offered:
+                        yield Placement(gpu, zone, spot)
 
     def candidates(self, gpu: str | None = None) -> Iterator[Placement]:
         """Placements to try for a ``gpu`` worker, in order, skipping remembered stock-outs.

@@ -712,3 +712,29 @@ def test_what_instances_get_returns_cannot_connect_to_the_scheduler(fake: FakeGC
         # The cluster's own client connects (its own certificate, not the scheduler's).
         assert cluster.security.tls_client_cert != cluster.security.tls_scheduler_cert
         assert _connects(address, cluster.security)
+
+
+def test_a_gpu_gce_does_not_offer_in_a_zone_is_never_asked_for_there(fake: FakeGCE) -> None:
+    """The backend describes what GCE offers; the replacement policy, not the backend, decides
+    to skip the rest: a V100 in us-central1-b (not offered there) is never a placement, so when
+    every offered one is stocked out the stock-outs are the real ones only."""
+    for zone in fake.zones:
+        fake.exhaust(zone, spot_only=True)
+    with TransientCluster(
+        **options(fake, fallback_zones=["us-central1-b"], fallback_gpus=["v100"]),
+        name="offered",
+    ) as cluster:
+        assert ("v100", "us-central1-b") in cluster.policy.not_offered
+        assert [(p.gpu, p.zone) for p in cluster.policy.placements("t4")] == [
+            ("t4", "us-central1-a"),
+            ("t4", "us-central1-b"),
+            ("v100", "us-central1-a"),
+        ]
+        wait_for_sync(lambda: of_kind(events(cluster), "capacity-exhausted"), timeout=30)
+        tried = [(e["gpu"], e["zone"], e["reason"]) for e in of_kind(events(cluster), "stockout")]
+        assert tried == [
+            ("t4", "us-central1-a", "ZONE_RESOURCE_POOL_EXHAUSTED"),
+            ("t4", "us-central1-b", "ZONE_RESOURCE_POOL_EXHAUSTED"),
+            ("v100", "us-central1-a", "ZONE_RESOURCE_POOL_EXHAUSTED"),
+        ]
+    assert fake.instance_names() == []

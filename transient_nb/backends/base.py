@@ -315,6 +315,11 @@ class Backend:
         several), then the fallback types.
         """
 
+    def not_offered(self) -> set[tuple[str, str]]:
+        """(GPU type, zone) pairs the provider does not offer, as :meth:`prepare` found them
+        (the replacement policy never picks them); none by default."""
+        return set()
+
     async def start(self, scheduler_address: str) -> None:
         """Create cluster-wide resources once the scheduler runs, before any VM."""
 

@@ -811,16 +811,11 @@ class GCEBackend(Backend):
             ]
         return body
 
-    # -- where GCE cannot go ------------------------------------------------------------------------
-    def avoid(self, gpu: str, zone: str, spot: bool) -> str | None:
-        """Why a (GPU, zone) cannot be asked for (GCE does not offer it there), or ``None``.
-
-        Zones that keep preempting are the replacement policy's business
-        (:class:`~transient_nb.replacement.ReplacementPolicy`), not the backend's.
-        """
-        if (gpu, zone) in self._not_offered:
-            return "GPU_NOT_OFFERED_IN_ZONE"
-        return None
+    # -- what GCE offers ---------------------------------------------------------------------------
+    def not_offered(self) -> set[tuple[str, str]]:
+        """(GPU type, zone) pairs GCE does not offer, found by :meth:`prepare`. Choosing where to
+        go (and what to skip) is the replacement policy's business, not the backend's."""
+        return set(self._not_offered)
 
     # -- helpers of the VMs ------------------------------------------------------------------------
     def make_vm(self, spec: VMSpec, **kwargs: Any) -> TransientVM:

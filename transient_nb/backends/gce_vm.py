@@ -64,10 +64,6 @@ class GCEVM(TransientVM):
     # -- create -----------------------------------------------------------------------------------
     async def _create(self) -> None:
         backend = self.backend
-        if self.spec.role == "worker" and self.spec.gpu:
-            reason = backend.avoid(self.spec.gpu, self.zone, self.spec.spot)
-            if reason:
-                raise CapacityError(self.zone, self.spec.gpu, reason)
         body = backend.instance_body(self.spec, backend.scheduler_address or self.scheduler_address)
         # Known as ours before the request goes out: whatever happens next (an error, the
         # cluster closing mid-request, the kernel exiting), close() and the exit hook delete it,
