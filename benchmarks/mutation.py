@@ -41,6 +41,9 @@ MODULES: dict[str, list[str]] = {
     "preemption": ["tests/test_preemption.py"],
     "training/ps": ["tests/training/test_ps.py"],
     "training/trainer": ["tests/training/test_trainer.py"],
+    "training/flat": ["tests/training/test_flat.py"],
+    "training/optim": ["tests/training/test_optim.py", "tests/training/test_ps.py"],
+    "limits": ["tests/test_limits.py"],
     "training/checkpoint": ["tests/training/test_checkpoint.py"],
     "training/run": ["tests/training/test_run.py"],
 }

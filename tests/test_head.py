@@ -1,4 +1,5 @@
-"""Detached clusters: a head process owns the cluster and its runs, and outlives the kernel.
+"""Detached clusters: a head process owns the cluster and its runs (training/remote_run.py is
+the handle of a run in a head), and outlives the kernel.
 
 Real processes throughout: the head (``python -m transient_nb.head``), its worker processes, a
 real IPython kernel that is SIGKILLed, the ``transient-nb`` CLI in a subprocess.

@@ -1,4 +1,5 @@
-"""Tests for the GCE backend, against a fake Compute Engine (tests/backends/fake_gce.py).
+"""Tests for the GCE backend and its VMs (gce.py, gce_vm.py), against a fake Compute Engine
+(tests/backends/fake_gce.py).
 
 The real google-cloud-compute client talks to the fake REST server over HTTP; nothing of the SDK
 is monkeypatched. Most tests keep VMs as API records only (``run_vms=False``: quick); the

@@ -1,4 +1,5 @@
-"""Tests for a detached GCE cluster's head VM (transient_nb.backends.gce_head, gce_head_serve).
+"""Tests for a detached GCE cluster's head VM (transient_nb.backends.gce_head,
+gce_head_serve, and gce_head_ps: the PS on the head VM).
 
 Against the fake Compute Engine: with ``run_vms=True`` the head VM's startup script really runs
 ``python -m transient_nb.backends.gce_head_serve`` (its own folder and HOME, its own metadata
