@@ -209,44 +209,51 @@ def verdicts(
             hit = rows[rows["run"] == f"policy {goal}"]
             return None if hit.empty else hit.iloc[0]
 
-        p = policy("deadline")
-        if p is not None:
-            meets = static[static["hours"] <= deadline_h]
-            line = f"{trace}, deadline {deadline_h} h: policy {p['hours']:.2f} h ${p['cost']:.2f}"
-            if p["hours"] > deadline_h:
-                line += ": missed the deadline"
-            if meets.empty:
-                line += " (no static configuration met it)"
+        for goal, limit, bound, measure, head, missed, none, against, what in (
+            (
+                "deadline",
+                deadline_h,
+                "hours",
+                "cost",
+                f"deadline {deadline_h} h",
+                "missed the deadline",
+                "no static configuration met it",
+                "the cheapest static that meets it",
+                "cost",
+            ),
+            (
+                "budget",
+                budget,
+                "cost",
+                "hours",
+                f"budget ${budget:.2f}",
+                "over the budget",
+                "no static configuration stayed within it",
+                "the fastest static within it",
+                "time",
+            ),
+        ):
+            # Deadline: the cheapest static run within the hours; budget: the fastest within the
+            # dollars. The policy must stay within the same bound to be better.
+            p = policy(goal)
+            if p is None:
+                continue
+            ok = static[static[bound] <= limit]
+            line = f"{trace}, {head}: policy {p['hours']:.2f} h ${p['cost']:.2f}"
+            if p[bound] > limit:
+                line += f": {missed}"
+            if ok.empty:
+                line += f" ({none})"
             else:
-                best = meets.sort_values("cost").iloc[0]
-                line += (
-                    f" against the cheapest static that meets it, {best['run']}: "
-                    f"{best['hours']:.2f} h ${best['cost']:.2f} -> "
-                    + (
-                        "worse"
-                        if p["hours"] > deadline_h
-                        else _compare(p["cost"], best["cost"]) + " (cost)"
-                    )
+                best = ok.sort_values(measure).iloc[0]
+                verdict = (
+                    "worse"
+                    if p[bound] > limit
+                    else f"{_compare(p[measure], best[measure])} ({what})"
                 )
-            out.append(line)
-        p = policy("budget")
-        if p is not None:
-            within = static[static["cost"] <= budget]
-            line = f"{trace}, budget ${budget:.2f}: policy {p['hours']:.2f} h ${p['cost']:.2f}"
-            if p["cost"] > budget:
-                line += ": over the budget"
-            if within.empty:
-                line += " (no static configuration stayed within it)"
-            else:
-                best = within.sort_values("hours").iloc[0]
                 line += (
-                    f" against the fastest static within it, {best['run']}: "
-                    f"{best['hours']:.2f} h ${best['cost']:.2f} -> "
-                    + (
-                        "worse"
-                        if p["cost"] > budget
-                        else _compare(p["hours"], best["hours"]) + " (time)"
-                    )
+                    f" against {against}, {best['run']}: "
+                    f"{best['hours']:.2f} h ${best['cost']:.2f} -> {verdict}"
                 )
             out.append(line)
         p = policy("cost-per-step")
