@@ -106,9 +106,35 @@ def test_losing_the_ps_recovers_from_its_checkpoint():
             eval_every=600,
             shards=2,
         )
-        until(lambda: run.step >= 250, what="step 250")
+        # Past the checkpoint of step 200 and well before the next one, which would otherwise
+        # be taken of the frozen state below and leave no step lost to count.
+        until(
+            lambda: (
+                run.checkpoint_step >= 200
+                and run._inflight is None
+                and run.step <= run._next_checkpoint - 25
+            ),
+            what="a stretch after a checkpoint",
+        )
         ps_vm = next(vm for name, vm in cluster.workers.items() if name.startswith("ps-"))
-        os.killpg(ps_vm.pid, signal.SIGKILL)  # the host dies, for real
+        trainer_vms = [vm for name, vm in cluster.workers.items() if name.startswith("w-")]
+        # Freeze the trainers, so that the PS's own step (read from it, not from the driver)
+        # is the last step it accepted when it dies.
+        for vm in trainer_vms:
+            os.killpg(vm.pid, signal.SIGSTOP)
+        reads = []
+
+        def settled():
+            reads.append(int(run._ps[0].status().result(timeout=30)["step"]))
+            return len(reads) >= 2 and reads[-1] == reads[-2] == run.step
+
+        try:
+            until(settled, timeout=60, what="the PS's step to settle, seen by the driver")
+            accepted = reads[-1]
+            os.killpg(ps_vm.pid, signal.SIGKILL)  # the host dies, for real
+        finally:
+            for vm in trainer_vms:
+                os.killpg(vm.pid, signal.SIGCONT)
         run.wait(timeout=400)
         summary = run.summary()
     lost = kinds(run, "ps-lost")
@@ -118,7 +144,10 @@ def test_losing_the_ps_recovers_from_its_checkpoint():
     events = run.events()
     written = [e["step"] for e in events[: events.index(lost[0])] if e["kind"] == "checkpoint"]
     assert recovered[0]["step"] == written[-1] and recovered[0]["source"] == "checkpoint"
-    assert recovered[0]["steps_lost"] == lost[0]["step"] - recovered[0]["step"]
+    # The steps lost are the PS's own last accepted step minus the checkpoint's.
+    assert accepted > written[-1]  # steps were really lost (else the check below tells nothing)
+    assert lost[0]["step"] == accepted
+    assert recovered[0]["steps_lost"] == accepted - written[-1]
     assert 0 <= recovered[0]["steps_lost"] <= 250
     assert summary["ps_recoveries"] == 1 and summary["steps_lost"] == recovered[0]["steps_lost"]
     assert summary["reason"] == "steps" and summary["steps"] >= 600
