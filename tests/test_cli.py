@@ -259,3 +259,85 @@ def test_adapt_starts_and_stops_the_policy_of_a_detached_cluster(capsys):
         assert [a["ok"] for a in answers] == [True, True]  # the head ran both
     finally:
         assert main(["down", "cli-adapt"]) == 0
+
+
+def test_a_failed_run_is_one_clear_line_and_a_non_zero_exit(tmp_path, capsys, monkeypatch):
+    """A run that fails once started (here every trainer kept failing) ends the command with
+    what failed and why, in one line, and exit status 1: no traceback."""
+    from types import SimpleNamespace
+
+    import transient_nb
+    from transient_nb.training import run as run_module
+
+    record = str(tmp_path / "out" / "events.jsonl")
+
+    class StandInCluster:
+        name = "stand-in"
+        run_record = record
+        backend = SimpleNamespace(describe=lambda: "a stand-in cluster")
+
+        def __init__(self, **kwargs):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def wait_for_workers(self, *args, **kwargs):
+            pass
+
+    error = RuntimeError(
+        "Every trainer kept failing (1 worker(s), 3 restarts each):\n"
+        "  OutOfMemoryError: CUDA out of memory <tried 2 GiB>"
+    )
+
+    class FailedRun:  # what TrainingRun holds and raises after such a run
+        id, reason, step, accuracy, status, done = "run-0dead", "trainer-failed", 7, None, {}, True
+        hp = SimpleNamespace(steps=50)
+
+        def __init__(self):
+            self.error = error
+
+        def wait(self, timeout=None):
+            raise RuntimeError(f"Training run {self.id} failed: {self.error}") from self.error
+
+    monkeypatch.setattr(transient_nb, "TransientCluster", StandInCluster)
+    monkeypatch.setattr(run_module, "train", lambda cluster, **kwargs: FailedRun())
+    argv = ["run", "--workers", "1", "--steps", "50", "--data", "digits", "--quiet"]
+    assert main([*argv, "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    (line,) = [x for x in err.splitlines() if x.startswith("transient-nb:")]
+    assert line == (
+        "transient-nb: run run-0dead failed (trainer-failed): Every trainer kept failing "
+        "(1 worker(s), 3 restarts each): OutOfMemoryError: CUDA out of memory <tried 2 GiB>"
+    )
+    assert f"Run record: {record}" in err
+
+
+def test_attach_to_a_failed_run_says_why_and_exits_non_zero(capsys, monkeypatch):
+    from types import SimpleNamespace
+
+    from transient_nb import cli
+
+    failed = {"kind": "train-finished", "reason": "error", "error": "eval_images=0:\nno images"}
+    job = SimpleNamespace(
+        id="run-0dead",
+        done=True,
+        step=3,
+        accuracy=None,
+        status={},
+        started_event={"steps": 50},
+        finished_event=failed,
+        reason=failed["reason"],
+        error=failed["error"],
+    )
+    closed = []
+    cluster = SimpleNamespace(name="c", run=job, close=lambda: closed.append(True))
+    monkeypatch.setattr(cli, "_connect", lambda name: cluster)
+    assert main(["attach", "c", "--quiet"]) == 1
+    out, err = capsys.readouterr()
+    assert "transient-nb: run run-0dead failed (error): eval_images=0: no images" in err
+    assert "Summary" not in out and closed == [True]

@@ -369,7 +369,14 @@ def run(args: argparse.Namespace) -> int:
         if goal is not None:
             cluster.adapt(goal, **policy_kwargs)
         _progress(job, job.hp.steps, quiet=args.quiet)
-        job.wait()
+        try:
+            job.wait()
+        except RuntimeError:
+            # The run failed (a trainer kept failing, the driver raised): one clear line, the
+            # record to look into, and a non-zero exit; not a traceback.
+            print(_failure_line(job), file=sys.stderr)
+            print(f"Run record: {cluster.run_record}", file=sys.stderr)
+            return 1
         summary = job.summary()
         summary["startup_s"] = job.started - t0
         events = job.events()
@@ -488,6 +495,9 @@ def attach(args: argparse.Namespace) -> int:
         if job.finished_event is None:
             print(f"Cluster {cluster.name} went away before run {job.id} finished.")
             return 1
+        if job.error is not None:
+            print(_failure_line(job), file=sys.stderr)
+            return 1
         _print_summary(job.summary())
     finally:
         cluster.close()
@@ -540,6 +550,12 @@ def down(args: argparse.Namespace) -> int:
             return 1
     print(f"Cluster {args.name} is down.")
     return 0
+
+
+def _failure_line(job: Any) -> str:
+    """One line saying which run failed, how (its reason) and its error."""
+    error = " ".join(str(job.error).split())  # one line, whatever the error's own layout
+    return f"transient-nb: run {job.id} failed ({job.reason}): {error}"
 
 
 def _progress(job: Any, steps: int, quiet: bool) -> None:
