@@ -78,3 +78,45 @@ def test_run_panel_shows_only_its_run() -> None:
     events.append(vm("preempted", "w-0", 31))
     panel.update(force=True)
     assert "1 preemptions" in panel.run_info.value
+
+
+def test_a_failed_run_shows_its_error_escaped_in_the_panel() -> None:
+    """Trainers that kept failing stop the run; the panel says so, with the error, as text."""
+    error = "Every trainer kept failing: OutOfMemoryError: <tried 2 GiB> & gave up"
+    events: list[dict[str, Any]] = [
+        *LIFE,
+        {"kind": "train-started", "time": T0 + 5, "run": "r", "steps": 100, "model": "m"},
+        {"kind": "metrics", "time": T0 + 10, "run": "r", "step": 10, "img_per_s": 5.0},
+    ]
+    run = FakeRun(FakeCluster(events))
+    panel = RunPanel(run, start=False)
+    for attempt in (1, 2):
+        events.append(
+            {
+                "kind": "trainer-failed",
+                "time": T0 + 10 + attempt,
+                "run": "r",
+                "worker": "w-0",
+                "error": "OutOfMemoryError: <tried 2 GiB>",
+                "attempt": attempt,
+                "gave_up": attempt == 2,
+            }
+        )
+    panel.update(force=True)
+    assert "ETA" in panel.run_info.value and "finished" not in panel.run_info.value
+    events.append(
+        {
+            "kind": "train-finished",
+            "time": T0 + 13,
+            "run": "r",
+            "reason": "trainer-failed",
+            "step": 10,
+            "error": error,
+        }
+    )
+    assert panel.update()
+    info = panel.run_info.value
+    assert "<b>finished</b> (trainer-failed): " in info
+    assert "Every trainer kept failing: OutOfMemoryError: &lt;tried 2 GiB&gt; &amp; gave up" in info
+    assert "<tried" not in info  # the error is text, never markup
+    assert panel.view.stop_run_button.disabled
