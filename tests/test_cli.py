@@ -341,3 +341,33 @@ def test_attach_to_a_failed_run_says_why_and_exits_non_zero(capsys, monkeypatch)
     out, err = capsys.readouterr()
     assert "transient-nb: run run-0dead failed (error): eval_images=0: no images" in err
     assert "Summary" not in out and closed == [True]
+
+
+def test_the_progress_bar_shows_the_runs_eta_not_tqdms(capsys):
+    """The bar's ETA is RunProgress.eta_s (the panels' ETA, from the run's pace in its events):
+    700 steps left at 20 steps/s is 35 s, whatever tqdm would have estimated."""
+    from types import SimpleNamespace
+
+    from transient_nb.cli import _progress
+
+    t0 = 1_000.0
+    events = [
+        {"kind": "train-started", "time": t0, "run": "r", "steps": 1000, "model": "m"},
+        {"kind": "metrics", "time": t0 + 10, "run": "r", "step": 100, "img_per_s": 50.0},
+        {"kind": "metrics", "time": t0 + 20, "run": "r", "step": 300, "img_per_s": 70.0},
+    ]
+
+    class Job:
+        id, step, accuracy, status = "r", 300, 0.5, {"active": ["w-0", "w-1"]}
+        cluster = SimpleNamespace(monitor=SimpleNamespace(events=events))
+        looks = 0
+
+        @property
+        def done(self):  # running for one look, then finished
+            self.looks += 1
+            return self.looks > 1
+
+    _progress(Job(), 1000, quiet=False)
+    err = capsys.readouterr().err
+    assert "300/1000" in err and "acc 50.0%, 2 active workers, ETA 35 s" in err
+    assert "<" not in err  # no "elapsed<remaining" of tqdm's own

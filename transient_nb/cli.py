@@ -558,16 +558,39 @@ def _failure_line(job: Any) -> str:
     return f"transient-nb: run {job.id} failed ({job.reason}): {error}"
 
 
+def _progress_text(job: Any, p: Any) -> str:
+    """The bar's text: accuracy, active workers and the run's ETA, the one the panels show
+    (:attr:`~transient_nb.state.RunProgress.eta_s`, from the run's recent pace)."""
+    from transient_nb.views.format import duration
+
+    acc = f"{job.accuracy:.1%}" if job.accuracy is not None else "-"
+    active = len(job.status.get("active", [])) if job.status else 0
+    eta = duration(p.eta_s) if p is not None and p.state == "running" else "-"
+    return f"acc {acc}, {active} active workers, ETA {eta}"
+
+
 def _progress(job: Any, steps: int, quiet: bool) -> None:
     from tqdm import tqdm
 
-    bar = tqdm(total=steps, unit="step", disable=quiet, dynamic_ncols=True)
+    from transient_nb.state import RunTracker, event_log
+
+    # No tqdm ETA of its own (it would differ from the panels'): the postfix carries the run's.
+    bar = tqdm(
+        total=steps,
+        unit="step",
+        disable=quiet,
+        dynamic_ncols=True,
+        bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]",
+    )
+    tracker, seen = RunTracker(job.id), 0
     try:
         while not job.done:
+            log = event_log(job.cluster)
+            end = len(log)
+            tracker.feed(log[seen:end])
+            seen = end
             bar.n = min(job.step, steps)
-            acc = f"{job.accuracy:.1%}" if job.accuracy is not None else "-"
-            active = len(job.status.get("active", [])) if job.status else 0
-            bar.set_postfix_str(f"acc {acc}, {active} active workers", refresh=False)
+            bar.set_postfix_str(_progress_text(job, tracker.progress), refresh=False)
             bar.refresh()
             time.sleep(0.5)
         bar.n = min(job.step, steps)
