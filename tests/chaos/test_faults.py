@@ -100,7 +100,7 @@ def test_preemption_notice_drains_the_last_gradient(record):
         assert_nothing_left(cluster, run)
 
 
-def test_ps_host_killed_in_the_middle_of_a_checkpoint(tmp_path, record):
+def test_ps_host_killed_in_the_middle_of_a_checkpoint(tmp_path, sigcont, record):
     marker = tmp_path / "writing"
     with chaos_cluster(workers=2) as cluster:
         client = cluster.get_client()
@@ -129,8 +129,24 @@ def test_ps_host_killed_in_the_middle_of_a_checkpoint(tmp_path, record):
             lambda: marker.exists() and run.checkpoint_step >= 0, what="a checkpoint being written"
         )
         torn_step = int(marker.read_text())
+        # Freeze the trainers, so that the PS's own step (read from it, not from the driver) is
+        # the last step it accepted when it dies.
+        trainers = [vm(cluster, "w-0"), vm(cluster, "w-1")]
+        for v in trainers:
+            signal_vm(v, signal.SIGSTOP)
+            sigcont.append(v)
+        reads = []
+
+        def settled():
+            reads.append(int(run._ps[0].status().result(timeout=CALL_TIMEOUT_S)["step"]))
+            return len(reads) >= 2 and reads[-1] == reads[-2] == run.step
+
+        until(settled, 60, "the PS's step to settle, seen by the driver")
+        last_accepted = reads[-1]
         t_fault = time.time()
         signal_vm(ps, signal.SIGKILL)  # the host dies while the shard files are being written
+        for v in trainers:
+            signal_vm(v, signal.SIGCONT)
         run.wait(timeout=RUN_BOUND_S)
         finished = assert_finished(run, 600, lost_at_most=2)
         (lost,) = kinds(run, "ps-lost")
@@ -140,7 +156,9 @@ def test_ps_host_killed_in_the_middle_of_a_checkpoint(tmp_path, record):
         complete = [e["step"] for e in events[: events.index(lost)] if e["kind"] == "checkpoint"]
         assert recovered["step"] == complete[-1] < torn_step
         assert recovered["source"] == "checkpoint"
-        assert recovered["steps_lost"] == lost["step"] - recovered["step"] >= 0
+        # The steps lost: the PS's own last accepted step (not the driver's) minus the checkpoint's.
+        assert lost["step"] == last_accepted
+        assert recovered["steps_lost"] == last_accepted - recovered["step"] > 0
         record.add(
             "PS host SIGKILLed mid-checkpoint (2 shards)",
             f"{finished['step']} steps; resumed from step {recovered['step']} (torn {torn_step} ignored)",
