@@ -120,3 +120,4 @@ def test_a_failed_run_shows_its_error_escaped_in_the_panel() -> None:
     assert "Every trainer kept failing: OutOfMemoryError: &lt;tried 2 GiB&gt; &amp; gave up" in info
     assert "<tried" not in info  # the error is text, never markup
     assert panel.view.stop_run_button.disabled
+    assert panel.progress.bar_style == "danger"  # an error, not a warning

@@ -20,7 +20,13 @@ from transient_nb.views.live import LiveView
 
 __all__ = ["RunPanel", "RunProgress", "RunView", "progress_html"]
 
-_BAR_STYLES = {"running": "info", "steps": "success", "accuracy": "success", "error": "danger"}
+_BAR_STYLES = {
+    "running": "info",
+    "steps": "success",
+    "accuracy": "success",
+    "error": "danger",
+    "trainer-failed": "danger",  # every trainer kept failing: the run ended in error
+}
 
 
 def progress_html(p: RunProgress, cost: CostReport) -> str:
