@@ -97,9 +97,14 @@ def kinds(run: TrainingRun, kind: str, **match: Any) -> list[dict[str, Any]]:
     ]
 
 
-def assert_story(run: TrainingRun, *steps: tuple[str, dict[str, Any]]) -> None:
-    """The run's events contain these (kind, fields) in this order."""
+def assert_story(
+    run: TrainingRun, *steps: tuple[str, dict[str, Any]], since: float | None = None
+) -> None:
+    """The run's events contain these (kind, fields) in this order (only events stamped at or
+    after ``since``, a wall time, when it is given: the story of a fault begins with it)."""
     events = run.events()
+    if since is not None:
+        events = [e for e in events if e.get("time", 0.0) >= since]
     i = 0
     for kind, fields in steps:
         while i < len(events) and not (
@@ -110,11 +115,17 @@ def assert_story(run: TrainingRun, *steps: tuple[str, dict[str, Any]]) -> None:
         i += 1
 
 
-def assert_finished(run: TrainingRun, steps: int, lost_at_most: int) -> dict[str, Any]:
-    """The run has its steps, every accepted update is a recorded step, and it lost at most
-    ``lost_at_most`` gradients (one per hard kill)."""
+def assert_finished(
+    run: TrainingRun, steps: int, lost_at_most: int, reason: str = "steps"
+) -> dict[str, Any]:
+    """The run ended for ``reason`` with at least ``steps`` steps, every accepted update is a
+    recorded step, and it lost at most ``lost_at_most`` gradients (one per hard kill).
+
+    A run that ends in error posts the step of the last PS status the driver read: the
+    accounting is checked on that status (its accepted updates and its step are one snapshot).
+    """
     finished = kinds(run, "train-finished")[-1]
-    assert finished["reason"] == "steps", finished
+    assert finished["reason"] == reason, finished
     assert finished["step"] >= steps
     status = run.status
     assert sum(status["accepted"].values()) == status["step"] == finished["step"]
