@@ -145,7 +145,9 @@ def test_losing_the_ps_recovers_from_its_checkpoint():
     written = [e["step"] for e in events[: events.index(lost[0])] if e["kind"] == "checkpoint"]
     assert recovered[0]["step"] == written[-1] and recovered[0]["source"] == "checkpoint"
     # The steps lost are the PS's own last accepted step minus the checkpoint's.
-    assert accepted > written[-1]  # steps were really lost (else the check below tells nothing)
+    # Usually steps are lost; not always: the driver may checkpoint the frozen PS at exactly its
+    # step before the kill (CI saw 317 and 317), and then none are, and the check below says 0.
+    assert accepted >= written[-1]
     assert lost[0]["step"] == accepted
     assert recovered[0]["steps_lost"] == accepted - written[-1]
     assert 0 <= recovered[0]["steps_lost"] <= 250
