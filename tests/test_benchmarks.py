@@ -19,17 +19,22 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
-def run_tiny(script: str) -> tuple[list[str], list[dict[str, str]]]:
-    """Run ``benchmarks/SCRIPT --tiny``; the header and rows of the table it prints."""
+def tiny(script: str, timeout: float = 240) -> str:
+    """Run ``benchmarks/SCRIPT --tiny``; what it printed (it must exit 0)."""
     proc = subprocess.run(
         [sys.executable, str(BENCHMARKS / script), "--tiny"],
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=timeout,
     )
     assert proc.returncode == 0, f"{script} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    lines = [ln.strip() for ln in proc.stdout.splitlines() if ln.strip().startswith("|")]
-    assert len(lines) >= 3, f"no table in the output of {script}:\n{proc.stdout}"
+    return proc.stdout
+
+
+def first_table(out: str, script: str) -> tuple[list[str], list[dict[str, str]]]:
+    """The header and rows of the first markdown table in ``out``."""
+    lines = [ln.strip() for ln in out.splitlines() if ln.strip().startswith("|")]
+    assert len(lines) >= 3, f"no table in the output of {script}:\n{out}"
     header = [c.strip() for c in lines[0].strip("|").split("|")]
     assert set(lines[1].replace("|", "")) == {"-"}, lines[1]
     rows = [
@@ -37,6 +42,11 @@ def run_tiny(script: str) -> tuple[list[str], list[dict[str, str]]]:
         for ln in lines[2:]
     ]
     return header, rows
+
+
+def run_tiny(script: str) -> tuple[list[str], list[dict[str, str]]]:
+    """Run ``benchmarks/SCRIPT --tiny``; the header and rows of the table it prints."""
+    return first_table(tiny(script), script)
 
 
 def assert_positive(rows: list[dict[str, str]], *columns: str) -> None:
@@ -155,19 +165,13 @@ def test_paper_emulation():
     """The paced reproduction of the paper's Table I/III, speed curve, mixed GPU types and
     growing cluster, its --tiny form: four tables; the baseline is the paper's by construction,
     the PS cap holds at 4 V100s, the mixed cluster runs every type, the growing one grows."""
-    proc = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "paper_emulation.py"), "--tiny"],
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
-    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    out = tiny("paper_emulation.py", timeout=400)
     blocks = [
         [ln.strip() for ln in b.splitlines() if ln.strip().startswith("|")]
-        for b in proc.stdout.split("\n\n")
+        for b in out.split("\n\n")
     ]
     blocks = [b for b in blocks if b]
-    assert len(blocks) == 4, proc.stdout
+    assert len(blocks) == 4, out
     tables = []
     for lines in blocks:
         header = [c.strip() for c in lines[0].strip("|").split("|")]
@@ -186,7 +190,7 @@ def test_paper_emulation():
         assert 1.6 <= float(two["ours speedup"]) <= 2.05  # two workers, one PS, async
     assert [(r["gpu"], r["workers"], r["PS"]) for r in curve] == [("v100", "4", "1")]
     assert float(curve[0]["ours"]) <= 45 * 1.05  # the PS's emulated capacity holds
-    assert "NOT rescaled" in proc.stdout
+    assert "NOT rescaled" in out
     # Mixed: every type trained (its share of the steps is shown), at about the model's speed.
     (mix,) = mixed
     assert mix["setup"] == "2 K80 + P100 + V100" and mix["types"] == "2 k80 + 1 p100 + 1 v100"
@@ -205,19 +209,8 @@ def test_policy_evaluation():
     """The policy against a static cluster on the paper emulation, its --tiny form: one static
     run, a budget policy and a cost-per-step policy, each a real paced run that finishes; the
     policies start from their planner's choice and report the verdicts."""
-    proc = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "policy_evaluation.py"), "--tiny"],
-        capture_output=True,
-        text=True,
-        timeout=380,
-    )
-    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    lines = [ln.strip() for ln in proc.stdout.splitlines() if ln.strip().startswith("|")]
-    header = [c.strip() for c in lines[0].strip("|").split("|")]
-    rows = [
-        dict(zip(header, (c.strip() for c in ln.strip("|").split("|")), strict=True))
-        for ln in lines[2:]
-    ]
+    out = tiny("policy_evaluation.py", timeout=380)
+    _, rows = first_table(out, "policy_evaluation.py")
     assert [r["run"] for r in rows] == ["static 4 P100", "policy budget", "policy cost-per-step"]
     for r in rows:
         assert r["failed"] == "", r
@@ -225,4 +218,4 @@ def test_policy_evaluation():
         assert float(r["steps per dollar"]) == pytest.approx(64_000 / float(r["cost"]), rel=0.01)
     # The planner's first choice at the paper's prices: P100s (the cheapest per step).
     assert "p100" in rows[2]["start"], rows[2]
-    assert "- calm, budget $1.00: policy" in proc.stdout, proc.stdout
+    assert "- calm, budget $1.00: policy" in out, out
