@@ -284,19 +284,21 @@ def test_panel_shows_preempts_connects_stops_and_creates(lab: Lab, kernel_cluste
             run = train(remote, model="resnet8", data="digits", steps=1_000_000, eval_images=200)
             expect(created.locator(".tnb-Training")).to_contain_text("Training", timeout=SLOW_MS)
             page.screenshot(path=ARTIFACTS / "6-created-from-panel.png")
+
             # A policy from the panel: a bad goal is refused with what to type; a budget is
             # taken, and its first decision shows with the odds of losing workers.
-            created.locator(".tnb-AdaptButton").click()
-            page.locator(".jp-Dialog input").fill("budget:lots")
-            page.locator(".jp-Dialog .jp-mod-accept").click()
+            def adapt(goal: str) -> None:
+                created.locator(".tnb-AdaptButton").click()
+                page.locator(".jp-Dialog input").fill(goal)
+                page.locator(".jp-Dialog .jp-mod-accept").click()
+
+            adapt("budget:lots")
             refusal = page.locator(".jp-Dialog")
             expect(refusal).to_contain_text("'budget:lots': write", timeout=SLOW_MS)
             expect(refusal).to_contain_text("budget:DOLLARS (e.g. budget:20)")
             refusal.get_by_role("button", name="Close").click()
             expect(refusal).to_have_count(0)
-            created.locator(".tnb-AdaptButton").click()
-            page.locator(".jp-Dialog input").fill("budget:5")
-            page.locator(".jp-Dialog .jp-mod-accept").click()
+            adapt("budget:5")
             policy = created.locator(".tnb-Policy")
             expect(policy).to_contain_text("Policy: budget $5.00 · ", timeout=SLOW_MS)
             expect(policy).to_contain_text("expected $")
