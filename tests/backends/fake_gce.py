@@ -39,6 +39,8 @@ BASE = "https://www.googleapis.com/compute/v1"
 
 #: Seconds a ``wait`` call blocks before answering with a not-yet-done operation (GCE: ~2 min).
 WAIT_S = 2.0
+#: The statuses of a booting instance, in the order GCE reports them.
+BOOT_ORDER = ("PROVISIONING", "STAGING", "RUNNING")
 
 DEFAULT_ZONES: dict[str, set[str]] = {
     "us-central1-a": {"nvidia-tesla-t4", "nvidia-tesla-v100", "nvidia-l4"},
@@ -777,15 +779,23 @@ class FakeGCE:
         return 200, self._new_operation("setMetadata", inst["selfLink"], key[0])
 
     def _set_status(self, key: tuple[str, str], status: str) -> None:
+        """Move a booting instance on to ``status``, never back.
+
+        The STAGING and boot timers are two threads: on a loaded machine the STAGING one can
+        fire after the boot, and a VM set back from RUNNING to STAGING would never run.
+        """
         with self.lock:
-            if key in self.instances:
-                self.instances[key]["status"] = status
+            inst = self.instances.get(key)
+            if inst is not None and BOOT_ORDER.index(status) > BOOT_ORDER.index(inst["status"]):
+                inst["status"] = status
 
     def _boot(self, key: tuple[str, str]) -> None:
         with self.lock:
             inst = self.instances.get(key)
             if inst is None or self.closed:
                 return
+            if inst["status"] not in BOOT_ORDER:
+                return  # stopped or deleting before its boot timer fired
             inst["status"] = "RUNNING"
             if not self.run_vms:
                 return

@@ -41,3 +41,19 @@ def test_the_fake_pages_lists_and_operations_take_several_polls(fake: FakeGCE) -
     with pytest.raises(GCEError) as e:
         api.get_zone("us-central1-x")
     assert e.value.status == 400
+
+
+def test_a_late_staging_timer_never_sets_a_booted_vm_back(tmp_path: Path) -> None:
+    # The fake's STAGING and boot timers are two threads; on a loaded CI machine the STAGING one
+    # fired after the boot, the VM stayed STAGING and its cluster never saw it run.
+    fake = new_fake(tmp_path, boot_s=3600)  # no timer fires during the test: we fire them
+    try:
+        api = ComputeAPI(PROJECT, api_endpoint=fake.url)
+        zone = "us-central1-a"
+        api.wait_zone_operation(zone, api.insert_instance(zone, vm_body("late", zone, {})))
+        assert api.get_instance(zone, "late")["status"] == "PROVISIONING"
+        fake._boot((zone, "late"))
+        fake._set_status((zone, "late"), "STAGING")  # the STAGING timer, late
+        assert api.get_instance(zone, "late")["status"] == "RUNNING"
+    finally:
+        fake.close()
