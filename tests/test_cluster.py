@@ -772,6 +772,31 @@ def test_scaling_above_the_limits_is_refused_from_every_client(cleanup: None) ->
         assert of_kind(snapshot(cluster), "scale") == []
 
 
+def test_scale_ps_adds_billed_ps_hosts_and_refuses_what_it_cannot_do(cleanup: None) -> None:
+    # 1 T4 ($0.22/h) and 2 PS hosts ($0.19/h each) fit under $0.65/h; a third PS host does not.
+    with TransientCluster(
+        workers=1, provisioning_delay=0, max_hourly_cost=0.65, name="more-ps"
+    ) as cluster:
+        for bad, match in [
+            (0, r"scale_ps: n=0 must be a whole number of at least 1"),
+            ("2", r"scale_ps: n='2' must be a whole number"),
+            (9, r"scale_ps\(9\): at most 4 PS hosts"),
+            (3, r"above max_hourly_cost=\$0.65/h"),
+        ]:
+            with pytest.raises(ValueError, match=match):
+                cluster.scale_ps(bad)
+        assert cluster.ps_hosts == 1 and of_kind(snapshot(cluster), "ps-hosts") == []
+        cluster.scale_ps(2)
+        cluster.wait_for_workers(timeout=120)  # the PS hosts count too
+        with pytest.raises(ValueError, match=r"cannot give back a shard's host"):
+            cluster.scale_ps(1)
+        events = snapshot(cluster)
+        i = index_of(events, "ps-hosts", hosts=2, hosts_from=1)
+        assert index_of(events, "joined", i, worker="ps-1", role="ps") > i
+        billed = cluster.cost().per_vm
+    assert (billed.loc[["ps-0", "ps-1"], "cost"] > 0).all()
+
+
 def test_the_local_control_plane_is_tls_and_obeys_only_its_own_client(cleanup: None) -> None:
     from distributed.security import Security
 

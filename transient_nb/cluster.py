@@ -40,6 +40,8 @@ from transient_nb.simulator import PreemptionSimulator
 logger = logging.getLogger(__name__)
 
 _NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,40}[a-z0-9])?$")
+#: Most PS hosts a cluster may grow to (scale_ps): past two, the paper's PS gains little.
+MAX_PS_HOSTS = 4
 
 
 def _positive_int(value: Any, what: str) -> int:
@@ -1091,6 +1093,49 @@ class TransientCluster(SpecCluster):
         if self.asynchronous:
             return NoOpAwaitable()
         return None
+
+    def scale_ps(self, n: int) -> Any:
+        """Keep ``n`` PS hosts: add hosts for more PS shards (a run can only gain shards).
+
+        A run started without ``shards=`` follows: once the new hosts have joined, its driver
+        splits the PS into one shard per host, from the PS's own state, and the trainers
+        follow the new generation (a ``ps-resharded`` event). The paper measured one 4-vCPU PS
+        serving at most about 45 global steps/s and two about 1.75 times that: where fast GPUs
+        reach that plateau, a second PS host buys more speed than more workers do.
+
+        Examples
+        --------
+        >>> cluster.scale_ps(2)  # doctest: +SKIP
+        """
+        n = _positive_int(n, "scale_ps: n")
+        if n < self.ps_hosts:
+            raise ValueError(
+                f"scale_ps({n}): the cluster has {self.ps_hosts} PS hosts and a running PS "
+                "cannot give back a shard's host; start a new run on a smaller cluster instead."
+            )
+        if n > MAX_PS_HOSTS:
+            raise ValueError(
+                f"scale_ps({n}): at most {MAX_PS_HOSTS} PS hosts (the paper's PS gains 1.75x "
+                "from a second host; more shards mostly add cost)."
+            )
+        before = self.ps_hosts
+        if n == before or self._closing:
+            return NoOpAwaitable() if self.asynchronous else None
+        self.ps_hosts = n
+        try:
+            self._check_hourly_cost(self._mix)
+        except ValueError:
+            self.ps_hosts = before
+            raise
+        assert self.loop is not None
+        self.loop.add_callback(self._add_ps_hosts, before, n)
+        return NoOpAwaitable() if self.asynchronous else None
+
+    async def _add_ps_hosts(self, before: int, n: int) -> None:
+        await self._post("ps-hosts", hosts=n, hosts_from=before)
+        self._log(f"Adding {n - before} PS host(s): {n} in all, one PS shard each")
+        for _ in range(n - before):
+            self._spawn(self._provision("ps"))
 
     def _scaled_mix(self, n: int | str | Mapping[str, int], gpu: str | None) -> Mix:
         """The mix that ``scale(n, gpu=gpu)`` asks for, checked against the catalog."""

@@ -96,6 +96,7 @@ EVENTS: dict[str, tuple[str, ...]] = {
     # A VM ran without its worker joining: it is deleted (``cost``: what it cost meanwhile).
     "join-timeout": (*VM_EVENT_FIELDS, "waited_s", "cost"),
     "scale": ("workers", "mix"),  # the GPU workers the cluster now keeps, in all and per type
+    "ps-hosts": ("hosts", "hosts_from"),  # the PS hosts the cluster now keeps (scale_ps)
     # The owning cluster's answer to a control request (``request`` is the request's id).
     "control": ("action", "ok", "error", "request", "run"),  # ``run``: a head's train/run-stop
     # A control message the monitor refused (e.g. a provider notice not sent by that VM itself).
@@ -161,6 +162,17 @@ EVENTS: dict[str, tuple[str, ...]] = {
     "checkpoint": ("run", "step", "path", "seconds"),  # all shards at one step, manifest written
     "ps-lost": ("run", "step", "address", "addresses"),  # addresses: every shard host
     "ps-recovered": ("run", "step", "steps_lost", "seconds", "generation", "source"),
+    # An elastic run split its PS into one shard per PS host, from the PS's own state.
+    "ps-resharded": (
+        "run",
+        "shards_from",
+        "shards",
+        "step",
+        "steps_lost",
+        "seconds",
+        "generation",
+        "addresses",
+    ),
     "ps-rejoined": ("run", "worker", "generation", "step"),  # a trainer is back after a slow call
     "trainer-ps-lost": ("run", "worker", "step", "error"),  # a trainer lost its PS mid-push
     "gradient-lost": ("run", "worker", "step"),  # a worker died with a gradient in flight
@@ -216,6 +228,7 @@ CLUSTER_EVENTS = (
     "crash-loop",
     "join-timeout",
     "scale",
+    "ps-hosts",
     "control",
     "control-refused",
     "limit-reached",
@@ -233,6 +246,7 @@ TRAINING_EVENTS = (
     "checkpoint",
     "ps-lost",
     "ps-recovered",
+    "ps-resharded",
     "ps-rejoined",
     "trainer-ps-lost",
     "gradient-lost",

@@ -14,7 +14,7 @@ import torch
 
 from transient_nb.training import checkpoint
 from transient_nb.training.hparams import HParams
-from transient_nb.training.ps import ParameterServer, shard_bounds
+from transient_nb.training.ps import ParameterServer, regroup, shard_bounds
 
 
 def _ps(tmp_path, n=6, **hp):
@@ -298,6 +298,21 @@ def test_shard_bounds_cover_the_vector(n, shards):
     assert bounds[0][0] == 0 and bounds[-1][1] == n
     assert all(a[1] == b[0] for a, b in itertools.pairwise(bounds))
     assert max(b - a for a, b in bounds) - min(b - a for a, b in bounds) <= 1
+
+
+def test_regroup_cuts_the_same_vector_for_any_number_of_shards():
+    rng = np.random.default_rng(0)
+    w, v, bn = rng.normal(size=11), rng.normal(size=11), rng.normal(size=4)
+    one = [{"weights": w, "momentum": v, "bn": bn}]
+    three = regroup(one, 3)
+    assert [len(s["weights"]) for s in three] == [b - a for a, b in shard_bounds(11, 3)]
+    assert three[0]["bn"] is bn and three[1]["bn"] is None and three[2]["bn"] is None
+    back = regroup(regroup(three, 2), 1)
+    np.testing.assert_array_equal(back[0]["weights"], w)
+    np.testing.assert_array_equal(back[0]["momentum"], v)
+    assert back[0]["bn"] is bn
+    # A fresh start has no momentum yet: it stays missing, not zeros of the wrong length.
+    assert [s["momentum"] for s in regroup([{"weights": w, "momentum": None}], 2)] == [None] * 2
 
 
 # -- what the mutation run (issue 17) showed unchecked ----------------------------------------------

@@ -7,6 +7,7 @@ import os
 import signal
 import time
 
+import numpy as np
 import pytest
 from dask.utils import parse_timedelta
 
@@ -194,6 +195,68 @@ def test_two_ps_hosts_give_each_shard_a_process_and_a_lost_one_is_recovered():
     billed = cost.per_vm[cost.per_vm["role"] == "ps"]
     assert {"ps-0", "ps-1"} <= set(billed.index)
     assert (billed["cost"] > 0).all()
+
+
+def test_a_ps_host_added_mid_run_splits_the_ps_and_a_later_loss_regroups_its_checkpoint():
+    """scale_ps(2) on a one-PS cluster: the run (no shards= given) splits its PS into two shards
+    from the PS's own state, bit for bit, and the trainers follow. Losing shard 0's host later
+    recovers from the step-0 checkpoint, written with one shard, cut into two."""
+    with TransientCluster(workers=2, notice="1s", provisioning_delay=0, seed=7) as cluster:
+        cluster.wait_for_workers(timeout=120)
+        run = train(
+            cluster,
+            model="resnet8",
+            data="digits",
+            steps=600,
+            batch_size=32,
+            checkpoint_every=100_000,  # only step 0's checkpoint (one shard) exists
+            eval_every=600,
+        )
+        until(lambda: run.step >= 100, what="step 100")
+        assert run.shards == 1 and run.elastic_shards
+        trainer_vms = [vm for name, vm in cluster.workers.items() if name.startswith("w-")]
+        for vm in trainer_vms:  # frozen: the PS's state cannot move while it is split
+            os.killpg(vm.pid, signal.SIGSTOP)
+        try:
+            before = run._ps[0].get_state().result(timeout=30)
+            cluster.scale_ps(2)
+            until(lambda: kinds(run, "ps-resharded"), what="the PS split in two")
+            after = [ps.get_state().result(timeout=30) for ps in run._ps]
+        finally:
+            for vm in trainer_vms:
+                os.killpg(vm.pid, signal.SIGCONT)
+        (split,) = kinds(run, "ps-resharded")
+        assert (split["shards_from"], split["shards"]) == (1, 2)
+        assert split["step"] == before["step"] == after[0]["step"] == after[1]["step"]
+        assert split["steps_lost"] == 0
+        assert len(after[0]["weights"]) + len(after[1]["weights"]) == len(before["weights"])
+        for key in ("weights", "momentum"):
+            joined = [a[key] for a in after]
+            assert (before[key] == np.concatenate(joined)).all(), key
+        assert (after[0]["bn"] == before["bn"]).all() and after[1]["bn"] is None
+        hosts = [ps._address for ps in run._ps]
+        assert len(set(hosts)) == 2  # one process per shard
+        # The trainers found the new generation by themselves and train on it.
+        until(lambda: run.step >= split["step"] + 50, what="50 steps on two shards")
+        with cluster.get_client() as client:
+            names = {a: w["name"] for a, w in client.scheduler_info()["workers"].items()}
+        os.killpg(cluster.workers[names[hosts[0]]].pid, signal.SIGKILL)
+        until(lambda: kinds(run, "ps-recovered"), what="the PS recovered")
+        shards_after_recovery = len(run._ps)  # (600 steps from step 0 are still to train)
+        run.wait(timeout=400)
+        summary = run.summary()
+    events = run.events()
+    order = [
+        e["kind"]
+        for e in events
+        if e["kind"] in ("ps-hosts", "ps-resharded", "ps-lost", "ps-recovered")
+    ]
+    assert order == ["ps-hosts", "ps-resharded", "ps-lost", "ps-recovered"]
+    (recovered,) = kinds(run, "ps-recovered")
+    assert recovered["source"] == "checkpoint" and recovered["step"] == 0
+    assert shards_after_recovery == 2  # the one-shard checkpoint came back as two shards
+    assert summary["reason"] == "steps" and summary["steps"] >= 600
+    assert summary["accuracy"] > 0.5
 
 
 def test_bad_input_fails_before_any_trainer_starts(tmp_path):

@@ -13,7 +13,7 @@ import pytest
 
 from transient_nb.training.hparams import HParams
 from transient_nb.training.models import build_model
-from transient_nb.training.ps import ParameterServer
+from transient_nb.training.ps import ParameterServer, regroup, shard_bounds
 from transient_nb.training.trainer import (
     PSLost,
     Trainer,
@@ -209,6 +209,57 @@ def test_a_new_generation_is_followed(loop, tmp_path):
     count = old.ps.version
     time.sleep(0.3)
     assert old.ps.version == count  # nothing goes to the old one any more
+    asyncio.run(trainer.stop())
+    thread.join(30 * PATIENCE)
+
+
+def test_a_generation_with_more_shards_is_followed_with_the_vector_cut_anew(loop, tmp_path):
+    # The PS gained a host (cluster.scale_ps): generation 1 has two shards, made from the first
+    # one's state. The trainer, started with one shard's bounds, pushes each its own slice.
+    hp = HP.with_(steps=10_000)
+    old = _double(loop, tmp_path, hp=hp)
+    published = Published(old)
+    trainer = _trainer(published, hp=hp)
+    n = trainer.bounds[-1][1]
+    thread, _ = _start(trainer)
+    _until(lambda: old.ps.version >= 3)
+    state = asyncio.run_coroutine_threadsafe(old.ps.get_state(), loop).result(10)
+    seen: list[tuple[int, int]] = []
+
+    class Recording(PSDouble):
+        def __getattr__(self, name):
+            call = super().__getattr__(name)
+            if name != "push_pull":
+                return call
+            return lambda *a, **k: (seen.append((self.ps.shard, len(k["grad"]))), call(*a, **k))[1]
+
+    model = build_model("resnet8", num_classes=10)
+    mask = decay_mask(model)
+    bounds = shard_bounds(n, 2)
+    new = [
+        Recording(
+            ParameterServer(
+                "r",
+                i,
+                2,
+                st["weights"],
+                mask[a:b],
+                st["bn"],
+                hp.to_dict(),
+                str(tmp_path),
+                generation=1,
+                momentum=st["momentum"],
+                version=state["step"],
+            ),
+            loop,
+        )
+        for i, (st, (a, b)) in enumerate(zip(regroup([state], 2), bounds, strict=True))
+    ]
+    published.generation, published.shards = 1, new
+    _until(lambda: min(d.ps.accepted.get("w-0", 0) for d in new) >= 3)
+    assert trainer.generation == 1 and trainer.bounds == bounds
+    assert sorted(set(seen)) == [(0, bounds[0][1]), (1, n - bounds[0][1])]
+    assert new[0].ps.version == new[1].ps.version > state["step"]
     asyncio.run(trainer.stop())
     thread.join(30 * PATIENCE)
 

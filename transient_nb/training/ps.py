@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -46,6 +47,39 @@ def shard_bounds(n: int, shards: int) -> list[tuple[int, int]]:
     """
     edges = np.linspace(0, n, shards + 1).round().astype(int)
     return [(int(edges[i]), int(edges[i + 1])) for i in range(shards)]
+
+
+def regroup(states: Sequence[Mapping[str, Any]], shards: int) -> list[dict[str, Any]]:
+    """The shards' states (``weights``, ``momentum``, ``bn``) split again into ``shards``.
+
+    A run whose PS gains a shard (a new PS host), or is recovered from a checkpoint written with
+    another number of shards, joins the slices and cuts them along :func:`shard_bounds`; the
+    statistics stay with shard 0. A missing momentum (a fresh start) stays missing.
+
+    Examples
+    --------
+    >>> old = [{"weights": np.arange(3.0), "momentum": np.zeros(3), "bn": np.ones(2)},
+    ...        {"weights": np.arange(3.0, 5.0), "momentum": np.ones(2), "bn": None}]
+    >>> new = regroup(old, 3)
+    >>> [s["weights"].tolist() for s in new], [s["momentum"].tolist() for s in new]
+    ([[0.0, 1.0], [2.0], [3.0, 4.0]], [[0.0, 0.0], [0.0], [1.0, 1.0]])
+    >>> [s["bn"] is not None for s in new]
+    [True, False, False]
+    """
+    weights = np.concatenate([np.asarray(s["weights"]) for s in states])
+    momenta = [s.get("momentum") for s in states]
+    momentum: np.ndarray | None = None
+    if all(m is not None for m in momenta):
+        momentum = np.concatenate([np.asarray(m) for m in momenta])
+    bn = states[0].get("bn") if states else None
+    return [
+        {
+            "weights": weights[a:b],
+            "momentum": None if momentum is None else momentum[a:b],
+            "bn": bn if i == 0 else None,
+        }
+        for i, (a, b) in enumerate(shard_bounds(len(weights), shards))
+    ]
 
 
 def to_wire(x: np.ndarray, wire_dtype: str) -> np.ndarray:

@@ -37,7 +37,7 @@ from transient_nb.training import resume as resuming
 from transient_nb.training.data import check_data_spec, load_dataset, to_tensor
 from transient_nb.training.hparams import HParams
 from transient_nb.training.models import MODELS, build_model, evaluate
-from transient_nb.training.ps import ParameterServer, shard_bounds
+from transient_nb.training.ps import ParameterServer, regroup, shard_bounds
 from transient_nb.training.trainer import Trainer, decay_mask, flat_layout, get_flat, set_flat
 
 logger = logging.getLogger(__name__)
@@ -107,6 +107,7 @@ class TrainingRun:
         hparams: HParams,
         *,
         shards: int = 1,
+        elastic_shards: bool = False,
         target_accuracy: float | None = None,
         budget: float | None = None,
         deadline: float | None = None,
@@ -120,6 +121,8 @@ class TrainingRun:
         self.data = data
         self.hp = hparams
         self.shards = shards
+        #: Follow the cluster's PS hosts: when it gains one, split the PS into one more shard.
+        self.elastic_shards = elastic_shards
         self.target_accuracy = target_accuracy
         self.budget = budget
         self.deadline = deadline
@@ -358,6 +361,9 @@ class TrainingRun:
             if self._ps_lost():
                 self._recover()
                 continue
+            if self._wants_more_shards():
+                self._reshard(self._ps_host_count())
+                continue
             if self.step >= self._next_eval:
                 self._evaluate()
                 self._next_eval = (self.step // self.hp.eval_interval + 1) * self.hp.eval_interval
@@ -442,6 +448,45 @@ class TrainingRun:
     def _ps_host_count(self) -> int:
         return max(1, int(getattr(self.cluster, "ps_hosts", 1) or 1))
 
+    def _wants_more_shards(self) -> bool:
+        """An elastic run whose cluster has more PS hosts than it has shards, all joined."""
+        if not self.elastic_shards or self._ps_host_count() <= self.shards:
+            return False
+        joined = [
+            a for a, info in (self._workers() or {}).items() if "ps" in info.get("resources", {})
+        ]
+        return len(joined) >= self._ps_host_count()
+
+    def _reshard(self, shards: int) -> None:
+        """Split the PS into ``shards`` shards, one per PS host, from its own state.
+
+        The same move as a recovery (a new generation the trainers follow), from the live PS:
+        what is lost is at most the pushes that reach the old shards while their state is read.
+        """
+        t0 = time.time()
+        before = self.shards
+        self._abandon_checkpoint()
+        states = self._old_ps_state()
+        if states is None:
+            return  # the PS does not answer: _ps_lost decides, and the next round tries again
+        step = int(states[0]["step"])
+        counters = states[0]["counters"]
+        self.shards = shards
+        self._bounds = shard_bounds(self._bounds[-1][1], shards)
+        self._generation += 1
+        self._create_ps(regroup(states, shards), step=step, counters=counters)
+        self._post(
+            "ps-resharded",
+            shards_from=before,
+            shards=shards,
+            step=step,
+            steps_lost=max(0, self._known_step - step),
+            seconds=time.time() - t0,
+            generation=self._generation,
+            addresses=list(dict.fromkeys(self._ps_addresses)),
+        )
+        self.step = self._known_step = step
+
     def _wait_for_ps_hosts(
         self, exclude: set[str], want: int, timeout: float, grace: float
     ) -> list[str]:
@@ -475,11 +520,10 @@ class TrainingRun:
                 f"No complete checkpoint under {self.checkpoint_url} to resume from."
             )
         sizes = [len(sh["weights"]) for sh in ck.shards]
-        if sizes != [b - a for a, b in self._bounds] or sum(sizes) != n_params:
+        if sum(sizes) != n_params:
             raise RuntimeError(
-                f"The checkpoint at {ck.url} holds {len(sizes)} shard(s) of {sum(sizes)} parameters; "
-                f"{self.model} with shards={self.shards} needs {n_params}: resume with the "
-                "model and shards of the earlier run."
+                f"The checkpoint at {ck.url} holds {sum(sizes)} parameters; {self.model} has "
+                f"{n_params}: resume with the model of the earlier run."
             )
         states = [
             {
@@ -489,7 +533,9 @@ class TrainingRun:
             }
             for i, sh in enumerate(ck.shards)
         ]
-        return states, ck.step, ck.meta.get("counters")
+        # The earlier run may have gained shards after it started (an elastic PS): the same
+        # vector, cut for this run's shards.
+        return regroup(states, self.shards), ck.step, ck.meta.get("counters")
 
     def _create_ps(
         self, states: list[dict[str, Any]], step: int, counters: dict[str, Any] | None
@@ -598,6 +644,9 @@ class TrainingRun:
                 for i, sh in enumerate(ck.shards)
             ]
             source = "checkpoint"
+        if len(states) != self.shards:
+            # Written before the PS gained a shard: the same vector, cut for today's shards.
+            states = regroup(states, self.shards)
         self._generation += 1
         self._create_ps(states, step=resumed, counters=counters)
         self._post(
@@ -1014,6 +1063,7 @@ def train(
             view.wait()
         return view  # type: ignore[return-value]  # the same reading API as a TrainingRun
     point = None
+    shards_given = shards is not None
     if resume is not None:
         point = resuming.find(resume)
         model, data, shards, steps, hparams = _resumed_settings(
@@ -1022,6 +1072,9 @@ def train(
     model = model or "resnet32"
     data = data or "synthetic"
     # One shard per PS host by default: each shard then has a process of its own.
+    # Without an explicit number, the run also follows the PS hosts the cluster gains later
+    # (cluster.scale_ps, or the policy when one PS is the bottleneck).
+    elastic = not shards_given
     shards = int(getattr(cluster, "ps_hosts", 1) or 1) if shards is None else shards
     hp = check_train_args(
         model=model,
@@ -1049,6 +1102,7 @@ def train(
         data,
         hp,
         shards=shards,
+        elastic_shards=elastic,
         target_accuracy=target_accuracy,
         budget=budget,
         deadline=_parse_deadline(deadline),

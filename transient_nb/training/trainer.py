@@ -36,7 +36,7 @@ from transient_nb.training.data import BatchStream, load_dataset
 from transient_nb.training.flat import FlatModel, flat_layout
 from transient_nb.training.hparams import HParams
 from transient_nb.training.models import build_model
-from transient_nb.training.ps import ParameterServer
+from transient_nb.training.ps import ParameterServer, shard_bounds
 
 logger = logging.getLogger(__name__)
 
@@ -358,6 +358,9 @@ class Trainer:
                 if not shards:
                     raise PSUnavailable("no parameter server published yet")
                 self.generation = gen
+                if len(shards) != len(self.bounds):
+                    # The PS gained a shard (a new generation): the same vector, cut anew.
+                    self.bounds = shard_bounds(self.bounds[-1][1], len(shards))
                 pieces, bn, version = _merge(self._gather([ps.pull(self.name) for ps in shards]))
                 self._gather([ps.register(self.name, self.local_step) for ps in shards])
             except (
