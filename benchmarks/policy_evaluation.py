@@ -42,6 +42,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="only the paper's dynamic experiment: 1 K80 that the policy may grow to 4",
     )
+    parser.add_argument(
+        "--plateau",
+        action="store_true",
+        help="only the PS bottleneck: 8 V100 (and 8 K80) on one PS against a policy that may "
+        "add a PS shard",
+    )
     args = parser.parse_args(argv)
     quiet()
     os.environ.setdefault("TRANSIENT_NB_STRICT_EVENTS", "1")
@@ -61,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     trials = evaluation.trials(args.traces, static=static, reactive=reactive, policy_goals=goals)
     if args.dynamic:
         trials = evaluation.dynamic_trials()
+    if args.plateau:
+        trials = evaluation.plateau_trials()
     t0, rows = time.time(), []
     for i, trial in enumerate(trials):
         log(f"[{i + 1}/{len(trials)}] {trial.trace}: {trial.label} ({trial.setup.label})")
@@ -69,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         log(f"    {rows[-1]}")  # a run's figures as soon as it has them
     table = pd.DataFrame(rows)
-    cols = ["trace", "run", "start", "end", "changes", "hours", "cost", "steps_per_dollar"]
+    cols = ["trace", "run", "start", "end", "shards", "changes", "hours", "cost"]
+    cols += ["steps_per_dollar"]
     cols += ["revocations", "behind", "failed"]
     for c in cols:
         if c not in table:
@@ -99,6 +108,15 @@ def main(argv: list[str] | None = None) -> int:
             f"faster and {1 - grown['cost'] / static['cost']:.1%} cheaper than static 1 K80 "
             "(the paper, growing on a schedule: 40.8% and 21.5%)"
         )
+    if args.plateau and (table["failed"] == "").all():
+        for (_, static), (_, policy) in zip(
+            table.iloc[0::2].iterrows(), table.iloc[1::2].iterrows(), strict=True
+        ):
+            print(
+                f"- plateau, {static['run']}: the policy ended with {policy['end']} on "
+                f"{policy['shards']} PS shard(s): {policy['hours']:.3f} h for ${policy['cost']:.2f} "
+                f"against {static['hours']:.3f} h for ${static['cost']:.2f} on one PS"
+            )
     if (pd.to_numeric(table["behind"], errors="coerce").fillna(0) > 0).any():
         print("WARNING: this host could not keep the emulated pace in some runs (see 'behind').")
     return 0

@@ -28,6 +28,7 @@ class RecordingCluster:
         self.limits = SimpleNamespace(max_workers=8)
         self.spent = spent
         self.scaled: list[dict[str, int]] = []
+        self.ps_scaled: list[int] = []
         self.posted: list[dict[str, Any]] = []
 
     def cost(self) -> Any:
@@ -36,6 +37,10 @@ class RecordingCluster:
     def scale(self, mix: dict[str, int]) -> None:
         self.scaled.append(dict(mix))
         self.mix = {g: n for g, n in mix.items() if n}
+
+    def scale_ps(self, n: int) -> None:
+        self.ps_scaled.append(n)
+        self.ps_hosts = n
 
     async def _post(self, kind: str, **fields: Any) -> None:
         self.posted.append({"kind": kind, **fields})
@@ -170,6 +175,41 @@ def test_a_budget_counts_what_was_spent_already():
     assert not plans[1].feasible and plans[1].chosen.cost > 0.5
 
 
+V100_OD = Kind("v100", "us-central1-a", False, 2.48)
+K80_OD = Kind("k80", "us-central1-a", False, 0.45)
+
+
+@pytest.mark.parametrize(
+    "kind, elastic, shards",
+    [(V100_OD, True, 2), (V100_OD, False, 1), (K80_OD, True, 1)],
+    ids=["v100-elastic-run", "v100-run-with-fixed-shards", "k80"],
+)
+def test_a_ps_shard_is_added_at_the_plateau_for_a_run_that_follows_it(kind, elastic, shards):
+    """The paper's plateau: 8 V100s need more than one PS's ~45 steps/s to make a deadline of
+    60 steps/s, so the policy adds a PS host (before the workers) for a run started without
+    shards=; a run with fixed shards would not use one, and 8 K80s stay under the plateau."""
+    cluster = RecordingCluster({kind.gpu: 1})
+    policy = TransientPolicy(
+        cluster, "deadline", deadline=64_000 / 60.0, planner=Planner([kind], 0.19)
+    )
+    started = {"elastic_shards": True} if elastic else {}
+    cluster.add("train-started", time.time(), run="r", steps=64_000, **started)
+    plan = asyncio.run(policy.adapt())
+    assert plan is not None and plan.chosen.config.shards == shards
+    assert cluster.ps_scaled == ([2] if shards == 2 else [])
+    assert cluster.ps_hosts == shards
+    (decision,) = cluster.posted
+    assert decision["shards"] == shards
+    assert decision["reason"].startswith(plan.chosen.config.describe())
+    assert ("2 PS shards" in decision["reason"]) == (shards == 2)
+    # Nothing more to do next round; and a PS never gives a shard back, even when the plan
+    # would do without one (the steps are nearly done: one PS is enough for what is left).
+    cluster.add("metrics", time.time(), run="r", step=63_990, shard=0)
+    asyncio.run(policy.adapt())
+    assert cluster.ps_scaled == ([2] if shards == 2 else []) and cluster.ps_hosts == shards
+    assert policy.last is not None and policy.last.chosen.config.shards == shards
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [
@@ -178,6 +218,8 @@ def test_a_budget_counts_what_was_spent_already():
         ({"goal": "deadline", "deadline": "soon"}, "not 'soon'"),
         ({"goal": "budget", "budget": -1}, "needs budget= a positive number of dollars, not -1"),
         ({"goal": "budget", "budget": True}, "not True"),
+        ({"goal": "cost-per-step", "max_shards": 0}, "max_shards=0 must be a whole number"),
+        ({"goal": "cost-per-step", "max_shards": 1.5}, "max_shards=1.5 must be a whole number"),
     ],
 )
 def test_bad_goals_are_refused_before_anything_changes(kwargs, match):

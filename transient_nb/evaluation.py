@@ -141,6 +141,23 @@ def dynamic_trials() -> list[Trial]:
     ]
 
 
+def plateau_trials(v100_deadline_h: float = 0.3, k80_deadline_h: float = 0.55) -> list[Trial]:
+    """The PS bottleneck (paper §5: one 4-vCPU PS serves about 45 global steps/s, two 1.75x
+    that): 8 V100s (125 steps/s of GPUs) on one PS against a policy that must finish in
+    ``v100_deadline_h``, which one PS cannot (64K steps at 45/s take 0.40 h) and two can; and
+    8 K80s (36 steps/s, under the plateau) against a policy with a deadline they can make, for
+    which a second PS host would only add its price."""
+    v100 = Setup("8 V100", "v100", 8, True)
+    k80 = Setup("8 K80", "k80", 8, True)
+    out = []
+    for setup, hours in ((v100, v100_deadline_h), (k80, k80_deadline_h)):
+        goal = {"goal": "deadline", "deadline": f"{hours}h"}
+        start = first_choice(goal, gpus=(setup.gpu,))
+        out.append(Trial("calm", "static", setup))
+        out.append(Trial("calm", "policy", start, goal, gpus=(setup.gpu,)))
+    return out
+
+
 def run_trial(
     trial: Trial, *, steps: int, wall_pace: float = 0.4, seed: int = 0, interval: float = 1.0
 ) -> dict[str, Any]:
@@ -171,6 +188,7 @@ def run_trial(
         **row,
         "start": format_types(trial.setup.types),
         "end": format_types(out["final_mix"]),
+        "shards": out["ps_hosts"],
         "changes": len(acted),
         "hours": out["hours"],
         "cost": out["cost"],

@@ -134,6 +134,7 @@ EVENTS: dict[str, tuple[str, ...]] = {
         "steps",
         "batch_size",
         "shards",
+        "elastic_shards",  # the run follows new PS hosts (train() without shards=)
         "parameters",
         "hparams",
         "checkpoint_url",

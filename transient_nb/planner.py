@@ -306,10 +306,12 @@ class Planner:
         return float(sum(dist[k:])) if k >= 0 else 1.0
 
     # -- what it chooses ------------------------------------------------------------------------
-    def frontier(self, max_workers: int, max_shards: int = 2) -> list[Configuration]:
+    def frontier(
+        self, max_workers: int, max_shards: int = 2, min_shards: int = 1
+    ) -> list[Configuration]:
         """Candidate configurations: the greedy path of every shard count (see module)."""
         out: list[Configuration] = []
-        for shards in range(1, max_shards + 1):
+        for shards in range(max(1, min_shards), max(1, min_shards, max_shards) + 1):
             counts: dict[Kind, int] = {}
             for _ in range(max_workers):
                 base = Configuration.of(counts, shards)
@@ -338,6 +340,7 @@ class Planner:
         *,
         max_workers: int,
         max_shards: int = 2,
+        min_shards: int = 1,
         deadline_s: float | None = None,
         budget: float | None = None,
         current: Configuration | None = None,
@@ -352,8 +355,8 @@ class Planner:
             dollars left) or ``"cost-per-step"``.
         remaining_steps
             Global steps still to train.
-        max_workers, max_shards
-            Bounds of the search.
+        max_workers, max_shards, min_shards
+            Bounds of the search (a running PS cannot give back a shard: ``min_shards``).
         current
             The cluster's configuration now: the reason compares against it.
         extra
@@ -365,7 +368,7 @@ class Planner:
             raise ValueError(f"goal='deadline' needs a positive deadline, not {deadline_s!r}.")
         if goal == "budget" and not (budget is not None and budget > 0):
             raise ValueError(f"goal='budget' needs a positive budget in dollars, not {budget!r}.")
-        configs = list(dict.fromkeys([*self.frontier(max_workers, max_shards), *extra]))
+        configs = list(dict.fromkeys([*self.frontier(max_workers, max_shards, min_shards), *extra]))
         estimates = [self.estimate(c, remaining_steps) for c in configs]
         estimates = [e for e in estimates if e.liveput > 0]
         if not estimates:

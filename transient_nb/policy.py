@@ -51,6 +51,9 @@ from transient_nb.planner import (
 from transient_nb.preemption import HOUR
 from transient_nb.state import event_log
 
+#: PS shards the policy may grow a run's PS to (the paper measured two: 1.75x one PS).
+DEFAULT_MAX_SHARDS = 2
+
 logger = logging.getLogger(__name__)
 
 
@@ -132,6 +135,10 @@ class TransientPolicy:
         fallbacks).
     max_workers
         Largest cluster it may ask for (default: the cluster's ``max_workers`` limit, else 8).
+    max_shards
+        Most PS shards (one PS host each) it may grow the PS to, when one PS is the bottleneck
+        (default 2, the paper's measured gain; never fewer than the cluster has). Only a run
+        started without ``shards=`` follows new PS hosts, so only such a run gets them.
     interval
         How often it decides (wall-clock).
     hysteresis
@@ -149,6 +156,7 @@ class TransientPolicy:
         budget: float | None = None,
         gpus: Sequence[str] | None = None,
         max_workers: int | None = None,
+        max_shards: int | None = None,
         interval: str | float = "30s",
         hysteresis: float = 0.1,
         planner: Planner | None = None,
@@ -161,6 +169,11 @@ class TransientPolicy:
         self.max_workers = int(max_workers or limit or 8)
         if self.max_workers < 1:
             raise ValueError(f"max_workers={max_workers!r} must be at least 1.")
+        self.max_shards = DEFAULT_MAX_SHARDS if max_shards is None else max_shards
+        if isinstance(self.max_shards, bool) or not isinstance(self.max_shards, int):
+            raise ValueError(f"max_shards={max_shards!r} must be a whole number of at least 1.")
+        if self.max_shards < 1:
+            raise ValueError(f"max_shards={max_shards!r} must be a whole number of at least 1.")
         self.interval_s = float(parse_timedelta(interval, default="seconds") or 30.0)
         self.hysteresis = float(hysteresis)
         if planner is None:
@@ -198,6 +211,7 @@ class TransientPolicy:
         self._acted_at: float | None = None
         self._steps: int | None = None
         self._step = 0
+        self._elastic = False  # the run follows new PS hosts (started without shards=)
         self._task: asyncio.Task[None] | None = None
         self._posted_eta: float | None = None
         # Simulated seconds per wall second (the local backend's time_scale; 1 on a cloud), and
@@ -245,6 +259,7 @@ class TransientPolicy:
             self._steps = int(e.get("steps") or 0) or None
             self._step = int(e.get("resumed_step") or 0)
             self.step_scale = _step_scale(e.get("hparams"))
+            self._elastic = bool(e.get("elastic_shards"))
         elif kind == "metrics":
             self._step = max(self._step, int(e.get("step", 0)))
 
@@ -256,7 +271,7 @@ class TransientPolicy:
             mix = {self.cluster.gpu: int(getattr(self.cluster, "_target", 0))}
         by_gpu = {k.gpu: k for k in self.planner.kinds}
         counts = {by_gpu[g]: int(n) for g, n in dict(mix).items() if g in by_gpu and n}
-        return Configuration.of(counts, int(getattr(self.cluster, "ps_hosts", 1) or 1))
+        return Configuration.of(counts, self._shards())
 
     def remaining_steps(self) -> int | None:
         """Global steps the run still has to train (None before a run starts)."""
@@ -278,19 +293,25 @@ class TransientPolicy:
         elif self.goal == "budget":
             assert self.budget is not None
             kwargs["budget"] = max(0.01, self.budget - float(self.cluster.cost().total))
+        shards = self._shards()
         return self.planner.choose(
             self.goal,
             remaining * self.step_scale,
             max_workers=self.max_workers,
-            max_shards=int(getattr(self.cluster, "ps_hosts", 1) or 1),
+            # More shards only for a run that follows new PS hosts, and never fewer.
+            max_shards=max(shards, self.max_shards) if self._elastic else shards,
+            min_shards=shards,
             current=self.current(),
             **kwargs,
         )
 
+    def _shards(self) -> int:
+        return int(getattr(self.cluster, "ps_hosts", 1) or 1)
+
     def worth_changing(self, plan: Plan) -> bool:
         """Whether ``plan``'s mix is enough better than the current one to act on."""
         now, new = plan.current, plan.chosen
-        if now is None or new.config.workers == now.config.workers:
+        if now is None or new.config == now.config:
             return False
         if now.liveput <= 0:
             return True
@@ -343,6 +364,10 @@ class TransientPolicy:
             return None
         act = self.worth_changing(plan) and not self.settling()
         if act:
+            shards = plan.chosen.config.shards
+            if shards > self._shards():
+                # A PS host first: the run splits its PS once the host has joined.
+                self.cluster.scale_ps(shards)
             self.cluster.scale(self.mix_of(plan))
             self._acted_at = time.time()
         self.last = plan

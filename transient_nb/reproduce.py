@@ -374,7 +374,8 @@ def run_setup(
             model=model,
             data=data,
             steps=steps,
-            shards=setup.shards,
+            # Under a policy the run follows the PS hosts it adds (no shards= given).
+            shards=None if adapt else setup.shards,
             batch_size=batch_size,
             emulate=emulate,
             emulate_step_scale=step_scale,
@@ -419,9 +420,11 @@ def run_setup(
         )
         joins = join_delays(run.events(), time_scale) if setup.grow_to else []
         final_mix = {g: n for g, n in cluster.mix.items() if n}
+        ps_hosts = cluster.ps_hosts
         decisions = [e for e in run.events() if e.get("kind") == "policy-decision"]
     return {
         "final_mix": final_mix,
+        "ps_hosts": ps_hosts,
         "decisions": decisions,
         "setup": setup.label,
         "gpu": setup.gpu,

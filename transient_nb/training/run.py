@@ -332,6 +332,7 @@ class TrainingRun:
             steps=self.hp.steps,
             batch_size=self.hp.batch_size,
             shards=self.shards,
+            elastic_shards=self.elastic_shards,
             parameters=len(w0),
             hparams=json.dumps(self.hp.to_dict()),
             checkpoint_url=self.checkpoint_url,
