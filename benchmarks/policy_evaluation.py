@@ -99,8 +99,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{time.time() - t0:.0f} s. Hours and cost are of the whole 64K-step run, from the "
         "moment every first trainer runs; 'end' is the mix at the end (a policy changes it)."
     )
-    for line in evaluation.verdicts(table, deadline, budget):
-        print(f"- {line}")
+    if not args.plateau:  # the plateau trials have deadlines of their own (below)
+        for line in evaluation.verdicts(table, deadline, budget):
+            print(f"- {line}")
     if args.dynamic and (table["failed"] == "").all():
         static, grown = table.iloc[0], table.iloc[1]
         print(
@@ -113,7 +114,9 @@ def main(argv: list[str] | None = None) -> int:
             table.iloc[0::2].iterrows(), table.iloc[1::2].iterrows(), strict=True
         ):
             print(
-                f"- plateau, {static['run']}: the policy ended with {policy['end']} on "
+                f"- plateau, {static['run']} against a policy with a deadline of "
+                f"{trials[1 if static['run'].endswith('V100') else 3].goal['deadline']}: it ended "
+                f"with {policy['end']} on "
                 f"{policy['shards']} PS shard(s): {policy['hours']:.3f} h for ${policy['cost']:.2f} "
                 f"against {static['hours']:.3f} h for ${static['cost']:.2f} on one PS"
             )

@@ -1285,7 +1285,8 @@ class TransientCluster(SpecCluster):
             ``"cost-per-step"``; None stops a running policy (the cluster keeps its mix).
         **kwargs
             Passed to :class:`~transient_nb.policy.TransientPolicy` (``gpus``, ``max_workers``,
-            ``interval``, ``hysteresis``, ...).
+            ``max_shards``, ``interval``, ``hysteresis``, ...). Where one PS is the bottleneck
+            the policy adds PS hosts (:meth:`scale_ps`) for a run started without ``shards=``.
 
         Returns
         -------
