@@ -110,15 +110,13 @@ def main(argv: list[str] | None = None) -> int:
             "(the paper, growing on a schedule: 40.8% and 21.5%)"
         )
     if args.plateau and (table["failed"] == "").all():
-        for (_, static), (_, policy) in zip(
-            table.iloc[0::2].iterrows(), table.iloc[1::2].iterrows(), strict=True
-        ):
+        for i in range(0, len(table), 2):  # (static, policy) pairs, as plateau_trials orders
+            static, policy, goal = table.iloc[i], table.iloc[i + 1], trials[i + 1].goal
             print(
-                f"- plateau, {static['run']} against a policy with a deadline of "
-                f"{trials[1 if static['run'].endswith('V100') else 3].goal['deadline']}: it ended "
-                f"with {policy['end']} on "
-                f"{policy['shards']} PS shard(s): {policy['hours']:.3f} h for ${policy['cost']:.2f} "
-                f"against {static['hours']:.3f} h for ${static['cost']:.2f} on one PS"
+                f"- plateau, {static['run']} on one PS against a policy with a deadline of "
+                f"{goal['deadline']}: it ended with {policy['end']} on {policy['shards']} PS "
+                f"shard(s), {policy['hours']:.3f} h for ${policy['cost']:.2f}, against "
+                f"{static['hours']:.3f} h for ${static['cost']:.2f}"
             )
     if (pd.to_numeric(table["behind"], errors="coerce").fillna(0) > 0).any():
         print("WARNING: this host could not keep the emulated pace in some runs (see 'behind').")
