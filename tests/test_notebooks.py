@@ -238,6 +238,15 @@ def check_policy_evaluation(nb: Any) -> None:
     assert [r["run"] for r in rows] == ["static 4 P100", "policy cost-per-step"], rows
     for r in rows:
         assert r["failed"] == "" and float(r["hours"]) > 0 and float(r["cost"]) > 0, r
+    # The PS bottleneck, reduced: 8 V100 on one PS and a 0.3 h deadline no worker count meets
+    # there. The policy adds a PS shard (and gives back the V100s two shards cannot feed).
+    out = stdout(cell(nb, "policy-plateau"))
+    (row,) = html_table(shown(cell(nb, "policy-plateau"))[-1]["text/html"])
+    assert row["failed"] == "" and row["start"] == "8 v100", row
+    assert int(row["shards"]) == 2 and int(row["changes"]) >= 1, (row, out)
+    assert "on 2 PS shard(s)" in out, out
+    # One PS could not go past 0.40 h; two shards did (the run started on one).
+    assert float(row["hours"]) < 0.395, row
 
 
 def check_mixed_and_dynamic(nb: Any) -> None:
