@@ -218,7 +218,16 @@ def test_a_ps_host_added_mid_run_splits_the_ps_and_a_later_loss_regroups_its_che
         for vm in trainer_vms:  # frozen: the PS's state cannot move while it is split
             os.killpg(vm.pid, signal.SIGSTOP)
         try:
-            before = run._ps[0].get_state().result(timeout=30)
+            # A push sent just before the freeze may still arrive: wait until the PS's step
+            # holds still (two reads alike), then take its state.
+            reads = []
+
+            def settled():
+                reads.append(run._ps[0].get_state().result(timeout=30))
+                return len(reads) >= 2 and reads[-1]["step"] == reads[-2]["step"]
+
+            until(settled, timeout=60, what="the PS's step to hold still")
+            before = reads[-1]
             cluster.scale_ps(2)
             until(lambda: kinds(run, "ps-resharded"), what="the PS split in two")
             after = [ps.get_state().result(timeout=30) for ps in run._ps]

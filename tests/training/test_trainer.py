@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 import pytest
+import torch
 
 from transient_nb.training.hparams import HParams
 from transient_nb.training.models import build_model
@@ -704,3 +705,65 @@ def test_post_inside_a_worker_logs_the_event_on_the_runs_topic():
     trainer.worker = Worker()
     trainer._post("trainer-ps-lost", worker="w-0", step=2, error="gone")
     assert trainer.worker.logged == [(TOPIC, trainer.posted[0])]
+
+
+def test_accept_takes_the_weights_and_the_statistics_that_came_back():
+    from transient_nb.training.flat import FlatModel
+
+    net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))
+    flat = FlatModel(net)
+    n, nb = len(flat.w), len(flat.b)
+    trainer = Trainer("r", "resnet8", "digits", HP.to_dict(), "v", [(0, 4), (4, n)], name="w-0")
+    pieces = [np.full(4, 1.0, np.float32), np.full(n - 4, 2.0, np.float32)]
+    bn = np.arange(nb, dtype=np.float32)
+    trainer._accept(flat, pieces, bn)
+    assert trainer.accepted == 1
+    assert flat.weights().tolist() == [1.0] * 4 + [2.0] * (n - 4)
+    assert flat.b.tolist() == bn.tolist()  # the PS's statistics, not the trainer's own
+
+
+def test_send_gives_each_shard_its_slice_the_loss_and_the_images():
+    class Shard:
+        def __init__(self):
+            self.calls = []
+
+        def push_pull(self, **kwargs):
+            self.calls.append(kwargs)
+            return kwargs
+
+    trainer = Trainer("r", "resnet8", "digits", HP.to_dict(), "v", [(0, 2), (2, 5)], name="w-0")
+    trainer.local_step = 9
+    shards = [Shard(), Shard()]
+    grad, bn = np.arange(5, dtype=np.float32), np.ones(3, np.float32)
+    trainer._send(shards, grad, 4, 0.75, 16, bn, final=True)
+    (first,), (second,) = shards[0].calls, shards[1].calls
+    assert first["grad"].tolist() == [0.0, 1.0] and second["grad"].tolist() == [2.0, 3.0, 4.0]
+    assert first["bn_delta"] is bn and second["bn_delta"] is None
+    for call in (first, second):  # every shard's metrics see the step's loss and images
+        assert (call["trainer"], call["base_version"], call["local_step"]) == ("w-0", 4, 9)
+        assert (call["loss"], call["images"], call["final"]) == (0.75, 16, True)
+    # A reply from a PS with another number of shards than the bounds is an error, not a
+    # silently dropped slice.
+    with pytest.raises(ValueError):
+        trainer._send(shards[:1], grad, 4, 0.75, 16, bn, final=False)
+
+
+def test_rejoin_with_nothing_published_gives_up_after_ps_lost_after_s_and_says_why():
+    from transient_nb.training.flat import FlatModel
+
+    hp = HParams(steps=10, call_timeout_s=0.2, ps_lost_after_s=0.6)
+    looked: list[float] = []
+
+    def nothing(timeout):
+        looked.append(timeout)
+        return 0, []
+
+    trainer = _trainer(nothing, hp=hp)
+    t0 = time.monotonic()
+    with pytest.raises(PSLost) as info:
+        trainer._rejoin(FlatModel(build_model("resnet8", num_classes=10)))
+    assert 0.6 <= time.monotonic() - t0 < 5
+    assert str(info.value).endswith("(last: PSUnavailable('no parameter server published yet'))")
+    # It looked again with backoff (not once, not in a busy loop), each look bounded by the call
+    # timeout.
+    assert 2 <= len(looked) <= 10 and set(looked) == {0.2}
