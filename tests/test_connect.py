@@ -54,6 +54,16 @@ def test_remote_handle_reads_and_controls(cleanup: None) -> None:
                 remote.preempt("w-77")
             with pytest.raises(ValueError, match="whole number"):
                 remote.scale(-1)
+            # A PS host more, through the owner (a detached cluster's policy and users alike);
+            # the owner's refusal comes back as an error.
+            answer = remote.scale_ps(2)
+            assert answer["ok"] and answer["action"] == "scale-ps"
+            wait_for_sync(lambda: of_kind(cluster.monitor.events, "ps-hosts", hosts=2), 30)
+            assert cluster.ps_hosts == 2
+            with pytest.raises(ValueError, match="cannot give back a shard's host"):
+                remote.scale_ps(1)
+            with pytest.raises(ValueError, match="whole number"):
+                remote.scale_ps(0)
 
             # The panel works on the handle as on a local cluster.
             panel = ClusterPanel(remote)

@@ -16,7 +16,7 @@ import re
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import pandas as pd
 from dask.utils import parse_timedelta
@@ -554,6 +554,8 @@ class TransientCluster(SpecCluster):
                     workers = int(workers)
                 # A number, a mix ({"k80": 2} or "k80=2,v100=1"), and the type a number counts.
                 self.scale(workers, gpu=msg.get("gpu") or None)
+            elif action == "scale-ps":
+                self.scale_ps(cast(int, msg.get("hosts")))  # scale_ps names a bad value
             elif action == "preempt":
                 target = msg.get("worker") or int(msg.get("count", 1))
                 await self._preempt(target, notice=bool(msg.get("notice", True)))

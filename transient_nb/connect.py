@@ -387,6 +387,13 @@ class RemoteCluster:
             msg["gpu"] = gpu
         return self._request(msg)
 
+    def scale_ps(self, n: int) -> dict[str, Any]:
+        """Ask the owning cluster to keep ``n`` PS hosts (see
+        :meth:`transient_nb.TransientCluster.scale_ps`); returns its answer."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"scale_ps: n={n!r} must be a whole number of at least 1.")
+        return self._request({"action": "scale-ps", "hosts": n})
+
     def adapt(self, goal: str | None = None, **kwargs: Any) -> dict[str, Any]:
         """Start (or, with ``goal=None``, stop) the owning cluster's transient-aware policy.
 
