@@ -767,3 +767,45 @@ def test_rejoin_with_nothing_published_gives_up_after_ps_lost_after_s_and_says_w
     # It looked again with backoff (not once, not in a busy loop), each look bounded by the call
     # timeout.
     assert 2 <= len(looked) <= 10 and set(looked) == {0.2}
+
+
+def test_rejoin_backs_off_with_jitter_and_never_past_ps_lost_after_s():
+    """Pauses between looks: 0.2 s, doubling, each times a jitter in [0.5, 1] (many trainers
+    must not stampede a PS coming back), and the last one cut to what is left of the bound."""
+    from transient_nb.training.flat import FlatModel
+
+    class Stop(threading.Event):
+        pauses: list[float] = []
+
+        def wait(self, timeout=None):
+            self.pauses.append(timeout)
+            return super().wait(timeout)
+
+    hp = HParams(steps=10, call_timeout_s=30, ps_lost_after_s=3.0)
+    looked: list[float] = []
+    trainer = _trainer(lambda timeout: (looked.append(timeout), (0, []))[1], hp=hp)
+    trainer._stop = Stop()
+    t0 = time.monotonic()
+    with pytest.raises(PSLost):
+        trainer._rejoin(FlatModel(build_model("resnet8", num_classes=10)))
+    elapsed = time.monotonic() - t0
+    assert 3.0 <= elapsed < 3.6
+    p = trainer._stop.pauses
+    assert 0.1 <= p[0] <= 0.2 and 0.2 <= p[1] <= 0.4 and 0.4 <= p[2] <= 0.8, p
+    assert set(looked) == {5.0}  # each look at most 5 s, even with a 30 s call timeout
+
+
+def test_rejoin_takes_the_weights_and_statistics_and_registers_as_computing(loop, tmp_path):
+    from transient_nb.training.flat import FlatModel
+
+    double = _double(loop, tmp_path)
+    trainer = _trainer(Published(double), name="w-3")
+    model = build_model("resnet8", num_classes=10)
+    flat = FlatModel(model)
+    flat.w.zero_()
+    flat.b.zero_()
+    shards, version = trainer._rejoin(flat)
+    assert shards == [double] and version == double.ps.version == 0
+    assert (flat.weights() == double.ps.w).all()
+    assert flat.b.tolist() == double.ps.bn.tolist()  # the statistics came too
+    assert double.ps.computing.get("w-3") is True  # its pull said who it is
