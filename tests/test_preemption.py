@@ -306,6 +306,7 @@ def test_odds_of_a_revocation_within_the_hour_follow_the_age() -> None:
     assert k80.cdf(-1) == 0.0 and k80.cdf(0.5) == pytest.approx(0.039)
     # Per type, and the fallback curve for a type the paper did not measure.
     assert revoked_within(paper, "v100", 0) == pytest.approx(0.273)
+    assert revoked_within(paper, "k80", 0, horizon_s=2 * HOUR) == pytest.approx(0.141)
     assert revoked_within(paper, "t4", 0) == pytest.approx(0.078)
     assert revoked_within(paper, "k80", -5) == pytest.approx(0.078)  # a clock skew is age 0
     exp = parse_preemption("exp:mean=2h")

@@ -171,6 +171,10 @@ def test_give_back_first_what_does_no_work_then_the_likeliest_revoked_then_the_n
     order = [h.name for h in give_back_order(held)]
     assert order == ["w-5", "w-4", "w-0", "w-3", "w-2", "w-1"]
     assert give_back_order([]) == []
+    # Odds are compared as they are (to 9 digits, so float noise does not beat age), not
+    # rounded to a whole 0 or 1: an older worker at 30% goes before a newer one at 10%.
+    older, newer = Held("w-6", True, 0.3, 6), Held("w-7", True, 0.1, 7)
+    assert [h.name for h in give_back_order([newer, older])] == ["w-6", "w-7"]
 
 
 def test_what_the_provider_does_not_offer_is_never_a_placement() -> None:
