@@ -106,12 +106,17 @@ def test_losing_the_ps_recovers_from_its_checkpoint():
             checkpoint_every=100,
             eval_every=600,
             shards=2,
+            # Paced to 20 steps/s a trainer: the stretch awaited below lasts about 2 s on any
+            # machine. Unpaced, CI once ran the 600 steps in 3.4 s, the poll missed the stretch,
+            # and the predicate then held for the finished run (its _ps already released).
+            emulate="t4=20",
         )
         # Past the checkpoint of step 200 and well before the next one, which would otherwise
         # be taken of the frozen state below and leave no step lost to count.
         until(
             lambda: (
-                run.checkpoint_step >= 200
+                not run.done
+                and run.checkpoint_step >= 200
                 and run._inflight is None
                 and run.step <= run._next_checkpoint - 25
             ),
