@@ -24,61 +24,9 @@ from transient_nb.training.trainer import (
     get_flat,
 )
 
+from .doubles import PSDouble
+
 # -- the loop, against an in-process PS double that can be slow, fail or be replaced -------------
-
-
-class _Future:
-    """What an actor call returns: ``result(timeout)`` and ``done()``."""
-
-    def __init__(self, fut: concurrent.futures.Future):
-        self._fut = fut
-
-    def result(self, timeout=None):
-        return self._fut.result(timeout)
-
-    def done(self):
-        return self._fut.done()
-
-
-class PSDouble:
-    """A real :class:`ParameterServer` on a private event loop, behind calls that can be made
-    slow (``frozen``) or failing (``error``), the way a remote actor's are."""
-
-    def __init__(self, ps: ParameterServer, loop: asyncio.AbstractEventLoop):
-        self.ps, self.loop = ps, loop
-        self.frozen = threading.Event()
-        self.error: Exception | None = None
-        self.calls = 0
-        self.staleness: list[int] = []
-        self.push_times: list[float] = []
-
-    def __getattr__(self, name):
-        method = getattr(self.ps, name)
-
-        async def call(*args, **kwargs):
-            self.calls += 1
-            if self.error is not None:
-                raise self.error
-            while self.frozen.is_set():
-                await asyncio.sleep(0.01)
-            if name == "push_pull":
-                self.staleness.append(self.ps.version - kwargs["base_version"])
-                reply = await method(*args, **kwargs)
-                self.push_times.append(time.monotonic())
-                return reply
-            return await method(*args, **kwargs)
-
-        return lambda *a, **k: _Future(asyncio.run_coroutine_threadsafe(call(*a, **k), self.loop))
-
-
-@pytest.fixture
-def loop():
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    yield loop
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(5)
 
 
 #: How long the loop tests wait, as a fraction of their bounds: 1 in CI; benchmarks/mutation.py

@@ -1,0 +1,944 @@
+"""The driver's decisions, one function at a time, against in-process doubles: a recording client,
+a cluster that only answers what the driver asks of it, and real parameter servers on a private
+event loop (``doubles.PSDouble``). The end-to-end runs on real worker processes are in
+test_run.py; these take milliseconds, so a mutation run can afford them (benchmarks/mutation.py).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import queue
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from transient_nb.training import checkpoint
+from transient_nb.training import run as run_module
+from transient_nb.training.hparams import HParams
+from transient_nb.training.models import build_model
+from transient_nb.training.ps import ParameterServer, shard_bounds
+from transient_nb.training.resume import ResumePoint
+from transient_nb.training.run import (
+    CHECKPOINTS_KEPT,
+    PS_OVERDUE_S,
+    TRAINER_BACKOFF_MAX_S,
+    TrainingRun,
+    _parse_deadline,
+    _resumed_settings,
+    _TrainerSlot,
+    check_checkpoint_url,
+    check_train_args,
+    probe_checkpoint_url,
+)
+from transient_nb.training.trainer import Trainer, flat_layout, get_flat
+
+from .doubles import PSDouble
+
+HP = HParams(
+    steps=1000,
+    batch_size=16,
+    warmup_steps=0,
+    call_timeout_s=0.5,
+    ps_lost_after_s=3.0,
+    checkpoint_every=100,
+    eval_every=100,
+    eval_images=40,
+    trainer_restarts=2,
+)
+
+
+# -- doubles ------------------------------------------------------------------------------------------
+class Done:
+    """A finished future: its value, or its error."""
+
+    def __init__(self, value: Any = None, error: BaseException | None = None):
+        self.value, self.error, self.released = value, error, False
+
+    def done(self) -> bool:
+        return True
+
+    def result(self, timeout: float | None = None) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+    def release(self) -> None:
+        self.released = True
+
+
+class Pending(Done):
+    """A future that never finishes (a call to a frozen host)."""
+
+    def done(self) -> bool:
+        return False
+
+    def result(self, timeout: float | None = None) -> Any:
+        raise TimeoutError("still pending")
+
+
+class Client:
+    """What the driver asks of its Dask client: events, the worker listing, submit."""
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.workers: dict[str, dict[str, Any]] = {}
+        self.unreadable = False
+        self.listings = 0
+        self.submitted: list[tuple[Any, tuple, dict[str, Any]]] = []
+        self.reply: Any = None  # what the next submit returns
+
+    def log_event(self, topic: str, event: dict[str, Any]) -> None:
+        self.events.append(event)
+
+    def scheduler_info(self, n_workers: int = 5) -> dict[str, Any]:
+        self.listings += 1
+        if self.unreadable:
+            raise OSError("scheduler busy")
+        return {"workers": dict(self.workers)}
+
+    def submit(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        self.submitted.append((fn, args, kwargs))
+        return self.reply if self.reply is not None else Pending()
+
+
+class Cluster:
+    """The few attributes of a cluster that the driver reads."""
+
+    def __init__(self, path: str, ps_hosts: int = 1):
+        self.run_path = path
+        self.ps_hosts = ps_hosts
+        self.provisioning_delay = 0
+        self.spent = 0.0
+
+    def cost(self) -> SimpleNamespace:
+        return SimpleNamespace(total=self.spent)
+
+
+def driver(tmp_path, hp: HParams = HP, ps_hosts: int = 1, **kwargs: Any) -> TrainingRun:
+    """A driver that is never started: its functions are called one by one."""
+    run = TrainingRun(Cluster(str(tmp_path), ps_hosts), "resnet8", "digits", hp, **kwargs)
+    run._client = Client()
+    return run
+
+
+def posted(run: TrainingRun, kind: str | None = None) -> list[dict[str, Any]]:
+    events = run._client.events
+    return [e for e in events if kind is None or e["kind"] == kind]
+
+
+def ps_double(
+    loop,
+    run: TrainingRun,
+    shard: int = 0,
+    shards: int = 1,
+    version: int = 0,
+    weights: np.ndarray | None = None,
+    bn: np.ndarray | None = None,
+) -> PSDouble:
+    w = np.arange(12, dtype=np.float32) if weights is None else weights
+    ps = ParameterServer(
+        run.id,
+        shard,
+        shards,
+        w,
+        np.ones(len(w), dtype=np.uint8),
+        bn,
+        run.hp.to_dict(),
+        run.checkpoint_url,
+        version=version,
+        counters={"accepted": {"w-0": version}, "gaps": 1},
+    )
+    return PSDouble(ps, loop)
+
+
+def wait_done(future: Any, timeout: float = 10.0) -> None:
+    end = time.monotonic() + timeout
+    while not future.done():
+        assert time.monotonic() < end, "the call never finished"
+        time.sleep(0.005)
+
+
+# -- deadlines and the checks made before anything starts --------------------------------------------
+def test_a_deadline_is_a_duration_from_now_or_a_moment():
+    assert _parse_deadline(None) is None
+    moment = datetime.datetime(2030, 1, 2, 3, 4, 5, tzinfo=datetime.timezone.utc)
+    assert _parse_deadline(moment) == moment.timestamp()
+    before = time.time()
+    assert before + 7200 <= _parse_deadline("2h") <= time.time() + 7200
+    assert before + 90 <= _parse_deadline(90) <= time.time() + 90
+    with pytest.raises(ValueError, match="deadline"):
+        _parse_deadline("soon")
+
+
+def test_train_arguments_are_checked_before_anything_starts():
+    hp = check_train_args(model="resnet8", data="digits", steps=77, lr=0.2, batch_size=None)
+    assert hp.steps == 77 and hp.lr == 0.2 and hp.batch_size == HParams.batch_size
+    with pytest.raises(
+        ValueError,
+        match=r"Unknown model 'resnet9': use one of resnet8, resnet20, resnet32, resnet32-t2t\.",
+    ):
+        check_train_args(model="resnet9")
+    for bad in (0, True, 1.5, "2"):
+        with pytest.raises(ValueError, match=f"shards={bad!r} must be a whole number"):
+            check_train_args(model="resnet8", shards=bad)
+    assert check_train_args(model="resnet8", target_accuracy=1.0).steps == HParams.steps
+    for bad in (0, 1.01, -0.5):
+        with pytest.raises(ValueError, match=f"target_accuracy={bad!r} must be in"):
+            check_train_args(model="resnet8", target_accuracy=bad)
+    with pytest.raises(ValueError, match="deadline"):
+        check_train_args(model="resnet8", deadline="tomorrowish")
+    with pytest.raises(ValueError, match="data"):
+        check_train_args(model="resnet8", data="mnist")
+    with pytest.raises(ValueError, match="eval_images=0"):
+        check_train_args(model="resnet8", eval_images=0)
+
+
+def test_a_resumed_run_keeps_the_earlier_settings_unless_told_otherwise():
+    point = ResumePoint(
+        "run-1",
+        "memory://ck",
+        settings={
+            "model": "resnet8",
+            "data": "digits",
+            "shards": 2,
+            "steps": 500,
+            "hparams": {"lr": 0.3, "steps": 500, "batch_size": 64, "no_such_field": 1},
+        },
+    )
+    model, data, shards, steps, hp = _resumed_settings(point, None, None, None, None, {})
+    assert (model, data, shards, steps) == ("resnet8", "digits", 2, 500)
+    assert hp == {"lr": 0.3, "batch_size": 64}  # neither the steps nor what HParams lacks
+    given = _resumed_settings(point, "resnet8", "digits", 2, 900, {"lr": 0.1})
+    assert given[3] == 900 and given[4] == {"lr": 0.1, "batch_size": 64}
+    for key, value in (("model", "resnet20"), ("data", "synthetic"), ("shards", 1)):
+        args: dict[str, Any] = {"model": None, "data": None, "shards": None, key: value}
+        with pytest.raises(ValueError, match=f"{key}={value!r} differs from the run being resumed"):
+            _resumed_settings(point, args["model"], args["data"], args["shards"], None, {})
+    bare = ResumePoint("run-2", "memory://ck2")
+    assert _resumed_settings(bare, None, None, None, None, {}) == (
+        "resnet32",
+        "synthetic",
+        1,
+        None,
+        {},
+    )
+
+
+def test_a_cloud_run_needs_shared_checkpoint_storage_that_can_be_written():
+    check_checkpoint_url(None, "local")  # the run's own folder: nothing to check
+    check_checkpoint_url("/tmp/x", "local")
+    for bad in (None, "/tmp/checkpoints", "file:///tmp/c", "memory://c"):
+        with pytest.raises(ValueError, match=f"checkpoint_url={bad!r}: on the gce backend"):
+            check_checkpoint_url(bad, "gce")
+    probe_checkpoint_url("memory://bucket/runs")  # written, read back, deleted
+    import fsspec
+
+    assert fsspec.filesystem("memory").glob("/bucket/runs/*") == []
+    with pytest.raises(ValueError, match="checkpoint_url='nosuch://b/runs' cannot be written"):
+        probe_checkpoint_url("nosuch://b/runs")
+    with pytest.raises(ValueError, match="cannot be written"):
+        check_checkpoint_url("nosuch://b/runs", "gce")  # probed once the form is right
+
+
+# -- when the run stops -------------------------------------------------------------------------------
+def test_the_run_stops_at_its_steps_and_a_stop_comes_first(tmp_path):
+    run = driver(tmp_path)
+    run.step = HP.steps - 1
+    assert run._stop_reason() is None
+    run.step = HP.steps
+    assert run._stop_reason() == "steps"
+    run._stop.set()
+    assert run._stop_reason() == "stopped"
+
+
+def test_the_run_stops_at_its_target_accuracy(tmp_path):
+    run = driver(tmp_path, target_accuracy=0.9)
+    assert run._stop_reason() is None  # not evaluated yet
+    run.accuracy = 0.8999
+    assert run._stop_reason() is None
+    run.accuracy = 0.9
+    assert run._stop_reason() == "accuracy"
+    assert driver(tmp_path)._stop_reason() is None  # no target: accuracy never stops it
+
+
+def test_the_run_stops_at_its_budget_and_its_deadline(tmp_path):
+    run = driver(tmp_path, budget=2.0)
+    run.cluster.spent = 1.99
+    assert run._stop_reason() is None
+    run.cluster.spent = 2.0
+    assert run._stop_reason() == "budget"
+    late = driver(tmp_path, deadline=time.time() - 1)
+    assert late._stop_reason() == "deadline"
+    assert driver(tmp_path, deadline=time.time() + 3600)._stop_reason() is None
+
+
+def test_the_run_stops_when_every_worker_has_been_given_up(tmp_path):
+    run = driver(tmp_path)
+    run._given_up = {"w-1": "ValueError: b", "w-0": "OSError: a"}
+    run._slots["w-2"] = _TrainerSlot("tls://w2")
+    assert run._stop_reason() is None  # one worker still trains
+    run._slots.clear()
+    assert run._stop_reason() == "trainer-failed"
+    assert str(run.error) == (
+        "Every trainer kept failing (2 worker(s), 2 restarts each): OSError: a; ValueError: b"
+    )
+
+
+# -- the PS: its status, and when it is lost ----------------------------------------------------------
+def test_the_ps_status_is_asked_without_blocking_and_read_when_it_comes(loop, tmp_path):
+    run = driver(tmp_path)
+    double = ps_double(loop, run, version=40)
+    run._ps = [double]
+    run._known_step = 55  # a trainer's metrics said so: the driver's step never goes back
+    run._poll_status()
+    first = run._status_future
+    assert first is not None and run._status_sent > 0 and run.step == 0
+    wait_done(first)
+    answered = run._ps_answered
+    run._poll_status()
+    assert run.step == 40 and run.status["step"] == 40 and run._known_step == 55
+    assert run._ps_answered > answered
+    # ... and the next question is already on its way.
+    assert run._status_future is not None and run._status_future is not first
+
+
+def test_a_failed_status_is_not_an_answer(loop, tmp_path):
+    run = driver(tmp_path)
+    double = ps_double(loop, run, version=40)
+    run._ps = [double]
+    double.error = ConnectionError("comm closed")
+    run._poll_status()
+    wait_done(run._status_future)
+    answered = run._ps_answered
+    run._poll_status()
+    assert run.step == 0 and run.status == {} and run._ps_answered == answered
+    assert run._status_future is None  # asked again at the next round, not this one
+    run._poll_status()
+    assert run._status_future is not None
+
+
+def test_an_unanswered_status_is_asked_again_after_the_call_timeout(loop, tmp_path):
+    run = driver(tmp_path)
+    double = ps_double(loop, run)
+    run._ps = [double]
+    double.frozen.set()
+    run._poll_status()
+    first = run._status_future
+    run._poll_status()
+    assert run._status_future is first  # within the call timeout: still waited for
+    run._status_sent = time.monotonic() - HP.call_timeout_s - 0.05
+    run._poll_status()
+    assert run._status_future is not first
+    assert time.monotonic() - run._status_sent < HP.call_timeout_s
+    double.frozen.clear()  # both calls end before the loop does
+    wait_done(first)
+    wait_done(run._status_future)
+
+
+def test_a_status_that_cannot_be_sent_means_the_ps_host_is_gone(tmp_path):
+    class Gone:
+        def status(self):
+            raise RuntimeError("the actor's task erred")
+
+    run = driver(tmp_path)
+    run._poll_status()
+    assert run._status_future is None and not run._ps_left  # no PS yet: nothing asked
+    run._ps = [Gone()]
+    run._poll_status()
+    assert run._ps_left and run._ps_lost()
+
+
+def test_the_ps_is_lost_when_its_host_left_or_it_stays_silent(tmp_path):
+    run = driver(tmp_path)
+    run._ps_addresses = ["tls://ps-0:1"]
+    run._client.workers = {"tls://ps-0:1": {"resources": {"ps": 1}}}
+    run._ps_answered = time.monotonic()
+    assert not run._ps_lost()
+    assert run._client.listings == 0  # an answer this recent needs no listing
+    run._ps_answered = time.monotonic() - PS_OVERDUE_S - 0.5
+    assert not run._ps_lost()  # overdue, but its host is there
+    assert run._client.listings == 1
+    run._client.unreadable = True
+    assert not run._ps_lost()  # an unreadable listing is not a missing host
+    run._client.unreadable = False
+    run._client.workers = {"tls://w-0:1": {"resources": {"gpu": 1}}}
+    assert run._ps_lost()  # a confirmed listing without the PS host
+    run._client.workers = {"tls://ps-0:1": {"resources": {"ps": 1}}}
+    run._ps_answered = time.monotonic() - HP.ps_lost_after_s - 0.1
+    assert run._ps_lost()  # there, but silent for too long
+    run._ps_answered = time.monotonic()
+    run._ps_left = True
+    assert run._ps_lost()
+
+
+def test_a_second_ps_host_of_its_own_shard_is_checked_too(tmp_path):
+    run = driver(tmp_path)
+    run._ps_addresses = ["tls://ps-0:1", "tls://ps-1:1"]
+    run._client.workers = {"tls://ps-0:1": {"resources": {"ps": 1}}}
+    run._ps_answered = time.monotonic() - PS_OVERDUE_S - 0.5
+    assert run._ps_lost()
+
+
+# -- PS hosts: placing shards, and following the hosts of an elastic run ------------------------------
+def test_shards_are_placed_on_the_ps_hosts_there_are(tmp_path):
+    run = driver(tmp_path)
+    run._client.workers = {
+        "tls://c:1": {"resources": {"ps": 1}},
+        "tls://a:1": {"resources": {"ps": 1}},
+        "tls://g:1": {"resources": {"gpu": 1}},
+        "tls://b:1": {"resources": {"ps": 1}},
+    }
+    assert run._wait_for_ps_hosts(set(), want=2, timeout=5, grace=5) == ["tls://a:1", "tls://b:1"]
+    assert run._wait_for_ps_hosts({"tls://a:1"}, want=3, timeout=5, grace=0) == [
+        "tls://b:1",
+        "tls://c:1",
+    ]
+    t0 = time.monotonic()
+    assert run._wait_for_ps_hosts(set(), want=4, timeout=5, grace=0.3) == [
+        "tls://a:1",
+        "tls://b:1",
+        "tls://c:1",
+    ]
+    assert 0.3 <= time.monotonic() - t0 < 3  # waited out the grace, not the timeout
+    run._client.workers = {"tls://g:1": {"resources": {"gpu": 1}}}
+    with pytest.raises(TimeoutError, match="No PS host joined within 0 s"):
+        run._wait_for_ps_hosts(set(), want=1, timeout=0.3, grace=0)
+    run._stop.set()
+    with pytest.raises(RuntimeError, match="stopped while waiting for a PS host"):
+        run._wait_for_ps_hosts(set(), want=1, timeout=30, grace=0)
+
+
+def test_an_elastic_run_wants_a_shard_per_ps_host_once_every_host_joined(tmp_path):
+    ps = {"resources": {"ps": 1}}
+    pinned = driver(tmp_path, ps_hosts=2)
+    pinned._client.workers = {"tls://a:1": ps, "tls://b:1": ps}
+    assert not pinned._wants_more_shards()  # shards= given: they stay
+    run = driver(tmp_path, ps_hosts=2, elastic_shards=True)
+    run._client.workers = {"tls://a:1": ps, "tls://g:1": {"resources": {"gpu": 1}}}
+    assert not run._wants_more_shards()  # the second host has not joined yet
+    run._client.workers["tls://b:1"] = ps
+    assert run._wants_more_shards()
+    run.shards = 2
+    assert not run._wants_more_shards()
+    one = driver(tmp_path, ps_hosts=1, elastic_shards=True)
+    one._client.workers = {"tls://a:1": ps}
+    assert not one._wants_more_shards()
+    assert one._client.listings == 0  # nothing to split: the listing is not even read
+
+
+class Recreating(TrainingRun):
+    """A driver whose new PS generations are recorded rather than created on a cluster."""
+
+    def _create_ps(self, states, step, counters):
+        self.created = {"states": states, "step": step, "counters": counters}
+
+
+def recreating(tmp_path, **kwargs: Any) -> Recreating:
+    run = Recreating(Cluster(str(tmp_path)), "resnet8", "digits", HP, **kwargs)
+    run._client = Client()
+    return run
+
+
+def test_a_split_takes_the_live_ps_state_into_more_shards(loop, tmp_path):
+    run = recreating(tmp_path, elastic_shards=True)
+    w = np.arange(10, dtype=np.float32)
+    double = ps_double(loop, run, version=120, weights=w, bn=np.array([7.0], dtype=np.float32))
+    run._ps, run._bounds, run._known_step, run.step = [double], [(0, 10)], 125, 125
+    run._inflight = {"step": 100}
+    run._reshard(2)
+    assert run._inflight is None  # a checkpoint of the old generation is never published
+    assert run.shards == 2 and run._bounds == [(0, 5), (5, 10)] and run._generation == 1
+    states = run.created["states"]
+    assert [list(s["weights"]) for s in states] == [list(w[:5]), list(w[5:])]
+    assert list(states[0]["bn"]) == [7.0] and states[1]["bn"] is None
+    assert run.created["step"] == 120 and run.created["counters"]["accepted"] == {"w-0": 120}
+    (split,) = posted(run, "ps-resharded")
+    assert (split["shards_from"], split["shards"], split["step"]) == (1, 2, 120)
+    assert split["steps_lost"] == 5 and split["generation"] == 1
+    assert run.step == run._known_step == 120
+
+
+def test_a_split_waits_while_the_ps_does_not_answer(loop, tmp_path):
+    run = recreating(tmp_path, elastic_shards=True)
+    double = ps_double(loop, run, version=120)
+    double.error = ConnectionError("gone")
+    run._ps, run._bounds = [double], [(0, 12)]
+    run._reshard(2)
+    assert run.shards == 1 and run._generation == 0 and not hasattr(run, "created")
+    assert posted(run, "ps-resharded") == []
+    run._ps_left = True
+    run._reshard(2)  # a PS known to be gone is not even asked
+    assert double.calls == 1
+
+
+# -- recovery -----------------------------------------------------------------------------------------
+def test_a_ps_whose_handle_broke_but_answers_moves_its_own_state(loop, tmp_path):
+    run = recreating(tmp_path)
+    double = ps_double(loop, run, version=250)
+    run._ps, run._ps_addresses, run._known_step = [double], ["tls://ps-0:1"], 260
+    run._recover()
+    lost, recovered = posted(run)  # in this order, nothing else
+    assert lost["kind"] == "ps-lost" and recovered["kind"] == "ps-recovered"
+    assert lost["step"] == 260 and lost["address"] == "tls://ps-0:1"
+    assert lost["addresses"] == ["tls://ps-0:1"]
+    assert recovered["source"] == "ps" and recovered["step"] == 250
+    assert recovered["steps_lost"] == 10 and recovered["generation"] == run._generation == 1
+    assert list(run.created["states"][0]["weights"]) == list(range(12))
+    assert run.created["step"] == 250 and run.created["counters"]["gaps"] == 1
+    assert run.step == run._known_step == 250 and run._next_checkpoint == 300
+
+
+def write_checkpoint(url: str, step: int, shards: list[np.ndarray], counters: dict) -> None:
+    files = [
+        checkpoint.write_shard(
+            url,
+            step,
+            i,
+            {
+                "weights": w,
+                "momentum": w * 10,
+                "decay_mask": np.ones(len(w), dtype=np.uint8),
+                "bn": np.array([3.0], dtype=np.float32) if i == 0 else None,
+            },
+        )
+        for i, w in enumerate(shards)
+    ]
+    checkpoint.write_manifest(url, step, {"counters": counters}, files)
+
+
+def test_a_lost_ps_comes_back_from_the_newest_checkpoint_cut_for_the_run(tmp_path):
+    run = recreating(tmp_path, shards=2)
+    run._bounds = shard_bounds(8, 2)
+    run._ps_left, run._ps_addresses, run._known_step = True, ["tls://a:1", "tls://a:1"], 230
+    w = np.arange(8, dtype=np.float32)
+    write_checkpoint(run.checkpoint_url, 100, [w * 0], {"gaps": 0})
+    write_checkpoint(run.checkpoint_url, 200, [w], {"gaps": 4})  # one shard: before a split
+    run._recover()
+    lost, recovered = posted(run)
+    assert lost["addresses"] == ["tls://a:1"]  # one host, said once
+    assert recovered["source"] == "checkpoint" and recovered["step"] == 200
+    assert recovered["steps_lost"] == 30
+    states = run.created["states"]
+    assert [list(s["weights"]) for s in states] == [list(w[:4]), list(w[4:])]
+    assert [list(s["momentum"]) for s in states] == [list(w[:4] * 10), list(w[4:] * 10)]
+    assert list(states[0]["bn"]) == [3.0] and states[1]["bn"] is None
+    assert run.created["counters"] == {"gaps": 4} and run.created["step"] == 200
+    assert run.step == 200 and run._next_checkpoint == 300
+
+
+def test_a_lost_ps_without_a_checkpoint_ends_the_run_and_says_why(tmp_path):
+    run = recreating(tmp_path)
+    run._ps_left = True
+    with pytest.raises(
+        RuntimeError, match=r"no complete checkpoint under .*: the run cannot go on"
+    ):
+        run._recover()
+    assert [e["kind"] for e in posted(run)] == ["ps-lost"]
+
+
+def test_a_resumed_run_takes_the_checkpoint_of_the_earlier_one(tmp_path):
+    url = str(tmp_path / "earlier")
+    w = np.arange(8, dtype=np.float32)
+    write_checkpoint(url, 300, [w[:4], w[4:]], {"gaps": 2})
+    point = ResumePoint("run-old", url)
+    run = recreating(tmp_path, shards=1, resume=point)
+    assert run.id == "run-old" and run.checkpoint_url == url
+    states, step, counters = run._resume_states(8)
+    assert step == 300 and counters == {"gaps": 2} and len(states) == 1
+    assert list(states[0]["weights"]) == list(w) and list(states[0]["bn"]) == [3.0]
+    with pytest.raises(RuntimeError, match="holds 8 parameters; resnet8 has 9: resume with"):
+        run._resume_states(9)
+    empty = recreating(tmp_path, resume=ResumePoint("run-x", str(tmp_path / "none")))
+    with pytest.raises(RuntimeError, match=r"No complete checkpoint under .*none to resume from"):
+        empty._resume_states(8)
+
+
+# -- checkpoints: every shard at one agreed step, the manifest last -----------------------------------
+def test_a_checkpoint_aligns_the_shards_and_publishes_the_manifest_last(loop, tmp_path):
+    run = driver(tmp_path, shards=2)
+    shards = [
+        ps_double(loop, run, 0, 2, version=250, weights=np.zeros(4, dtype=np.float32)),
+        ps_double(loop, run, 1, 2, version=249, weights=np.ones(4, dtype=np.float32)),
+    ]
+    run._ps = shards
+    run._start_checkpoint()
+    job = run._inflight
+    assert job is not None and job["step"] == 250 and shards[1].ps.version == 250  # aligned
+    assert checkpoint.latest_step(run.checkpoint_url) is None  # no manifest before every file
+    run._poll_checkpoint(block=True)
+    assert run._inflight is None and run.checkpoint_step == 250 and run._next_checkpoint == 300
+    (event,) = posted(run, "checkpoint")
+    assert event["step"] == 250 and event["path"].endswith("manifest.json")
+    ck = checkpoint.load_latest(run.checkpoint_url)
+    assert ck.step == 250 and [list(s["weights"]) for s in ck.shards] == [[0] * 4, [1] * 4]
+    manifest = json.load(
+        open(os.path.join(checkpoint.step_dir(run.checkpoint_url, 250), "manifest.json"))
+    )
+    assert manifest["run"] == run.id and manifest["shards"] == 2
+    assert manifest["counters"] == {
+        "accepted": {"w-0": 250},
+        "last_local": {},
+        "gaps": 1,
+        "lost_in_flight": 0,
+    }
+    assert run._checkpoint_settled == run._checkpoint_attempts == 1
+
+
+def test_publishing_a_checkpoint_keeps_the_newest_ones_only(loop, tmp_path):
+    run = driver(tmp_path)
+    w = np.arange(12, dtype=np.float32)
+    for step in (100, 200, 300):
+        write_checkpoint(run.checkpoint_url, step, [w], {})
+    run._ps = [ps_double(loop, run, version=400)]
+    run.checkpoint_step = 300
+    run._checkpoint_now()
+    assert checkpoint.steps(run.checkpoint_url) == [400, 300][:CHECKPOINTS_KEPT]
+
+
+def test_nothing_new_is_never_published_over_a_newer_checkpoint(loop, tmp_path):
+    run = driver(tmp_path)
+    run._ps = [ps_double(loop, run, version=180)]
+    run.checkpoint_step = 200  # written by an earlier generation, after a recovery went back
+    run._start_checkpoint()
+    assert run._inflight is None and run.checkpoint_step == 200
+    assert run._next_checkpoint == 200  # 180 // 100 + 1 hundreds
+    assert run._checkpoint_settled == 1 and posted(run) == []
+    same = driver(tmp_path)
+    same._ps = [ps_double(loop, same, version=300)]
+    same.checkpoint_step = 300
+    same._start_checkpoint()
+    assert same._inflight is None and same._next_checkpoint == 400 and posted(same) == []
+
+
+def test_a_snapshot_that_fails_starts_no_checkpoint(loop, tmp_path):
+    run = driver(tmp_path, shards=2)
+    first, second = ps_double(loop, run, 0, 2, version=10), ps_double(loop, run, 1, 2, version=10)
+    second.error = ConnectionError("comm closed")
+    run._ps = [first, second]
+    run._start_checkpoint()
+    assert run._inflight is None and run._checkpoint_attempts == 1
+    assert run._checkpoint_settled == 0 and run.checkpoint_step == -1
+
+
+def test_a_checkpoint_write_that_fails_or_hangs_is_given_up(tmp_path):
+    run = driver(tmp_path)
+    run._inflight = {
+        "attempt": 1,
+        "step": 100,
+        "counters": {},
+        "futures": [Done(error=OSError("disk full"))],
+        "t0": time.monotonic(),
+    }
+    run._poll_checkpoint()
+    assert run._inflight is None and run.checkpoint_step == -1 and posted(run) == []
+    hanging = {
+        "attempt": 2,
+        "step": 100,
+        "counters": {},
+        "futures": [Pending()],
+        "t0": time.monotonic(),
+    }
+    run._inflight = hanging
+    run._poll_checkpoint()
+    assert run._inflight is hanging  # a slow bucket is not a hang
+    hanging["t0"] = time.monotonic() - max(120.0, 4 * HP.call_timeout_s) - 1
+    run._poll_checkpoint()
+    assert run._inflight is None and run._checkpoint_settled == 0 and posted(run) == []
+
+
+# -- trainers: started on every GPU worker, watched, restarted with backoff, given up -----------------
+def test_a_trainer_is_asked_for_on_its_worker_and_run_once_created(tmp_path):
+    run = driver(tmp_path, seed=3, device="cpu")
+    run._bounds = [(0, 12)]
+    run._want_trainer("w-0", "tls://w0:1")
+    run._want_trainer("w-0", "tls://elsewhere:1")  # already has one
+    run._given_up["w-9"] = "OSError: x"
+    run._want_trainer("w-9", "tls://w9:1")  # given up: stays idle
+    assert list(run._slots) == ["w-0"] and run._slots["w-0"].address == "tls://w0:1"
+    creating = Pending()
+    run._client.reply = creating
+    run._submit_trainers()
+    ((fn, args, kwargs),) = run._client.submitted
+    assert fn is Trainer and args == (
+        run.id,
+        "resnet8",
+        "digits",
+        HP.to_dict(),
+        run.variable,
+        [(0, 12)],
+    )
+    assert kwargs["workers"] == ["tls://w0:1"] and kwargs["allow_other_workers"] is False
+    assert kwargs["actor"] is True and kwargs["pure"] is False
+    assert kwargs["seed"] == 3 and kwargs["device"] == "cpu"
+    assert kwargs["key"] == f"trainer-{run.id}-w-0-0"
+    run._submit_trainers()  # still being created: not asked twice
+    assert len(run._client.submitted) == 1 and not run._slots["w-0"].started
+
+    class Actor:
+        def run(self):
+            return Done({"state": "finished"})
+
+    created = Done(Actor())
+    run._slots["w-0"].future = created
+    run._submit_trainers()
+    slot = run._slots["w-0"]
+    assert (
+        slot.started
+        and isinstance(slot.actor, Actor)
+        and slot.future.value == {"state": "finished"}
+    )
+    assert created in run._released
+
+
+def test_a_trainer_that_could_not_be_created_is_retried_later(tmp_path):
+    run = driver(tmp_path)
+    run._want_trainer("w-0", "tls://w0:1")
+    run._slots["w-0"].future = Done(error=RuntimeError("worker left"))
+    run._submit_trainers()
+    slot = run._slots["w-0"]
+    assert not slot.started and slot.future is None and slot.attempt == 1
+    assert [e["kind"] for e in posted(run)] == ["trainer-failed", "trainer-restarted"]
+    run._submit_trainers()  # not before its backoff
+    assert run._client.submitted == []
+    slot.not_before = time.monotonic() - 0.01
+    run._submit_trainers()
+    assert run._client.submitted[0][2]["key"] == f"trainer-{run.id}-w-0-1"
+
+
+def test_failed_trainers_restart_with_doubling_backoff_then_are_given_up(tmp_path):
+    run = driver(tmp_path)
+    slot = run._slots.setdefault("w-0", _TrainerSlot("tls://w0:1", actor=object(), started=True))
+    first = Done(error=RuntimeError("x"))
+    slot.future = first
+    t0 = time.monotonic()
+    run._trainer_failed("w-0", slot, RuntimeError("CUDA error: out of memory\nmore lines"))
+    assert first in run._released
+    assert slot.actor is None and slot.future is None and not slot.started
+    assert t0 + 1.0 <= slot.not_before <= time.monotonic() + 1.0
+    run._trainer_failed("w-0", slot, RuntimeError("again"))
+    assert slot.not_before >= t0 + 2.0
+    run._trainer_failed("w-0", slot, ValueError(""))
+    failed = posted(run, "trainer-failed")
+    assert [(e["attempt"], e["gave_up"]) for e in failed] == [(1, False), (2, False), (3, True)]
+    assert failed[0]["error"] == "RuntimeError: CUDA error: out of memory"
+    assert failed[2]["error"] == "ValueError: " and failed[0]["worker"] == "w-0"
+    restarted = posted(run, "trainer-restarted")
+    assert [(e["attempt"], e["delay_s"]) for e in restarted] == [(1, 1.0), (2, 2.0)]
+    assert "w-0" not in run._slots and run._given_up == {"w-0": "ValueError: "}
+
+
+def test_the_restart_backoff_is_capped_and_the_error_text_cut(tmp_path):
+    run = driver(tmp_path, hp=HP.with_(trainer_restarts=20))
+    slot = _TrainerSlot("tls://w0:1", attempt=6)
+    run._slots["w-0"] = slot
+    run._trainer_failed("w-0", slot, OSError("y" * 400))
+    (failed,) = posted(run, "trainer-failed")
+    assert failed["error"] == ("OSError: " + "y" * 400)[:300]
+    (restarted,) = posted(run, "trainer-restarted")
+    assert restarted["delay_s"] == TRAINER_BACKOFF_MAX_S == 30.0  # not 2**6 = 64
+
+
+def test_ended_trainers_are_told_apart(tmp_path):
+    run = driver(tmp_path)
+    ends = {
+        "drained": Done({"state": "drained"}),
+        "finished": Done({"state": "finished"}),
+        "early": Done({"state": "stopped"}),
+        "raised": Done(error=ValueError("boom")),
+        "running": Pending(),
+    }
+    for name, future in ends.items():
+        run._slots[name] = _TrainerSlot(f"tls://{name}:1", future=future, started=True)
+    run._slots["creating"] = _TrainerSlot("tls://c:1", future=Done(object()))
+    run._watch_trainers()
+    # A drained worker is leaving (its replacement gets a trainer); a finished one is done.
+    assert sorted(run._slots) == ["creating", "early", "finished", "raised", "running"]
+    failed = {e["worker"]: e["error"] for e in posted(run, "trainer-failed")}
+    assert failed == {
+        "early": "RuntimeError: trainer ended early (stopped)",
+        "raised": "ValueError: boom",
+    }
+    stopping = driver(tmp_path)
+    stopping._slots["w"] = _TrainerSlot(
+        "tls://w:1", future=Done({"state": "stopped"}), started=True
+    )
+    stopping._stop.set()
+    stopping._watch_trainers()
+    assert posted(stopping) == []  # stopped because the run stops
+
+
+def test_trainers_are_stopped_and_their_counters_gathered(tmp_path):
+    run = driver(tmp_path)
+
+    class Actor:
+        stopped = 0
+
+        def stop(self):
+            Actor.stopped += 1
+
+    run._slots = {
+        "a": _TrainerSlot("tls://a:1", actor=Actor(), started=True, future=Done({"accepted": 5})),
+        "b": _TrainerSlot(
+            "tls://b:1", actor=Actor(), started=True, future=Done(error=OSError("x"))
+        ),
+        "c": _TrainerSlot("tls://c:1", actor=None, future=Pending()),  # being created
+    }
+    assert run._stop_trainers() == [{"accepted": 5}]
+    assert Actor.stopped == 2
+
+
+# -- what the cluster's events tell the driver --------------------------------------------------------
+def test_events_bring_trainers_to_new_workers_and_note_a_ps_host_leaving(tmp_path):
+    run = driver(tmp_path)
+    run._ps_addresses = ["tls://ps:1"]
+    for event in (
+        {"kind": "metrics", "run": run.id, "step": 40},
+        {"kind": "metrics", "run": "run-other", "step": 90},
+        {"kind": "metrics", "run": run.id, "step": 10},
+        {"kind": "joined", "role": "worker", "worker": "w-3", "address": "tls://w3:1"},
+        {"kind": "joined", "role": "ps", "worker": "ps-1", "address": "tls://ps1:1"},
+        {"kind": "left", "role": "worker", "worker": "w-8", "address": "tls://w8:1"},
+    ):
+        run._events.put(event)
+    run._handle_events()
+    assert run._known_step == 40
+    assert list(run._slots) == ["w-3"] and run._slots["w-3"].address == "tls://w3:1"
+    assert not run._ps_left
+    run._events.put({"kind": "left", "role": "ps", "worker": "ps-0", "address": "tls://ps:1"})
+    run._handle_events()
+    assert run._ps_left
+    with pytest.raises(queue.Empty):
+        run._events.get_nowait()
+
+
+def test_a_preempted_worker_asks_the_ps_whether_it_died_mid_step(loop, tmp_path):
+    run = driver(tmp_path, shards=2)
+    shards = [ps_double(loop, run, 0, 2), ps_double(loop, run, 1, 2)]
+    run._ps = shards
+    for double in shards:  # w-0 holds the weights and computes
+        double.ps.registered.add("w-0")
+        double.ps.computing["w-0"] = True
+    running = Pending()
+    run._slots["w-0"] = _TrainerSlot("tls://w0:1", started=True, future=running)
+    run._slots["w-1"] = _TrainerSlot("tls://w1:1", future=Pending())  # never started
+    run._events.put({"kind": "preempted", "role": "worker", "worker": "w-0"})
+    run._events.put({"kind": "left", "role": "worker", "worker": "w-1"})
+    run._handle_events()
+    assert run._slots == {} and running in run._released
+    assert [name for name, _, _ in run._unregistering] == ["w-0"]  # w-1 never trained
+    for future in run._unregistering[0][1]:
+        wait_done(future)
+    run.step = 77
+    run._poll_unregistering()
+    assert run.lost_in_flight == 1 and run._unregistering == []
+    (lost,) = posted(run, "gradient-lost")
+    assert lost["worker"] == "w-0" and lost["step"] == 77
+    assert [d.ps.lost_in_flight for d in shards] == [1, 1]
+
+
+def test_a_preemption_with_the_ps_gone_too_counts_nothing(tmp_path):
+    class Gone:
+        def unregister(self, name, drained):
+            raise RuntimeError("actor gone")
+
+    run = driver(tmp_path)
+    run._ps = [Gone()]
+    run._slots["w-0"] = _TrainerSlot("tls://w0:1", started=True, future=Pending())
+    run._events.put({"kind": "preempted", "role": "worker", "worker": "w-0"})
+    run._handle_events()
+    assert run._slots == {} and run._unregistering == []
+
+
+def test_unregistering_counts_a_gradient_only_when_the_ps_says_so(tmp_path):
+    run = driver(tmp_path)
+    now = time.monotonic()
+    run._unregistering = [
+        ("lost", [Done(True)], now),
+        ("fine", [Done(False)], now),
+        ("erred", [Done(error=OSError("x"))], now),
+        ("waiting", [Pending()], now),
+        ("silent", [Pending()], now - HP.call_timeout_s - 0.1),
+    ]
+    run._poll_unregistering()
+    assert run.lost_in_flight == 1
+    assert [e["worker"] for e in posted(run, "gradient-lost")] == ["lost"]
+    assert [name for name, _, _ in run._unregistering] == ["waiting"]
+
+
+# -- evaluation and the end ---------------------------------------------------------------------------
+def resnet8_ps(loop, run: TrainingRun, version: int) -> PSDouble:
+    model = build_model("resnet8", num_classes=10)
+    params, buffers = flat_layout(model)
+    return ps_double(loop, run, version=version, weights=get_flat(params), bn=get_flat(buffers))
+
+
+def test_evaluation_reads_the_ps_weights_on_the_run_test_images(loop, tmp_path):
+    run = driver(tmp_path)
+    run._ps = [resnet8_ps(loop, run, version=300)]
+    accuracy = run._evaluate()
+    assert accuracy is not None and 0 <= accuracy <= 1 and run.accuracy == accuracy
+    (event,) = posted(run, "eval")
+    assert event["step"] == 300 and event["accuracy"] == accuracy and event["test_loss"] > 0
+    assert len(run._test[1]) == HP.eval_images  # the first eval_images test images, no more
+    run._ps[0].error = ConnectionError("gone")
+    assert run._evaluate() is None and len(posted(run, "eval")) == 1
+
+
+def test_the_end_evaluates_checkpoints_and_reports(loop, tmp_path):
+    run = driver(tmp_path)
+    run._ps = [resnet8_ps(loop, run, version=1000)]
+    run.lost_in_flight = 2
+    run._finish("steps")
+    assert run.reason == "steps" and run.step == 1000 and run.checkpoint_step == 1000
+    kinds = [e["kind"] for e in posted(run)]
+    assert kinds == ["eval", "checkpoint", "train-finished"]
+    done = posted(run, "train-finished")[0]
+    assert done["reason"] == "steps" and done["step"] == 1000 and done["checkpoint_step"] == 1000
+    assert done["lost_in_flight"] == 2 and done["gaps"] == 1
+    assert json.loads(done["accepted"]) == {"w-0": 1000} and json.loads(done["trainers"]) == []
+
+
+def test_a_run_that_reached_its_accuracy_is_not_evaluated_again(loop, tmp_path):
+    run = driver(tmp_path, target_accuracy=0.5)
+    run._ps = [resnet8_ps(loop, run, version=400)]
+    run.accuracy = 0.6
+    run._finish("accuracy")
+    assert [e["kind"] for e in posted(run)] == ["checkpoint", "train-finished"]
+
+
+def test_a_run_whose_trainers_all_failed_raises_their_error_at_the_end(loop, tmp_path):
+    run = driver(tmp_path)
+    run._ps = [resnet8_ps(loop, run, version=5)]
+    run.error = RuntimeError("Every trainer kept failing")
+    with pytest.raises(RuntimeError, match="Every trainer kept failing"):
+        run._finish("trainer-failed")
+    assert run.checkpoint_step == 5 and posted(run, "train-finished") == []
+
+
+def test_cleanup_leaves_nothing_of_the_run(tmp_path, monkeypatch):
+    run = driver(tmp_path)
+    deleted = []
+
+    class Variable:
+        def __init__(self, name, client):
+            self.name = name
+
+        def delete(self):
+            deleted.append(self.name)
+
+    futures = [Done(), Done(), Done()]
+    run._released = [futures[0]]
+    run._ps_futures = [futures[1]]
+    run._slots["w-0"] = _TrainerSlot("tls://w0:1", future=futures[2])
+    run._ps = [object()]
+    # The run's Dask Variable, which needs a scheduler: a double that records its deletion.
+    monkeypatch.setattr(run_module, "Variable", Variable)
+    run._cleanup()
+    assert run._stop.is_set() and all(f.released for f in futures)
+    assert run._slots == {} and run._ps == [] and run._released == [] and run._ps_futures == []
+    assert deleted == [run.variable]
