@@ -190,6 +190,16 @@ def test_a_detached_mixed_cluster_scales_by_type(tmp_path, capsys):
         # A plain number is ambiguous for a mixed cluster: the owner's answer says so.
         assert main(["scale", "cli-mix", "4"]) == 2
         assert "this cluster mixes k80=1,v100=2" in capsys.readouterr().err
+        # A second PS host, asked of the head: refused past four, then it joins.
+        assert main(["scale-ps", "cli-mix", "5"]) == 2
+        assert "scale_ps(5): at most 4 PS hosts" in capsys.readouterr().err
+        assert main(["scale-ps", "cli-mix", "0"]) == 2
+        assert "n=0 must be a whole number of at least 1" in capsys.readouterr().err
+        assert main(["scale-ps", "cli-mix", "2"]) == 0
+        assert "Cluster cli-mix: keeping 2 PS host(s)" in capsys.readouterr().out
+        wait_for_sync(
+            lambda: "ps-1" in set(cluster.vms().query("state == 'joined'").index), timeout=90
+        )
         assert main(["status", "cli-mix"]) == 0
         status = capsys.readouterr().out
         assert "per type" in status and "k80 1 VMs" in status and "v100 2 VMs" in status

@@ -73,6 +73,8 @@ def widgets_shown(captured: Any) -> list[Any]:
         ("up --colour red", "unrecognized arguments: --colour red"),
         ('up --name "demo', "No closing quotation; check the quotes"),
         ("scale -1", "%transient_cluster scale"),
+        ("scale-ps 2", "No running cluster for `scale-ps`"),
+        ("scale-ps 0", "'0' is not a whole number of PS hosts of at least 1"),
         ("connect", "the following arguments are required: NAME"),
         ("connect nope", "No transient cluster named 'nope' is registered"),
         # The API's ValueErrors, re-raised with their message.
@@ -251,6 +253,15 @@ def test_a_cluster_session(ip: InteractiveShell) -> None:
         magic(ip, "scale 2")
     assert "scaling to 2 GPU workers" in out.stdout
     cluster.wait_for_workers(2, timeout=120)
+
+    with pytest.raises(UsageError, match=r"scale_ps\(5\): at most 4 PS hosts"):
+        magic(ip, "scale-ps 5")
+    with capture_output() as out:
+        magic(ip, "scale-ps 2")
+    assert "magic-demo: keeping 2 PS host(s), one PS shard each." in out.stdout
+    wait_for_sync(lambda: of_kind(cluster.monitor.events, "joined", worker="ps-1"), 60)
+    assert cluster.ps_hosts == 2
+    assert of_kind(cluster.monitor.events, "ps-hosts", hosts=2, hosts_from=1)
 
     with capture_output() as out:
         magic(ip, "preempt w-1 --no-notice")

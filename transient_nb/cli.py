@@ -206,6 +206,11 @@ def _parser() -> argparse.ArgumentParser:
     sc.add_argument("name")
     sc.add_argument("n", type=_workers, metavar="N|TYPE=N,...")
     sc.add_argument("--gpu", default=None, help="the GPU type N counts (others keep theirs)")
+    sp = sub.add_parser(
+        "scale-ps", help="keep N PS hosts, one PS shard each (only grows; at most 4)"
+    )
+    sp.add_argument("name")
+    sp.add_argument("n", type=int, metavar="N")
     ad = sub.add_parser(
         "adapt", help="let the transient-aware policy choose a cluster's GPU mix for a goal"
     )
@@ -532,6 +537,17 @@ def scale(args: argparse.Namespace) -> int:
     return 0
 
 
+def scale_ps(args: argparse.Namespace) -> int:
+    """``scale-ps NAME N``: ask the owner to keep N PS hosts (a run without ``shards=`` follows)."""
+    cluster = _connect(args.name)
+    try:
+        cluster.scale_ps(args.n)
+    finally:
+        cluster.close()
+    print(f"Cluster {args.name}: keeping {args.n} PS host(s), one PS shard each.")
+    return 0
+
+
 def down(args: argparse.Namespace) -> int:
     """``down NAME``: close the cluster (its runs stop first) and wait for its owner to go."""
     import psutil
@@ -625,6 +641,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "attach": attach,
             "down": down,
             "scale": scale,
+            "scale-ps": scale_ps,
             "adapt": adapt,
             "sweep": sweep_vms,
         }

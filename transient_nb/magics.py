@@ -186,6 +186,13 @@ def _scale() -> None:
     type, the other types unchanged), or ``scale k80=2,v100=1`` (the whole mix)."""
 
 
+@magic_arguments(name="transient_cluster scale-ps")
+@argument("n", type=_whole("PS hosts", 1), metavar="N", help="number of PS hosts to keep (1-4)")
+def _scale_ps() -> None:
+    """Keep N PS hosts, one PS shard each: ``scale-ps 2``. Only grows; a run started without
+    ``shards=`` splits its PS onto the new hosts (where fast GPUs saturate one PS)."""
+
+
 @magic_arguments(name="transient_cluster adapt")
 @argument(
     "goal",
@@ -276,6 +283,7 @@ def _cell() -> None:
 SUBCOMMANDS: dict[str, Any] = {
     "up": _up,
     "scale": _scale,
+    "scale-ps": _scale_ps,
     "adapt": _adapt,
     "preempt": _preempt,
     "status": _status,
@@ -285,7 +293,7 @@ SUBCOMMANDS: dict[str, Any] = {
     "connect": _connect,
 }
 #: Subcommands that act on the current cluster.
-NEEDS_CLUSTER = ("scale", "adapt", "preempt", "status", "train", "down")
+NEEDS_CLUSTER = ("scale", "scale-ps", "adapt", "preempt", "status", "train", "down")
 
 
 @contextmanager
@@ -388,6 +396,7 @@ class TransientMagics(Magics):
             %transient_cluster scale 6
             %transient_cluster up --workers k80=2,p100=1,v100=1 --prices paper-2019 --name mixed
             %transient_cluster scale 3 --gpu v100
+            %transient_cluster scale-ps 2
             %transient_cluster status
             %transient_cluster down
 
@@ -406,8 +415,8 @@ class TransientMagics(Magics):
         command, _, rest = line.strip().partition(" ")
         if not command:
             raise UsageError(
-                "Give a subcommand: %transient_cluster up (or scale, adapt, preempt, status, train, down, "
-                "list, connect); %transient_cluster? shows the help."
+                "Give a subcommand: %transient_cluster up (or scale, scale-ps, adapt, preempt, status, "
+                "train, down, list, connect); %transient_cluster? shows the help."
             )
         if command not in SUBCOMMANDS:
             raise UsageError(
@@ -417,7 +426,7 @@ class TransientMagics(Magics):
         args = _parse(SUBCOMMANDS[command], rest, command)
         if command in NEEDS_CLUSTER and command != "down":
             self._require_cluster(command)
-        handler = getattr(self, f"_do_{command}")
+        handler = getattr(self, f"_do_{command.replace('-', '_')}")
         return handler(args)
 
     # -- helpers --------------------------------------------------------------------------------------
@@ -508,6 +517,11 @@ class TransientMagics(Magics):
         else:
             what = f"{args.n} GPU workers"
         print(f"{self.cluster.name}: scaling to {what}.")
+
+    def _do_scale_ps(self, args: argparse.Namespace) -> None:
+        with _usage_errors():
+            self.cluster.scale_ps(args.n)
+        print(f"{self.cluster.name}: keeping {args.n} PS host(s), one PS shard each.")
 
     def _do_preempt(self, args: argparse.Namespace) -> None:
         target: int | str = args.target

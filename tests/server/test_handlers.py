@@ -211,6 +211,19 @@ async def test_kernel_cluster_is_listed_and_controlled(jp_fetch: Fetch) -> None:
         models = await wait_model(jp_fetch, lambda m: m["api-ctl"]["counts"] == {"joined": 3})
         assert models["api-ctl"]["target_workers"] == 3
 
+        # More PS hosts: refused past four by the owning cluster, then a second one joins.
+        code, answer = await call(
+            jp_fetch, "clusters", "api-ctl", "scale-ps", method="POST", body={"hosts": 5}
+        )
+        assert code == 400 and "at most 4 PS hosts" in answer["message"], answer
+        code, answer = await call(
+            jp_fetch, "clusters", "api-ctl", "scale-ps", method="POST", body={"hosts": 2}
+        )
+        assert code == 200 and answer["answered"] is True, answer
+        assert answer["action"] == "scale-ps"
+        await wait_model(jp_fetch, lambda m: states(m["api-ctl"]).get("ps-1") == "joined")
+        assert cluster.ps_hosts == 2
+
         code, answer = await call(jp_fetch, "clusters", "api-ctl", method="DELETE")
         assert code == 200 and answer["answered"] is True, answer
         await wait_model(jp_fetch, lambda m: "api-ctl" not in m)
@@ -370,6 +383,7 @@ async def test_unreachable_scheduler_is_marked_not_fatal(jp_fetch: Fetch) -> Non
         ("DELETE", ("clusters", "nope"), None),
         ("POST", ("clusters", "nope", "scale"), {"workers": 1}),
         ("POST", ("clusters", "nope", "preempt"), {"worker": "w-0"}),
+        ("POST", ("clusters", "nope", "scale-ps"), {"hosts": 2}),
     ],
 )
 async def test_unknown_cluster_is_404(
@@ -393,6 +407,10 @@ async def test_unknown_cluster_is_404(
         (("scale",), {}, "workers"),
         (("scale",), "{not json", "not valid JSON"),
         (("scale",), "[1, 2]", "JSON object"),
+        (("scale-ps",), {"hosts": 0}, "hosts=0: give a whole number of PS hosts"),
+        (("scale-ps",), {"hosts": True}, "whole number of PS hosts"),
+        (("scale-ps",), {"hosts": "2"}, "whole number of PS hosts"),
+        (("scale-ps",), {}, '{"hosts": n}'),
         (("preempt",), {"worker": 3}, "name of a worker"),
         (("preempt",), {"worker": "w-0", "notice": "yes"}, "true or false"),
         (("preempt",), {}, "worker"),

@@ -7,6 +7,7 @@
 ``GET    /transient-nb/clusters/NAME``                one cluster's model
 ``DELETE /transient-nb/clusters/NAME``                stop it (a stale one is just removed)
 ``POST   /transient-nb/clusters/NAME/scale``          ``{"workers": n[, "gpu": "v100"]}`` or a mix
+``POST   /transient-nb/clusters/NAME/scale-ps``       ``{"hosts": n}``: PS hosts, one shard each
 ``POST   /transient-nb/clusters/NAME/preempt``        ``{"worker": "w-0", "notice": true}``
 ``POST   /transient-nb/clusters/NAME/adapt``          ``{"goal": "deadline:2h"}``, ``"off"``...
 ``GET    /transient-nb/options``                      what the "new cluster" form offers
@@ -144,6 +145,20 @@ class ScaleHandler(_BaseHandler):
         await self.run(self.manager.scale(name, body["workers"], body.get("gpu")))
 
 
+class ScalePsHandler(_BaseHandler):
+    """``/transient-nb/clusters/NAME/scale-ps``: ``{"hosts": n}``, the PS hosts to keep."""
+
+    @tornado.web.authenticated
+    async def post(self, name: str) -> None:
+        try:
+            body = self.body()
+            if "hosts" not in body:
+                raise ValueError('Send {"hosts": n}, the number of PS hosts to keep (1-4).')
+        except ValueError as e:
+            return self.fail(400, str(e))
+        await self.run(self.manager.scale_ps(name, body["hosts"]))
+
+
 class PreemptHandler(_BaseHandler):
     """``/transient-nb/clusters/NAME/preempt``: ``{"worker": "w-0", "notice": true}``."""
 
@@ -190,6 +205,7 @@ def handlers(base_url: str = "/") -> list[tuple[str, type[APIHandler]]]:
         (url_path_join(root, "clusters"), ClustersHandler),
         (url_path_join(root, "clusters", _NAME), ClusterHandler),
         (url_path_join(root, "clusters", _NAME, "scale"), ScaleHandler),
+        (url_path_join(root, "clusters", _NAME, "scale-ps"), ScalePsHandler),
         (url_path_join(root, "clusters", _NAME, "preempt"), PreemptHandler),
         (url_path_join(root, "clusters", _NAME, "adapt"), AdaptHandler),
         (url_path_join(root, "options"), OptionsHandler),

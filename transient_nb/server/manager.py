@@ -605,6 +605,13 @@ class ClusterManager:
             msg["gpu"] = gpu.strip().lower()
         return await self._control(name, msg)
 
+    async def scale_ps(self, name: str, hosts: Any) -> dict[str, Any]:
+        """Ask cluster ``name`` to keep ``hosts`` PS hosts (it only grows; at most 4): a run
+        started without ``shards=`` splits its PS onto them."""
+        if isinstance(hosts, bool) or not isinstance(hosts, int) or hosts < 1:
+            raise ValueError(f"hosts={hosts!r}: give a whole number of PS hosts, 1 or more.")
+        return await self._control(name, {"action": "scale-ps", "hosts": hosts})
+
     async def preempt(self, name: str, worker: Any, notice: Any = True) -> dict[str, Any]:
         """Preempt worker ``worker`` of cluster ``name``, with or without the notice."""
         if not isinstance(worker, str) or not worker:
