@@ -285,6 +285,24 @@ def test_panel_shows_preempts_connects_stops_and_creates(lab: Lab, kernel_cluste
             expect(created.locator(".tnb-Training")).to_contain_text("Training", timeout=SLOW_MS)
             page.screenshot(path=ARTIFACTS / "6-created-from-panel.png")
 
+            # A second PS host from the panel: past four is refused by the head, with why;
+            # two are taken, and the new host joins.
+            def ps_hosts(n: str) -> None:
+                created.locator(".tnb-PsButton").click()
+                page.locator(".jp-Dialog input").fill(n)
+                page.locator(".jp-Dialog .jp-mod-accept").click()
+
+            ps_hosts("5")
+            refusal = page.locator(".jp-Dialog")
+            expect(refusal).to_contain_text("at most 4 PS hosts", timeout=SLOW_MS)
+            refusal.get_by_role("button", name="Close").click()
+            expect(refusal).to_have_count(0)
+            ps_hosts("2")
+            expect(created.locator('.tnb-Worker[data-worker="ps-1"]')).to_have_attribute(
+                "data-state", "joined", timeout=SLOW_MS
+            )
+            page.screenshot(path=ARTIFACTS / "7-second-ps-host.png")
+
             # A policy from the panel: a bad goal is refused with what to type; a budget is
             # taken, and its first decision shows with the odds of losing workers.
             def adapt(goal: str) -> None:
@@ -303,7 +321,7 @@ def test_panel_shows_preempts_connects_stops_and_creates(lab: Lab, kernel_cluste
             expect(policy).to_contain_text("Policy: budget $5.00 · ", timeout=SLOW_MS)
             expect(policy).to_contain_text("expected $")
             expect(policy).to_contain_text("P(losing ≥1, ≥2, ≥3 workers within 1 h)")
-            page.screenshot(path=ARTIFACTS / "7-policy-on.png")
+            page.screenshot(path=ARTIFACTS / "8-policy-on.png")
             created.locator(".tnb-StopButton").click()
             page.locator(".jp-Dialog .jp-mod-accept").click()
             expect(created).to_have_count(0, timeout=SLOW_MS)

@@ -335,6 +335,15 @@ export class TransientSidebar extends Widget {
     );
     actions.appendChild(
       button(
+        'PS hosts…',
+        'tnb-PsButton jp-mod-styled',
+        () => this._scalePs(c),
+        !live,
+        'Add parameter-server hosts, one PS shard each, where fast GPUs saturate one PS'
+      )
+    );
+    actions.appendChild(
+      button(
         'Adapt…',
         'tnb-AdaptButton jp-mod-styled',
         () => this._adapt(c),
@@ -434,6 +443,31 @@ export class TransientSidebar extends Widget {
       requestAPI(`clusters/${encodeURIComponent(c.name)}/scale`, {
         method: 'POST',
         body: JSON.stringify({ workers })
+      })
+    );
+  }
+
+  private async _scalePs(c: ICluster): Promise<void> {
+    const hosts = c.workers.filter(
+      w => w.role === 'ps' && w.state !== 'preempted' && w.state !== 'deleted'
+    ).length;
+    const result = await InputDialog.getText({
+      title: `PS hosts of ${c.name}`,
+      label:
+        'PS hosts to keep, 1 to 4 (a running PS only grows): a run started without ' +
+        'shards= splits its PS into one shard per host',
+      text: String(Math.min(4, Math.max(1, hosts) + 1))
+    });
+    if (!result.button.accept || result.value === null) {
+      return;
+    }
+    const text = result.value.trim();
+    // A whole number goes as one; anything else as typed, for the server to name it.
+    const value = /^\d+$/.test(text) ? Number(text) : text;
+    await this._act(`Adding PS hosts to ${c.name} failed`, () =>
+      requestAPI(`clusters/${encodeURIComponent(c.name)}/scale-ps`, {
+        method: 'POST',
+        body: JSON.stringify({ hosts: value })
       })
     );
   }
