@@ -165,3 +165,29 @@ def test_report_is_standalone_and_inline() -> None:
     assert "a &lt;run&gt;" in page
     assert "cdn.bokeh.org" not in page  # BokehJS inline: the report works offline
     assert "Bokeh" in page
+
+
+def test_the_cost_figure_shows_what_the_policy_expects_next_to_the_bill() -> None:
+    """The latest policy decision's expected end (its ETA on the cluster's clock, turned into
+    wall seconds, and the bill then plus what it expects to spend) is drawn beside the curve."""
+    events = run_events()
+    events[0] = {**events[0], "time_scale": 4.0}  # 4 simulated seconds a wall second
+    decision = {
+        "kind": "policy-decision",
+        "goal": "deadline",
+        "eta_s": 400.0,
+        "expected_cost": 1.25,
+        "reason": "3 t4 in us-central1-a, 1 PS shard: ETA 0.11 h",
+    }
+    events.append({**decision, "time": T0 + 12, "eta_s": None, "expected_cost": None})
+    figs = RunFigures()
+    figs.update(events)
+    assert figs.cost.projection.data["x1"] == []  # nothing finishes: no end drawn
+    events.append({**decision, "time": T0 + 20, "eta_s": 800.0, "expected_cost": 2.0})
+    events.append({**decision, "time": T0 + 30})
+    figs.update(events)
+    p = figs.cost.projection.data
+    spent = compute_costs(events, now=T0 + 30, minimum_s=60).total
+    assert p["x0"] == [30.0] and p["x1"] == [30.0 + 400.0 / 4.0]  # only the latest
+    assert p["y0"] == [pytest.approx(spent)] and p["y1"] == [pytest.approx(spent + 1.25)]
+    assert p["reason"] == [decision["reason"]]

@@ -116,7 +116,9 @@ class AccuracyLoss(Component):
 
 
 class Cost(Component):
-    """Cumulative dollars: actual (Spot) against the on-demand counterfactual."""
+    """Cumulative dollars: actual (Spot) against the on-demand counterfactual, and, while a
+    transient-aware policy is on, what its latest decision expects: a dotted line from the
+    bill at the decision to the expected total at the expected end of the run."""
 
     def __init__(
         self, t0: float | None = None, height: int = 260, width: int = 480, minimum_s: float = 60.0
@@ -134,7 +136,7 @@ class Cost(Component):
             x_axis_label="seconds",
             tools="pan,wheel_zoom,reset,save",
         )
-        fig.line(
+        on_demand = fig.line(
             "time",
             "on_demand",
             source=self.source,
@@ -143,12 +145,37 @@ class Cost(Component):
             line_dash="dashed",
             legend_label="on demand",
         )
-        fig.line(
+        actual = fig.line(
             "time", "cost", source=self.source, line_width=2, color="#d62728", legend_label="actual"
+        )
+        # The policy's latest expectation only (rollover 1): next to what actually happens.
+        self.projection = ColumnDataSource(
+            {"x0": [], "y0": [], "x1": [], "y1": [], "reason": []}, name="policy-projection"
+        )
+        fig.segment(
+            "x0",
+            "y0",
+            "x1",
+            "y1",
+            source=self.projection,
+            line_width=2,
+            color="#9467bd",
+            line_dash="dotted",
+            legend_label="policy expects",
+        )
+        end = fig.scatter(
+            "x1", "y1", source=self.projection, marker="diamond", size=10, color="#9467bd"
         )
         fig.legend.location = "top_left"
         fig.add_tools(
-            HoverTool(tooltips=[("actual", "$@cost{0.0000}"), ("on demand", "$@on_demand{0.0000}")])
+            HoverTool(
+                renderers=[actual, on_demand],
+                tooltips=[("actual", "$@cost{0.0000}"), ("on demand", "$@on_demand{0.0000}")],
+            ),
+            HoverTool(
+                renderers=[end],
+                tooltips=[("policy", "@reason"), ("expected in all", "$@y1{0.0000}")],
+            ),
         )
         self.root = fig
 
@@ -164,6 +191,8 @@ class Cost(Component):
         for e in new:
             if e.get("kind") in BILLING_KINDS:
                 self.bill.feed(e)
+            elif e.get("kind") == "policy-decision":
+                self._project(e)
             t = float(e["time"])
             if t in wanted:  # the bill as it stood when this event happened
                 wanted.discard(t)
@@ -177,6 +206,25 @@ class Cost(Component):
                 "on_demand": [od for _, _, od in points],
             },
             rollover=ROLLOVER,
+        )
+
+    def _project(self, e: Event) -> None:
+        """The decision's expected end: its ETA (the cluster's clock, so divided by the time
+        scale on this wall-clock axis) and the bill then plus the money it expects to spend."""
+        eta_s, expected = e.get("eta_s"), e.get("expected_cost")
+        if eta_s is None or expected is None:
+            return  # nothing it could choose finishes: no end to draw
+        t = float(e["time"])
+        spent = self.bill.totals(now=t)[0]
+        self.projection.stream(
+            {
+                "x0": [self._t(e)],
+                "y0": [spent],
+                "x1": [self._t(e) + float(eta_s) / self.bill.time_scale],
+                "y1": [spent + float(expected)],
+                "reason": [str(e.get("reason", ""))],
+            },
+            rollover=1,
         )
 
     def tick(self, events: Sequence[Event], now: float) -> None:
