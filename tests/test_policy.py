@@ -344,3 +344,59 @@ def test_a_goal_no_mix_can_meet_changes_the_mix_only_for_a_clearly_faster_one():
     # A mix that meets it is always worth it.
     quick = p.estimate(Configuration.of({K80: 6, V100: 2}), 64_000)
     assert plan(quick, now).meets(quick) and policy.worth_changing(plan(quick, now)) is True
+
+
+def _zoned(prices: tuple[float, float]) -> tuple[RecordingCluster, TransientPolicy, Kind, Kind]:
+    """Four t4 workers in us-central1-a, a run under way, and a fallback zone the cluster may use."""
+    from transient_nb.replacement import ReplacementPolicy
+
+    home = Kind("t4", "us-central1-a", True, prices[0])
+    other = Kind("t4", "us-east1-c", True, prices[1])
+    cluster = RecordingCluster({"t4": 4})
+    cluster.zone = "us-central1-a"
+    cluster.policy = ReplacementPolicy("t4", "us-central1-a", True, fallback_zones=["us-east1-c"])
+    policy = TransientPolicy(cluster, "cost-per-step", planner=Planner([home, other], 0.143))
+    now = time.time()
+    cluster.add("train-started", now - 7200, run="r", steps=64_000)
+    for i in range(4):
+        _vm(cluster, f"w-{i}", "t4", now - 3600)
+    return cluster, policy, home, other
+
+
+def test_new_workers_go_to_the_zone_that_revokes_less():
+    """One price in both zones. After its t4s are revoked again and again in us-central1-a, the
+    policy sends new t4 workers, replacements included, to us-east1-c, and says so."""
+    cluster, policy, home, other = _zoned((0.2, 0.2))
+    policy.observe(cluster.monitor.events)
+    assert policy.current().counts == {home: 4}
+    now = time.time()
+    for i in range(40):  # 40 revoked after 90 s each in the first zone: one an hour's storm
+        name = f"s-{i}"
+        t = now - 3600 + 90 * i
+        fields = {"worker": name, "role": "worker", "gpu": "t4", "zone": home.zone, "spot": True}
+        cluster.add("requested", t, **fields)
+        cluster.add("running", t, **fields)
+        cluster.add("preempted", t + 90, **fields)
+    plan = asyncio.run(policy.adapt())
+    assert plan is not None and plan.chosen.config.counts.get(other, 0) >= 1
+    assert policy.planner.hazard_per_h(home) > 10 * policy.planner.hazard_per_h(other)
+    assert cluster.policy.preferred_zones == {"t4": "us-east1-c"}
+    assert [p.zone for p in cluster.policy.candidates("t4")] == ["us-east1-c", "us-central1-a"]
+    (decision,) = cluster.posted
+    assert decision["acted"] is True and decision["zones"] == {"t4": "us-east1-c"}
+    assert "us-east1-c" in decision["reason"]
+    # The four still running count where they are; the rest of the mix where new ones go.
+    n = cluster.mix["t4"]
+    assert n > 4 and policy.current().counts == {home: 4, other: n - 4}
+    cluster.scale({"t4": n + 2})
+    assert policy.current().counts == {home: 4, other: n - 2}
+
+
+def test_a_zone_is_not_changed_without_a_reason_and_a_cheaper_one_is_taken():
+    cluster, policy, _, _ = _zoned((0.2, 0.2))
+    asyncio.run(policy.adapt())
+    assert cluster.policy.preferred_zones == {}  # same price, same odds: the cluster's own zone
+    cheaper, policy, _, other = _zoned((0.3, 0.2))
+    plan = asyncio.run(policy.adapt())
+    assert plan is not None and policy.zones_of(plan) == {"t4": other.zone}
+    assert cheaper.policy.preferred_zones == {"t4": "us-east1-c"}

@@ -121,6 +121,7 @@ EVENTS: dict[str, tuple[str, ...]] = {
         "reason",
         "acted",
         "mix",
+        "zones",  # GPU type -> the zone its new workers go to first
         "remaining_steps",
         "p_lose_1h",
     ),

@@ -43,6 +43,7 @@ from dask.utils import parse_timedelta
 from transient_nb.planner import (
     GOALS,
     Configuration,
+    Kind,
     Plan,
     Planner,
     kinds_from_catalog,
@@ -188,8 +189,13 @@ class TransientPolicy:
                     ]
                 )
             )
+            # Every zone the cluster may place workers in (its own, then its fallbacks): the
+            # planner weighs each zone's price and the revocations observed there.
+            zones = list(
+                dict.fromkeys([cluster.zone, *getattr(cluster.policy, "fallback_zones", [])])
+            )
             kinds = kinds_from_catalog(
-                cluster.catalog, gpus, [cluster.zone], cluster.machine_type, spot=cluster.spot
+                cluster.catalog, gpus, zones, cluster.machine_type, spot=cluster.spot
             )
             if not kinds:
                 raise ValueError(
@@ -206,6 +212,7 @@ class TransientPolicy:
         self._seen = 0
         self._local: dict[str, tuple[float, int]] = {}  # worker -> (time, local_step) last seen
         self._vm: dict[str, dict[str, Any]] = {}
+        self._live: dict[str, tuple[str, str]] = {}  # worker -> (gpu, zone) of those not gone
         self._running_since: dict[str, float] = {}
         self._requested_at: dict[str, float] = {}
         self._acted_at: float | None = None
@@ -232,6 +239,7 @@ class TransientPolicy:
         t = float(e.get("time", time.time()))
         if kind in ("requested", "running") and name and e.get("role") == "worker":
             self._vm[str(name)] = dict(e)
+            self._live[str(name)] = (str(e.get("gpu")), str(e.get("zone")))
             if kind == "running":
                 self._running_since[str(name)] = t
             else:
@@ -242,6 +250,7 @@ class TransientPolicy:
             waited = t - self._requested_at.pop(str(name))
             self.planner.observe_startup(waited * self.time_scale)
         elif kind in ("preempted", "deleted") and name in self._vm:
+            self._live.pop(str(name), None)
             vm = self._vm[str(name)]
             started = self._running_since.pop(str(name), None)
             hours = 0.0 if started is None else max(0.0, t - started) * self.time_scale / HOUR
@@ -265,13 +274,40 @@ class TransientPolicy:
 
     # -- what it decides -----------------------------------------------------------------------------
     def current(self) -> Configuration:
-        """The cluster's configuration now: its workers asked for, by GPU type."""
+        """The cluster's configuration now: its workers asked for, by GPU type, each in the zone
+        its live VMs are in (those still to come: where the cluster places that type first)."""
         mix = getattr(self.cluster, "mix", None)
         if mix is None:
             mix = {self.cluster.gpu: int(getattr(self.cluster, "_target", 0))}
-        by_gpu = {k.gpu: k for k in self.planner.kinds}
-        counts = {by_gpu[g]: int(n) for g, n in dict(mix).items() if g in by_gpu and n}
+        kinds = {(k.gpu, k.zone): k for k in self.planner.kinds}
+        counts: dict[Kind, int] = {}
+        for gpu, n in dict(mix).items():
+            n = int(n)
+            of_gpu = [k for k in self.planner.kinds if k.gpu == gpu]
+            if not n or not of_gpu:
+                continue
+            for g, zone in self._live.values():
+                kind = kinds.get((g, zone))
+                if g == gpu and kind is not None and n > 0:
+                    counts[kind] = counts.get(kind, 0) + 1
+                    n -= 1
+            if n > 0:
+                home = kinds.get((gpu, self._first_zone(gpu)), of_gpu[0])
+                counts[home] = counts.get(home, 0) + n
         return Configuration.of(counts, self._shards())
+
+    def _first_zone(self, gpu: str) -> str:
+        replacement = getattr(self.cluster, "policy", None)
+        preferred = getattr(replacement, "preferred_zones", None) or {}
+        return str(preferred.get(gpu, getattr(self.cluster, "zone", "")))
+
+    def zones_of(self, plan: Plan) -> dict[str, str]:
+        """GPU type -> the zone the plan puts most of that type in (ties: the earlier kind)."""
+        best: dict[str, tuple[int, str]] = {}
+        for kind, n in plan.chosen.config.workers:
+            if kind.gpu not in best or n > best[kind.gpu][0]:
+                best[kind.gpu] = (n, kind.zone)
+        return {gpu: zone for gpu, (_, zone) in best.items()}
 
     def remaining_steps(self) -> int | None:
         """Global steps the run still has to train (None before a run starts)."""
@@ -352,6 +388,7 @@ class TransientPolicy:
             **plan_fields(plan),
             "acted": acted,
             "mix": self.mix_of(plan),
+            "zones": self.zones_of(plan),
             "remaining_steps": self.remaining_steps(),
             "p_lose_1h": [round(self.planner.p_lose_at_least(config, k), 4) for k in (1, 2, 3)],
         }
@@ -368,6 +405,12 @@ class TransientPolicy:
             if shards > self._shards():
                 # A PS host first: the run splits its PS once the host has joined.
                 self.cluster.scale_ps(shards)
+            prefer = getattr(getattr(self.cluster, "policy", None), "prefer_zone", None)
+            if prefer is not None:
+                # New workers of each type (and replacements) go where the plan put them; the
+                # ones already running stay until they are preempted or given back.
+                for gpu, zone in self.zones_of(plan).items():
+                    prefer(gpu, zone)
             self.cluster.scale(self.mix_of(plan))
             self._acted_at = time.time()
         self.last = plan

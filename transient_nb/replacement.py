@@ -45,6 +45,10 @@ class ReplacementPolicy:
         Injected for tests.
     not_offered
         (GPU type, zone) pairs the provider does not offer: skipped.
+    preferred_zones
+        GPU type -> the zone tried first for it, before ``zone`` (set by the transient-aware
+        policy through :meth:`prefer_zone`, where it expects that type to live longest per
+        dollar).
 
     Examples
     --------
@@ -67,6 +71,7 @@ class ReplacementPolicy:
     #: (GPU type, zone) pairs the provider does not offer (the backend describes them when it
     #: prepares): never picked, never priced.
     not_offered: set[tuple[str, str]] = field(default_factory=set)
+    preferred_zones: dict[str, str] = field(default_factory=dict)
     _stockouts: dict[tuple[str, str, bool], float] = field(default_factory=dict)
     _preemptions: dict[tuple[str, str], list[float]] = field(default_factory=dict)
 
@@ -77,7 +82,7 @@ class ReplacementPolicy:
         Its fallbacks are the same for every type.
         """
         first = gpu or self.gpu
-        zones = [self.zone, *[z for z in self.fallback_zones if z != self.zone]]
+        zones = list(dict.fromkeys([self.preferred_zones.get(first, self.zone), *self.zones()]))
         gpus = [first, *[g for g in self.fallback_gpus if g != first]]
         modes = [self.spot] + ([False] if self.spot and self.on_demand_fallback else [])
         for spot in modes:
@@ -85,6 +90,33 @@ class ReplacementPolicy:
                 for zone in zones:
                     if (gpu, zone) not in self.not_offered:
                         yield Placement(gpu, zone, spot)
+
+    def zones(self) -> list[str]:
+        """The zones it may place workers in: the preferred one, then the fallbacks."""
+        return [self.zone, *[z for z in self.fallback_zones if z != self.zone]]
+
+    def prefer_zone(self, gpu: str, zone: str) -> None:
+        """Try ``zone`` first for new ``gpu`` workers (one of :meth:`zones`).
+
+        Examples
+        --------
+        >>> p = ReplacementPolicy("t4", "us-central1-a", True, fallback_zones=["us-east1-c"])
+        >>> p.prefer_zone("t4", "us-east1-c")
+        >>> [c.zone for c in p.placements("t4")]
+        ['us-east1-c', 'us-central1-a']
+        >>> p.prefer_zone("t4", "mars-1a")
+        Traceback (most recent call last):
+        ...
+        ValueError: Zone 'mars-1a' is not one this cluster may use: us-central1-a, us-east1-c.
+        """
+        if zone not in self.zones():
+            raise ValueError(
+                f"Zone {zone!r} is not one this cluster may use: {', '.join(self.zones())}."
+            )
+        if zone == self.zone:
+            self.preferred_zones.pop(gpu, None)
+        else:
+            self.preferred_zones[gpu] = zone
 
     def candidates(self, gpu: str | None = None) -> Iterator[Placement]:
         """Placements to try for a ``gpu`` worker, in order, skipping remembered stock-outs.
