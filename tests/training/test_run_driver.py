@@ -156,6 +156,14 @@ def ps_double(
     return PSDouble(ps, loop)
 
 
+def logged(caplog, level: str, text: str) -> bool:
+    """Whether the driver logged exactly ``text`` at ``level`` (what an operator reads)."""
+    return any(
+        r.name == "transient_nb.training.run" and r.levelname == level and r.getMessage() == text
+        for r in caplog.records
+    )
+
+
 def wait_done(future: Any, timeout: float = 10.0) -> None:
     end = time.monotonic() + timeout
     while not future.done():
@@ -171,11 +179,13 @@ def test_a_deadline_is_a_duration_from_now_or_a_moment():
     before = time.time()
     assert before + 7200 <= _parse_deadline("2h") <= time.time() + 7200
     assert before + 90 <= _parse_deadline(90) <= time.time() + 90
-    with pytest.raises(ValueError, match="deadline"):
+    with pytest.raises(ValueError) as info:
         _parse_deadline("soon")
+    assert str(info.value) == "deadline='soon' must be a positive duration such as '2h'."
 
 
 def test_train_arguments_are_checked_before_anything_starts():
+    assert check_train_args().steps == HParams.steps  # its defaults are a valid run
     hp = check_train_args(model="resnet8", data="digits", steps=77, lr=0.2, batch_size=None)
     assert hp.steps == 77 and hp.lr == 0.2 and hp.batch_size == HParams.batch_size
     with pytest.raises(
@@ -229,20 +239,59 @@ def test_a_resumed_run_keeps_the_earlier_settings_unless_told_otherwise():
     )
 
 
-def test_a_cloud_run_needs_shared_checkpoint_storage_that_can_be_written():
+def test_a_cloud_run_needs_shared_checkpoint_storage_that_can_be_written(tmp_path):
     check_checkpoint_url(None, "local")  # the run's own folder: nothing to check
     check_checkpoint_url("/tmp/x", "local")
     for bad in (None, "/tmp/checkpoints", "file:///tmp/c", "memory://c"):
-        with pytest.raises(ValueError, match=f"checkpoint_url={bad!r}: on the gce backend"):
+        with pytest.raises(ValueError) as info:
             check_checkpoint_url(bad, "gce")
+        assert str(info.value) == (
+            f"checkpoint_url={bad!r}: on the gce backend the PS checkpoints must live on storage "
+            "that outlives the PS host and that every host can reach; pass e.g. "
+            "checkpoint_url='gs://YOUR-BUCKET/transient-runs'."
+        )
     probe_checkpoint_url("memory://bucket/runs")  # written, read back, deleted
     import fsspec
 
     assert fsspec.filesystem("memory").glob("/bucket/runs/*") == []
-    with pytest.raises(ValueError, match="checkpoint_url='nosuch://b/runs' cannot be written"):
+    with pytest.raises(ValueError) as info:
         probe_checkpoint_url("nosuch://b/runs")
+    assert str(info.value) == (
+        "checkpoint_url='nosuch://b/runs' cannot be written (ValueError: Protocol not known: "
+        "nosuch). Check that the bucket exists and that your credentials (and the VMs' service "
+        "account) may write to it, or pass another checkpoint_url."
+    )
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    probe_checkpoint_url(f"{folder}/")  # a trailing slash, on a local absolute path
+    assert list(folder.iterdir()) == []
     with pytest.raises(ValueError, match="cannot be written"):
         check_checkpoint_url("nosuch://b/runs", "gce")  # probed once the form is right
+
+
+def test_storage_that_reads_back_other_bytes_is_refused():
+    import io
+
+    import fsspec
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    class Corrupting(MemoryFileSystem):
+        """Memory that answers every read with other bytes (a broken bucket or gateway)."""
+
+        protocol = "corrupting"
+
+        def _open(self, path, mode="rb", **kwargs):
+            if "r" in mode:
+                return io.BytesIO(b"ko")
+            return super()._open(path, mode, **kwargs)
+
+    fsspec.register_implementation("corrupting", Corrupting, clobber=True)
+    with pytest.raises(ValueError) as info:
+        probe_checkpoint_url("corrupting://bucket/runs")
+    assert str(info.value) == (
+        "checkpoint_url='corrupting://bucket/runs': a file written there did not read back the "
+        "same."
+    )
 
 
 # -- when the run stops -------------------------------------------------------------------------------
@@ -307,7 +356,8 @@ def test_the_ps_status_is_asked_without_blocking_and_read_when_it_comes(loop, tm
     assert run._status_future is not None and run._status_future is not first
 
 
-def test_a_failed_status_is_not_an_answer(loop, tmp_path):
+def test_a_failed_status_is_not_an_answer(loop, tmp_path, caplog):
+    caplog.set_level("INFO", "transient_nb.training.run")
     run = driver(tmp_path)
     double = ps_double(loop, run, version=40)
     run._ps = [double]
@@ -318,11 +368,12 @@ def test_a_failed_status_is_not_an_answer(loop, tmp_path):
     run._poll_status()
     assert run.step == 0 and run.status == {} and run._ps_answered == answered
     assert run._status_future is None  # asked again at the next round, not this one
+    assert logged(caplog, "INFO", "PS status failed: ConnectionError('comm closed')")
     run._poll_status()
     assert run._status_future is not None
 
 
-def test_an_unanswered_status_is_asked_again_after_the_call_timeout(loop, tmp_path):
+def test_an_unanswered_status_is_asked_again_after_the_call_timeout(loop, tmp_path, caplog):
     run = driver(tmp_path)
     double = ps_double(loop, run)
     run._ps = [double]
@@ -335,12 +386,15 @@ def test_an_unanswered_status_is_asked_again_after_the_call_timeout(loop, tmp_pa
     run._poll_status()
     assert run._status_future is not first
     assert time.monotonic() - run._status_sent < HP.call_timeout_s
+    assert logged(caplog, "WARNING", "PS status: no answer within 0 s")  # 0.5 s, rounded
     double.frozen.clear()  # both calls end before the loop does
     wait_done(first)
     wait_done(run._status_future)
 
 
-def test_a_status_that_cannot_be_sent_means_the_ps_host_is_gone(tmp_path):
+def test_a_status_that_cannot_be_sent_means_the_ps_host_is_gone(tmp_path, caplog):
+    caplog.set_level("INFO", "transient_nb.training.run")
+
     class Gone:
         def status(self):
             raise RuntimeError("the actor's task erred")
@@ -351,6 +405,7 @@ def test_a_status_that_cannot_be_sent_means_the_ps_host_is_gone(tmp_path):
     run._ps = [Gone()]
     run._poll_status()
     assert run._ps_left and run._ps_lost()
+    assert logged(caplog, "INFO", 'PS status not sent: RuntimeError("the actor\'s task erred")')
 
 
 def test_the_ps_is_lost_when_its_host_left_or_it_stays_silent(tmp_path):
@@ -392,8 +447,16 @@ def test_shards_are_placed_on_the_ps_hosts_there_are(tmp_path):
         "tls://a:1": {"resources": {"ps": 1}},
         "tls://g:1": {"resources": {"gpu": 1}},
         "tls://b:1": {"resources": {"ps": 1}},
+        "tls://n:1": {},  # listed without resources
     }
+    t0 = time.monotonic()
     assert run._wait_for_ps_hosts(set(), want=2, timeout=5, grace=5) == ["tls://a:1", "tls://b:1"]
+    assert run._wait_for_ps_hosts(set(), want=3, timeout=5, grace=5) == [
+        "tls://a:1",
+        "tls://b:1",
+        "tls://c:1",
+    ]
+    assert time.monotonic() - t0 < 2  # as many as wanted: no grace waited out
     assert run._wait_for_ps_hosts({"tls://a:1"}, want=3, timeout=5, grace=0) == [
         "tls://b:1",
         "tls://c:1",
@@ -404,13 +467,23 @@ def test_shards_are_placed_on_the_ps_hosts_there_are(tmp_path):
         "tls://b:1",
         "tls://c:1",
     ]
-    assert 0.3 <= time.monotonic() - t0 < 3  # waited out the grace, not the timeout
+    assert 0.3 <= time.monotonic() - t0 < 0.9  # the grace, looked at every 0.1 s
     run._client.workers = {"tls://g:1": {"resources": {"gpu": 1}}}
     with pytest.raises(TimeoutError, match="No PS host joined within 0 s"):
         run._wait_for_ps_hosts(set(), want=1, timeout=0.3, grace=0)
     run._stop.set()
-    with pytest.raises(RuntimeError, match="stopped while waiting for a PS host"):
+    with pytest.raises(RuntimeError, match=r"^stopped while waiting for a PS host$"):
         run._wait_for_ps_hosts(set(), want=1, timeout=30, grace=0)
+
+
+def test_the_ps_hosts_of_a_cluster_that_does_not_say_are_one(tmp_path):
+    run = driver(tmp_path)
+    del run.cluster.ps_hosts  # a cluster of another kind
+    assert run._ps_host_count() == 1
+    run.cluster.ps_hosts = None
+    assert run._ps_host_count() == 1
+    run.cluster.ps_hosts = 3
+    assert run._ps_host_count() == 3
 
 
 def test_an_elastic_run_wants_a_shard_per_ps_host_once_every_host_joined(tmp_path):
@@ -419,7 +492,8 @@ def test_an_elastic_run_wants_a_shard_per_ps_host_once_every_host_joined(tmp_pat
     pinned._client.workers = {"tls://a:1": ps, "tls://b:1": ps}
     assert not pinned._wants_more_shards()  # shards= given: they stay
     run = driver(tmp_path, ps_hosts=2, elastic_shards=True)
-    run._client.workers = {"tls://a:1": ps, "tls://g:1": {"resources": {"gpu": 1}}}
+    # A worker whose listing has no resources at all is no PS host.
+    run._client.workers = {"tls://a:1": ps, "tls://g:1": {"resources": {"gpu": 1}}, "tls://n:1": {}}
     assert not run._wants_more_shards()  # the second host has not joined yet
     run._client.workers["tls://b:1"] = ps
     assert run._wants_more_shards()
@@ -450,17 +524,22 @@ def test_a_split_takes_the_live_ps_state_into_more_shards(loop, tmp_path):
     double = ps_double(loop, run, version=120, weights=w, bn=np.array([7.0], dtype=np.float32))
     run._ps, run._bounds, run._known_step, run.step = [double], [(0, 10)], 125, 125
     run._inflight = {"step": 100}
+    run._generation = 3  # after earlier recoveries
+    run._ps_addresses = ["tls://a:1", "tls://b:1", "tls://a:1"]
     run._reshard(2)
     assert run._inflight is None  # a checkpoint of the old generation is never published
-    assert run.shards == 2 and run._bounds == [(0, 5), (5, 10)] and run._generation == 1
+    assert run.shards == 2 and run._bounds == [(0, 5), (5, 10)] and run._generation == 4
     states = run.created["states"]
     assert [list(s["weights"]) for s in states] == [list(w[:5]), list(w[5:])]
     assert list(states[0]["bn"]) == [7.0] and states[1]["bn"] is None
     assert run.created["step"] == 120 and run.created["counters"]["accepted"] == {"w-0": 120}
     (split,) = posted(run, "ps-resharded")
     assert (split["shards_from"], split["shards"], split["step"]) == (1, 2, 120)
-    assert split["steps_lost"] == 5 and split["generation"] == 1
+    assert split["steps_lost"] == 5 and split["generation"] == 4
+    assert 0 <= split["seconds"] < 30 and split["addresses"] == ["tls://a:1", "tls://b:1"]
     assert run.step == run._known_step == 120
+    run._reshard(3)  # nothing pushed since: nothing lost
+    assert posted(run, "ps-resharded")[-1]["steps_lost"] == 0
 
 
 def test_a_split_waits_while_the_ps_does_not_answer(loop, tmp_path):
@@ -481,16 +560,20 @@ def test_a_ps_whose_handle_broke_but_answers_moves_its_own_state(loop, tmp_path)
     run = recreating(tmp_path)
     double = ps_double(loop, run, version=250)
     run._ps, run._ps_addresses, run._known_step = [double], ["tls://ps-0:1"], 260
+    run._generation = 2
     run._recover()
     lost, recovered = posted(run)  # in this order, nothing else
     assert lost["kind"] == "ps-lost" and recovered["kind"] == "ps-recovered"
     assert lost["step"] == 260 and lost["address"] == "tls://ps-0:1"
     assert lost["addresses"] == ["tls://ps-0:1"]
     assert recovered["source"] == "ps" and recovered["step"] == 250
-    assert recovered["steps_lost"] == 10 and recovered["generation"] == run._generation == 1
+    assert recovered["steps_lost"] == 10 and recovered["generation"] == run._generation == 3
+    assert 0 <= recovered["seconds"] < 30
     assert list(run.created["states"][0]["weights"]) == list(range(12))
     assert run.created["step"] == 250 and run.created["counters"]["gaps"] == 1
     assert run.step == run._known_step == 250 and run._next_checkpoint == 300
+    run._recover()  # again, nothing pushed since: nothing lost
+    assert posted(run, "ps-recovered")[-1]["steps_lost"] == 0
 
 
 def write_checkpoint(url: str, step: int, shards: list[np.ndarray], counters: dict) -> None:
@@ -551,6 +634,11 @@ def test_a_resumed_run_takes_the_checkpoint_of_the_earlier_one(tmp_path):
     states, step, counters = run._resume_states(8)
     assert step == 300 and counters == {"gaps": 2} and len(states) == 1
     assert list(states[0]["weights"]) == list(w) and list(states[0]["bn"]) == [3.0]
+    assert list(states[0]["momentum"]) == list(w * 10)
+    two = recreating(tmp_path, shards=2, resume=point)
+    halves, _, _ = two._resume_states(8)
+    assert [list(h["momentum"]) for h in halves] == [list(w[:4] * 10), list(w[4:] * 10)]
+    assert halves[1]["bn"] is None
     with pytest.raises(RuntimeError, match="holds 8 parameters; resnet8 has 9: resume with"):
         run._resume_states(9)
     empty = recreating(tmp_path, resume=ResumePoint("run-x", str(tmp_path / "none")))
@@ -574,12 +662,15 @@ def test_a_checkpoint_aligns_the_shards_and_publishes_the_manifest_last(loop, tm
     assert run._inflight is None and run.checkpoint_step == 250 and run._next_checkpoint == 300
     (event,) = posted(run, "checkpoint")
     assert event["step"] == 250 and event["path"].endswith("manifest.json")
+    assert 0 <= event["seconds"] < 30
     ck = checkpoint.load_latest(run.checkpoint_url)
     assert ck.step == 250 and [list(s["weights"]) for s in ck.shards] == [[0] * 4, [1] * 4]
     manifest = json.load(
         open(os.path.join(checkpoint.step_dir(run.checkpoint_url, 250), "manifest.json"))
     )
     assert manifest["run"] == run.id and manifest["shards"] == 2
+    assert (manifest["model"], manifest["data"], manifest["generation"]) == ("resnet8", "digits", 0)
+    assert HParams.from_dict(manifest["hparams"]) == HP and abs(manifest["time"] - time.time()) < 30
     assert manifest["counters"] == {
         "accepted": {"w-0": 250},
         "last_local": {},
@@ -615,6 +706,39 @@ def test_nothing_new_is_never_published_over_a_newer_checkpoint(loop, tmp_path):
     assert same._inflight is None and same._next_checkpoint == 400 and posted(same) == []
 
 
+def test_an_explicit_checkpoint_publishes_the_one_being_written_first(loop, tmp_path):
+    """_checkpoint_now (the end of a run, run.checkpoint()): the automatic checkpoint being
+    written is waited for and published, then a new one of the PS as it is now."""
+    import threading
+
+    run = driver(tmp_path)
+    double = ps_double(loop, run, version=100)
+    run._ps = [double]
+    run._start_checkpoint()
+    assert run._inflight is not None and run._inflight["step"] == 100
+    double.ps.version = 150  # pushes that arrived since
+    double.frozen.set()  # the shard file being written is slow: wait for it, do not drop it
+    threading.Timer(0.3, double.frozen.clear).start()
+    run._checkpoint_now()
+    assert [e["step"] for e in posted(run, "checkpoint")] == [100, 150]
+    assert run.checkpoint_step == 150 and run._inflight is None
+
+
+def test_a_frozen_ps_delays_a_checkpoint_by_the_call_timeout_only(loop, tmp_path, caplog):
+    caplog.set_level("INFO", "transient_nb.training.run")
+    run = driver(tmp_path)
+    double = ps_double(loop, run, version=100)
+    run._ps = [double]
+    run._checkpoint_attempts = 5
+    double.frozen.set()
+    t0 = time.monotonic()
+    run._start_checkpoint()
+    assert time.monotonic() - t0 < 5 and run._inflight is None
+    assert run._checkpoint_attempts == 6 and run._checkpoint_settled == 0
+    assert logged(caplog, "INFO", "Checkpoint snapshot failed: TimeoutError()")
+    double.frozen.clear()
+
+
 def test_a_snapshot_that_fails_starts_no_checkpoint(loop, tmp_path):
     run = driver(tmp_path, shards=2)
     first, second = ps_double(loop, run, 0, 2, version=10), ps_double(loop, run, 1, 2, version=10)
@@ -625,7 +749,7 @@ def test_a_snapshot_that_fails_starts_no_checkpoint(loop, tmp_path):
     assert run._checkpoint_settled == 0 and run.checkpoint_step == -1
 
 
-def test_a_checkpoint_write_that_fails_or_hangs_is_given_up(tmp_path):
+def test_a_checkpoint_write_that_fails_or_hangs_is_given_up(tmp_path, caplog):
     run = driver(tmp_path)
     run._inflight = {
         "attempt": 1,
@@ -636,6 +760,7 @@ def test_a_checkpoint_write_that_fails_or_hangs_is_given_up(tmp_path):
     }
     run._poll_checkpoint()
     assert run._inflight is None and run.checkpoint_step == -1 and posted(run) == []
+    assert logged(caplog, "WARNING", "Checkpoint of step 100 failed: OSError('disk full')")
     hanging = {
         "attempt": 2,
         "step": 100,
@@ -646,9 +771,16 @@ def test_a_checkpoint_write_that_fails_or_hangs_is_given_up(tmp_path):
     run._inflight = hanging
     run._poll_checkpoint()
     assert run._inflight is hanging  # a slow bucket is not a hang
-    hanging["t0"] = time.monotonic() - max(120.0, 4 * HP.call_timeout_s) - 1
+    hanging["t0"] = time.monotonic() - 120.5  # the bound: 120 s, or 4 call timeouts if longer
     run._poll_checkpoint()
     assert run._inflight is None and run._checkpoint_settled == 0 and posted(run) == []
+    assert logged(caplog, "WARNING", "Checkpoint of step 100 not written within 120 s")
+    slow = driver(tmp_path, hp=HP.with_(call_timeout_s=40.0))  # bound: 160 s
+    for waited, kept in ((150, True), (170, False)):
+        job = {"attempt": 1, "step": 5, "counters": {}, "futures": [Pending()]}
+        slow._inflight = {**job, "t0": time.monotonic() - waited}
+        slow._poll_checkpoint()
+        assert (slow._inflight is not None) == kept, waited
 
 
 # -- trainers: started on every GPU worker, watched, restarted with backoff, given up -----------------
@@ -695,14 +827,21 @@ def test_a_trainer_is_asked_for_on_its_worker_and_run_once_created(tmp_path):
     assert created in run._released
 
 
-def test_a_trainer_that_could_not_be_created_is_retried_later(tmp_path):
+def test_a_trainer_that_could_not_be_created_is_retried_later(tmp_path, caplog):
+    caplog.set_level("INFO", "transient_nb.training.run")
     run = driver(tmp_path)
     run._want_trainer("w-0", "tls://w0:1")
+    run._want_trainer("w-1", "tls://w1:1")
     run._slots["w-0"].future = Done(error=RuntimeError("worker left"))
+    run._slots["w-1"].future = Done(SimpleNamespace(run=lambda: Pending()))
     run._submit_trainers()
     slot = run._slots["w-0"]
     assert not slot.started and slot.future is None and slot.attempt == 1
+    assert run._slots["w-1"].started  # the one after it is still looked at
     assert [e["kind"] for e in posted(run)] == ["trainer-failed", "trainer-restarted"]
+    failed = posted(run, "trainer-failed")[0]
+    assert failed["worker"] == "w-0" and failed["error"] == "RuntimeError: worker left"
+    assert logged(caplog, "INFO", "Trainer on w-0 did not start: RuntimeError('worker left')")
     run._submit_trainers()  # not before its backoff
     assert run._client.submitted == []
     slot.not_before = time.monotonic() - 0.01
@@ -710,7 +849,7 @@ def test_a_trainer_that_could_not_be_created_is_retried_later(tmp_path):
     assert run._client.submitted[0][2]["key"] == f"trainer-{run.id}-w-0-1"
 
 
-def test_failed_trainers_restart_with_doubling_backoff_then_are_given_up(tmp_path):
+def test_failed_trainers_restart_with_doubling_backoff_then_are_given_up(tmp_path, caplog):
     run = driver(tmp_path)
     slot = run._slots.setdefault("w-0", _TrainerSlot("tls://w0:1", actor=object(), started=True))
     first = Done(error=RuntimeError("x"))
@@ -729,6 +868,17 @@ def test_failed_trainers_restart_with_doubling_backoff_then_are_given_up(tmp_pat
     assert failed[2]["error"] == "ValueError: " and failed[0]["worker"] == "w-0"
     restarted = posted(run, "trainer-restarted")
     assert [(e["attempt"], e["delay_s"]) for e in restarted] == [(1, 1.0), (2, 2.0)]
+    assert {e["worker"] for e in restarted} == {"w-0"}
+    assert logged(
+        caplog,
+        "WARNING",
+        "Trainer on w-0 failed (attempt 1): RuntimeError: CUDA error: out of memory",
+    )
+    assert logged(
+        caplog,
+        "WARNING",
+        "Worker w-0 gave up after 3 failed trainers; it stays idle (scale it away): ValueError: ",
+    )
     assert "w-0" not in run._slots and run._given_up == {"w-0": "ValueError: "}
 
 
@@ -746,15 +896,15 @@ def test_the_restart_backoff_is_capped_and_the_error_text_cut(tmp_path):
 def test_ended_trainers_are_told_apart(tmp_path):
     run = driver(tmp_path)
     ends = {
+        "raised": Done(error=ValueError("boom")),  # first: the ones after it are still looked at
         "drained": Done({"state": "drained"}),
         "finished": Done({"state": "finished"}),
         "early": Done({"state": "stopped"}),
-        "raised": Done(error=ValueError("boom")),
         "running": Pending(),
     }
+    run._slots["creating"] = _TrainerSlot("tls://c:1", future=Done(object()))
     for name, future in ends.items():
         run._slots[name] = _TrainerSlot(f"tls://{name}:1", future=future, started=True)
-    run._slots["creating"] = _TrainerSlot("tls://c:1", future=Done(object()))
     run._watch_trainers()
     # A drained worker is leaving (its replacement gets a trainer); a finished one is done.
     assert sorted(run._slots) == ["creating", "early", "finished", "raised", "running"]
@@ -772,7 +922,10 @@ def test_ended_trainers_are_told_apart(tmp_path):
     assert posted(stopping) == []  # stopped because the run stops
 
 
-def test_trainers_are_stopped_and_their_counters_gathered(tmp_path):
+def test_trainers_are_stopped_and_their_counters_gathered(tmp_path, caplog):
+    import threading
+
+    caplog.set_level("INFO", "transient_nb.training.run")
     run = driver(tmp_path)
 
     class Actor:
@@ -781,21 +934,43 @@ def test_trainers_are_stopped_and_their_counters_gathered(tmp_path):
         def stop(self):
             Actor.stopped += 1
 
+    class Stopping(Done):
+        """A trainer's run() that returns a moment after it is told to stop."""
+
+        def __init__(self) -> None:
+            super().__init__({"accepted": 7})
+            self.event = threading.Event()
+            threading.Timer(0.3, self.event.set).start()
+
+        def done(self) -> bool:
+            return self.event.is_set()
+
     run._slots = {
+        "c": _TrainerSlot("tls://c:1", actor=None, future=Pending()),  # being created
+        "d": _TrainerSlot("tls://d:1", actor=Actor(), future=Pending()),  # created, not run
         "a": _TrainerSlot("tls://a:1", actor=Actor(), started=True, future=Done({"accepted": 5})),
         "b": _TrainerSlot(
             "tls://b:1", actor=Actor(), started=True, future=Done(error=OSError("x"))
         ),
-        "c": _TrainerSlot("tls://c:1", actor=None, future=Pending()),  # being created
+        "e": _TrainerSlot("tls://e:1", actor=Actor(), started=True, future=Stopping()),
     }
-    assert run._stop_trainers() == [{"accepted": 5}]
-    assert Actor.stopped == 2
+    t0 = time.monotonic()
+    assert run._stop_trainers() == [{"accepted": 5}, {"accepted": 7}]
+    assert time.monotonic() - t0 < 5  # each waited for as long as it takes, not the bound
+    assert Actor.stopped == 3
+    assert logged(caplog, "INFO", "Trainer on b ended with OSError('x')")
 
 
 # -- what the cluster's events tell the driver --------------------------------------------------------
 def test_events_bring_trainers_to_new_workers_and_note_a_ps_host_leaving(tmp_path):
     run = driver(tmp_path)
     run._ps_addresses = ["tls://ps:1"]
+    for event in (
+        {"kind": "metrics", "run": run.id},  # no step: it says nothing of the PS's
+    ):
+        run._events.put(event)
+    run._handle_events()
+    assert run._known_step == 0
     for event in (
         {"kind": "metrics", "run": run.id, "step": 40},
         {"kind": "metrics", "run": "run-other", "step": 90},
@@ -841,7 +1016,9 @@ def test_a_preempted_worker_asks_the_ps_whether_it_died_mid_step(loop, tmp_path)
     assert [d.ps.lost_in_flight for d in shards] == [1, 1]
 
 
-def test_a_preemption_with_the_ps_gone_too_counts_nothing(tmp_path):
+def test_a_preemption_with_the_ps_gone_too_counts_nothing(tmp_path, caplog):
+    caplog.set_level("INFO", "transient_nb.training.run")
+
     class Gone:
         def unregister(self, name, drained):
             raise RuntimeError("actor gone")
@@ -850,49 +1027,82 @@ def test_a_preemption_with_the_ps_gone_too_counts_nothing(tmp_path):
     run._ps = [Gone()]
     run._slots["w-0"] = _TrainerSlot("tls://w0:1", started=True, future=Pending())
     run._events.put({"kind": "preempted", "role": "worker", "worker": "w-0"})
+    run._events.put({"kind": "joined", "role": "worker", "worker": "w-5", "address": "tls://w5"})
     run._handle_events()
-    assert run._slots == {} and run._unregistering == []
+    assert run._slots.keys() == {"w-5"} and run._unregistering == []  # and the next event read
+    assert logged(caplog, "INFO", "Could not unregister w-0: RuntimeError('actor gone')")
 
 
 def test_unregistering_counts_a_gradient_only_when_the_ps_says_so(tmp_path):
     run = driver(tmp_path)
+    run.lost_in_flight = 2  # counted before
     now = time.monotonic()
     run._unregistering = [
+        ("waiting", [Pending()], now),  # first: the ones after it are still looked at
         ("lost", [Done(True)], now),
         ("fine", [Done(False)], now),
         ("erred", [Done(error=OSError("x"))], now),
-        ("waiting", [Pending()], now),
         ("silent", [Pending()], now - HP.call_timeout_s - 0.1),
     ]
     run._poll_unregistering()
-    assert run.lost_in_flight == 1
+    assert run.lost_in_flight == 3
     assert [e["worker"] for e in posted(run, "gradient-lost")] == ["lost"]
     assert [name for name, _, _ in run._unregistering] == ["waiting"]
 
 
 # -- evaluation and the end ---------------------------------------------------------------------------
 def resnet8_ps(loop, run: TrainingRun, version: int) -> PSDouble:
+    import torch
+
+    torch.manual_seed(0)  # the same weights every time
     model = build_model("resnet8", num_classes=10)
     params, buffers = flat_layout(model)
     return ps_double(loop, run, version=version, weights=get_flat(params), bn=get_flat(buffers))
 
 
-def test_evaluation_reads_the_ps_weights_on_the_run_test_images(loop, tmp_path):
+def test_evaluation_reads_the_ps_weights_on_the_run_test_images(loop, tmp_path, caplog):
+    from transient_nb.training.data import load_dataset
+
+    caplog.set_level("INFO", "transient_nb.training.run")
     run = driver(tmp_path)
     run._ps = [resnet8_ps(loop, run, version=300)]
     accuracy = run._evaluate()
     assert accuracy is not None and 0 <= accuracy <= 1 and run.accuracy == accuracy
     (event,) = posted(run, "eval")
     assert event["step"] == 300 and event["accuracy"] == accuracy and event["test_loss"] > 0
-    assert len(run._test[1]) == HP.eval_images  # the first eval_images test images, no more
+    test = load_dataset("digits", train=False)
+    assert list(run._test[1]) == list(test.labels[: HP.eval_images])  # the test set's first
     run._ps[0].error = ConnectionError("gone")
     assert run._evaluate() is None and len(posted(run, "eval")) == 1
+    assert logged(caplog, "INFO", "Evaluation skipped: ConnectionError('gone')")
+    every = driver(tmp_path, hp=HP.with_(eval_images=None))
+    every._ps = [resnet8_ps(loop, every, version=1)]
+    every._evaluate()
+    assert len(every._test[1]) == len(test)
+
+
+def test_evaluation_uses_the_ps_batch_norm_statistics(loop, tmp_path):
+    """Shard 0's statistics go into the model evaluated; a PS without any, the model's own."""
+    losses = []
+    for scale in (1.0, 100.0, None):
+        run = driver(tmp_path)
+        double = resnet8_ps(loop, run, version=1)
+        if scale is None:
+            double.ps.bn = None
+        else:
+            double.ps.bn = double.ps.bn * scale  # every running mean and variance scaled
+        run._ps = [double]
+        assert run._evaluate() is not None
+        losses.append(posted(run, "eval")[0]["test_loss"])
+    assert losses[0] != losses[1] and losses[2] == losses[0]
 
 
 def test_the_end_evaluates_checkpoints_and_reports(loop, tmp_path):
     run = driver(tmp_path)
     run._ps = [resnet8_ps(loop, run, version=1000)]
     run.lost_in_flight = 2
+    run.accuracy = 0.25  # from an evaluation before the end: evaluated again at the end
+    run.started = time.time() - 5
     run._finish("steps")
     assert run.reason == "steps" and run.step == 1000 and run.checkpoint_step == 1000
     kinds = [e["kind"] for e in posted(run)]
@@ -901,6 +1111,29 @@ def test_the_end_evaluates_checkpoints_and_reports(loop, tmp_path):
     assert done["reason"] == "steps" and done["step"] == 1000 and done["checkpoint_step"] == 1000
     assert done["lost_in_flight"] == 2 and done["gaps"] == 1
     assert json.loads(done["accepted"]) == {"w-0": 1000} and json.loads(done["trainers"]) == []
+    assert done["accuracy"] == run.accuracy == posted(run, "eval")[0]["accuracy"]
+    assert 5 <= done["wall_s"] < 60
+
+
+def test_the_end_reports_what_it_can_when_the_ps_does_not_answer(loop, tmp_path):
+    import datetime as dt
+
+    run = driver(tmp_path)
+    double = resnet8_ps(loop, run, version=10)
+    double.error = ConnectionError("gone")
+    run._ps = [double]
+    when = dt.datetime(2030, 1, 1)
+    run._slots["w-0"] = _TrainerSlot(
+        "tls://w0:1",
+        actor=SimpleNamespace(stop=lambda: None),
+        started=True,
+        future=Done({"t": when}),
+    )
+    run._finish("stopped")
+    (done,) = posted(run)
+    assert done["kind"] == "train-finished" and done["reason"] == "stopped"
+    assert json.loads(done["accepted"]) == {} and done["gaps"] is None
+    assert json.loads(done["trainers"]) == [{"t": str(when)}]  # what JSON lacks, as text
 
 
 def test_a_run_that_reached_its_accuracy_is_not_evaluated_again(loop, tmp_path):
@@ -918,21 +1151,27 @@ def test_a_run_whose_trainers_all_failed_raises_their_error_at_the_end(loop, tmp
     with pytest.raises(RuntimeError, match="Every trainer kept failing"):
         run._finish("trainer-failed")
     assert run.checkpoint_step == 5 and posted(run, "train-finished") == []
+    run.error = None
+    with pytest.raises(RuntimeError, match=r"^trainers failed$"):
+        run._finish("trainer-failed")
 
 
-def test_cleanup_leaves_nothing_of_the_run(tmp_path, monkeypatch):
+def test_cleanup_leaves_nothing_of_the_run(tmp_path, monkeypatch, caplog):
+    caplog.set_level("INFO", "transient_nb.training.run")
     run = driver(tmp_path)
     deleted = []
 
     class Variable:
         def __init__(self, name, client):
-            self.name = name
+            self.name, self.client = name, client
 
         def delete(self):
+            assert self.client is run._client
             deleted.append(self.name)
 
     futures = [Done(), Done(), Done()]
-    run._released = [futures[0]]
+    call = SimpleNamespace()  # an actor call's future: it holds nothing to release
+    run._released = [futures[0], call]
     run._ps_futures = [futures[1]]
     run._slots["w-0"] = _TrainerSlot("tls://w0:1", future=futures[2])
     run._ps = [object()]
@@ -942,3 +1181,26 @@ def test_cleanup_leaves_nothing_of_the_run(tmp_path, monkeypatch):
     assert run._stop.is_set() and all(f.released for f in futures)
     assert run._slots == {} and run._ps == [] and run._released == [] and run._ps_futures == []
     assert deleted == [run.variable]
+
+
+def test_cleanup_goes_on_past_what_fails_and_says_so(tmp_path, monkeypatch, caplog):
+    caplog.set_level("INFO", "transient_nb.training.run")
+    run = driver(tmp_path)
+
+    class Variable:
+        def __init__(self, name, client):
+            pass
+
+        def delete(self):
+            raise OSError("no scheduler")
+
+    monkeypatch.setattr(run_module, "Variable", Variable)
+    run._slots["w-0"] = _TrainerSlot("tls://w0:1", started=True)  # no future: stopping fails
+    run._cleanup()
+    assert run._slots == {}
+    assert logged(
+        caplog,
+        "INFO",
+        "Stopping trainers: AttributeError(\"'NoneType' object has no attribute 'done'\")",
+    )
+    assert logged(caplog, "INFO", f"Could not delete {run.variable}: OSError('no scheduler')")
