@@ -32,16 +32,25 @@ from transient_nb.events import TOPIC, events_frame, make_event, vm_states
 from transient_nb.limits import Limits
 from transient_nb.mix import Mix, format_mix, parse_mix
 from transient_nb.monitor import TransientMonitor
-from transient_nb.preemption import parse_delay, parse_preemption, validate_delay
+from transient_nb.preemption import (
+    PAPER_STARTUP_S,
+    parse_delay,
+    parse_preemption,
+    validate_delay,
+)
 from transient_nb.prices import PriceCatalog
 from transient_nb.replacement import Placement, ReplacementPolicy
 from transient_nb.simulator import PreemptionSimulator
+from transient_nb.spares import JOIN_S, due_for_spare
 
 logger = logging.getLogger(__name__)
 
 _NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,40}[a-z0-9])?$")
 #: Most PS hosts a cluster may grow to (scale_ps): past two, the paper's PS gains little.
 MAX_PS_HOSTS = 4
+#: When a replacement is asked for: once the worker is gone, at its notice, or (``ahead``) once
+#: gone and, where the lifetime model predicts a revocation, as a spare before it.
+REPLACE_AT = ("preempted", "notice", "ahead")
 
 
 def _positive_int(value: Any, what: str) -> int:
@@ -121,7 +130,9 @@ class TransientCluster(SpecCluster):
     replace
         Replace preempted workers (default True).
     replace_at
-        ``"preempted"`` or ``"notice"``: when a replacement is asked for.
+        ``"preempted"`` or ``"notice"``: when a replacement is asked for; ``"ahead"``: as
+        ``"preempted"``, and a spare is asked for ahead of a revocation the lifetime model
+        predicts (:mod:`transient_nb.spares`).
     max_workers, max_hourly_cost
         Refuse more workers than this, or workers that could cost more per hour (with the PS
         host, at the dearest placement allowed); checked before anything starts and on scale.
@@ -308,8 +319,10 @@ class TransientCluster(SpecCluster):
         )
         self.replace = bool(config.get("replacement.enabled", override_with=replace))
         self.replace_at = config.get("replacement.at", override_with=replace_at)
-        if self.replace_at not in ("preempted", "notice"):
-            raise ValueError(f"replace_at={self.replace_at!r}: use 'preempted' or 'notice'.")
+        if self.replace_at not in REPLACE_AT:
+            raise ValueError(
+                f"replace_at={self.replace_at!r}: use 'preempted', 'notice' or 'ahead'."
+            )
         self.policy = ReplacementPolicy(
             self.gpu,
             self.zone,
@@ -368,9 +381,9 @@ class TransientCluster(SpecCluster):
         if replace_at is None and self.backend.name == "gce":
             # GCE gives 30 s of notice and a new VM takes 80-100 s to boot: ask at the notice.
             self.replace_at = config.get("gce.replace-at")
-            if self.replace_at not in ("preempted", "notice"):
+            if self.replace_at not in REPLACE_AT:
                 raise ValueError(
-                    f"gce.replace-at={self.replace_at!r}: use 'preempted' or 'notice'."
+                    f"gce.replace-at={self.replace_at!r}: use 'preempted', 'notice' or 'ahead'."
                 )
         if _check_only:  # check_settings(): everything above is checked, nothing is started
             self._checked_name = name
@@ -397,6 +410,12 @@ class TransientCluster(SpecCluster):
         self._closing = False
         #: VMs whose worker joined at least once (a VM lost before that failed to start).
         self._joined: set[str] = set()
+        # Spares (replace_at="ahead"): the workers that have one, the slots of those still being
+        # asked for, and how long new workers took from being asked for to joining (wall s).
+        self._spared: set[str] = set()
+        self._spare_slots: set[int] = set()
+        self._asked_at: dict[str, float] = {}
+        self._join_waits: list[float] = []
         self._last_failure = ""
         #: The first PS host was placed: from then on, a PS host that cannot be placed is asked
         #: for again later (at start, the cluster refuses to start instead).
@@ -485,6 +504,8 @@ class TransientCluster(SpecCluster):
             )
         self._started_once = True
         self.simulator.start()
+        if self.replace_at == "ahead" and self.replace:
+            self._spawn(self._spare_ahead())
         await asyncio.gather(
             *(self._provision("worker", gpu=g) for g, n in self._mix.items() for _ in range(n))
         )
@@ -754,6 +775,7 @@ class TransientCluster(SpecCluster):
                 if region in skip_regions or "global" in skip_regions:
                     continue
                 name = self._next_name(role)
+                asked_at = time.time()
                 spec = self._spec(role, name, p, slot)
                 vm = self._make_vm(spec)
                 try:
@@ -800,6 +822,7 @@ class TransientCluster(SpecCluster):
                     break
                 self.worker_spec[name] = {"cls": type(vm), "options": {"spec": spec}}
                 self.workers[name] = vm
+                self._asked_at[name] = asked_at
                 if slot is not None:
                     self._slots[slot] = name
                 return name
@@ -892,6 +915,9 @@ class TransientCluster(SpecCluster):
                     self._spawn(vm.joined_during_notice())
             self._joined.add(name)
             self._failures = 0  # a VM that works ends a run of failures
+            asked = self._asked_at.pop(name, None)
+            if asked is not None:
+                self._join_waits = [*self._join_waits[-4:], time.time() - asked]
         elif kind == "left":
             vm = self.workers.get(name)
             if isinstance(vm, TransientVM):
@@ -963,8 +989,9 @@ class TransientCluster(SpecCluster):
             # preferred type again. The VM being replaced does not count: at its notice it is
             # still in self.workers.
             gpu = self._asked_gpu(vm)
-            if self._live_workers(gpu, exclude=vm) >= self._mix.get(gpu, 0):
-                return
+            live = self._live_workers(gpu, exclude=vm) + self._spares_coming(gpu)
+            if live >= self._mix.get(gpu, 0):
+                return  # a spare asked for ahead of this revocation takes its place
         await self._post(
             "replacement-requested",
             worker=vm.name,
@@ -973,6 +1000,64 @@ class TransientCluster(SpecCluster):
             **({"gpu": gpu} if gpu else {}),
         )
         await self._provision(vm.spec.role, slot=vm.spec.slot, gpu=gpu)
+
+    # -- spares ahead of predicted revocations (replace_at="ahead") ----------------------------------
+    def _spares_coming(self, gpu: str) -> int:
+        """Spares of type ``gpu`` asked for and not placed yet (their slots still reserved)."""
+        self._spare_slots = {s for s in self._spare_slots if self._slots.get(s) == ""}
+        return sum(1 for s in self._spare_slots if self._slot_gpu.get(s) == gpu)
+
+    def _lead_s(self) -> float:
+        """Wall seconds a new worker takes from being asked for to joining: measured (the mean
+        of the last five), else the provisioning delay plus ``spares.JOIN_S``."""
+        if self._join_waits:
+            return sum(self._join_waits) / len(self._join_waits)
+        lo, hi = PAPER_STARTUP_S["spot"]
+        delay = (lo + hi) / 2 if self.provisioning_delay == "paper" else self.provisioning_delay
+        return float(delay) / self.time_scale + JOIN_S
+
+    async def _spare_ahead(self) -> None:
+        """Ask for a spare for each Spot worker whose revocation the lifetime model predicts
+        within the lead time (:func:`transient_nb.spares.due_for_spare`)."""
+        from transient_nb.preemption import NoPreemption, PaperLifetimesByGpu
+
+        model = self.simulator.model
+        if isinstance(model, NoPreemption):
+            model = PaperLifetimesByGpu()  # no model of its own (a cloud): the paper's curves
+        while not self._closing:
+            lead = self._lead_s()
+            now = time.time()
+            for vm in list(self.workers.values()):
+                since = getattr(vm, "running_since", None)
+                if (
+                    vm.spec.role != "worker"
+                    or not vm.spec.spot
+                    or vm.stopped
+                    or since is None
+                    or vm.name in self._spared
+                    or not self._working(vm)
+                ):
+                    continue
+                age_s = (now - since) * self.time_scale
+                gpu = self._asked_gpu(vm)
+                odds = due_for_spare(model, gpu, age_s, lead * self.time_scale)
+                if odds is None:
+                    continue
+                self._spared.add(vm.name)
+                slot = self._free_slot()
+                self._slots[slot] = ""  # reserved now: no other request takes it meanwhile
+                self._slot_gpu[slot] = gpu
+                self._spare_slots.add(slot)
+                await self._post(
+                    "spare-requested",
+                    worker=vm.name,
+                    gpu=gpu,
+                    odds=round(odds, 4),
+                    age_s=round(age_s, 1),
+                    lead_s=round(lead * self.time_scale, 1),
+                )
+                self._spawn(self._provision("worker", slot=slot, gpu=gpu))
+            await asyncio.sleep(min(1.0, max(0.05, lead / 10)))
 
     # -- preemption ----------------------------------------------------------------------------------
     def _worker_vms(self) -> list[TransientVM]:
