@@ -691,6 +691,68 @@ def test_publishing_a_checkpoint_keeps_the_newest_ones_only(loop, tmp_path):
     assert checkpoint.steps(run.checkpoint_url) == [400, 300][:CHECKPOINTS_KEPT]
 
 
+def test_old_checkpoints_that_cannot_be_deleted_are_left_and_said(loop, tmp_path, caplog):
+    """Pruning is housekeeping: storage that refuses deletes keeps the checkpoint published."""
+    import fsspec
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    class Undeletable(MemoryFileSystem):
+        protocol = "undeletable"
+
+        def rm(self, path, recursive=False, maxdepth=None):
+            raise PermissionError("retention policy")
+
+    fsspec.register_implementation("undeletable", Undeletable, clobber=True)
+    caplog.set_level("INFO", "transient_nb.training.run")
+    url = f"undeletable://runs-{tmp_path.name}"
+    run = driver(tmp_path, checkpoint_url=url)
+    w = np.arange(12, dtype=np.float32)
+    for step in (100, 200, 300):
+        write_checkpoint(url, step, [w], {})
+    run._ps = [ps_double(loop, run, version=400)]
+    run.checkpoint_step = 300
+    run._checkpoint_now()
+    assert run.checkpoint_step == 400 and checkpoint.steps(url) == [400, 300, 200, 100]
+    assert logged(
+        caplog, "INFO", "Could not prune old checkpoints: PermissionError('retention policy')"
+    )
+
+
+def test_a_final_checkpoint_that_fails_does_not_lose_the_end_of_the_run(loop, tmp_path, caplog):
+    run = driver(tmp_path)
+    run._ps = [resnet8_ps(loop, run, version=50)]
+
+    class Refusing(Client):
+        def log_event(self, topic, event):
+            if event["kind"] == "checkpoint":
+                raise OSError("event log full")
+            super().log_event(topic, event)
+
+    run._client = Refusing()
+    run._finish("steps")
+    assert [e["kind"] for e in posted(run)] == ["eval", "train-finished"]
+    assert logged(caplog, "WARNING", "Final checkpoint failed: OSError('event log full')")
+
+
+def test_a_frozen_ps_holds_the_driver_only_for_its_call_timeout(loop, tmp_path):
+    """Evaluation, reading the old PS's state and aligning a second shard each give up after
+    the call timeout (0.5 s here) on a PS that never answers."""
+    run = driver(tmp_path, shards=2)
+    first = resnet8_ps(loop, run, version=9)
+    second = ps_double(loop, run, 1, 2, version=9)
+    run._ps = [first, second]
+    second.frozen.set()
+    t0 = time.monotonic()
+    run._start_checkpoint()
+    assert run._inflight is None
+    assert run._old_ps_state() is None
+    first.frozen.set()
+    assert run._evaluate() is None
+    assert time.monotonic() - t0 < 10
+    first.frozen.clear()
+    second.frozen.clear()
+
+
 def test_nothing_new_is_never_published_over_a_newer_checkpoint(loop, tmp_path):
     run = driver(tmp_path)
     run._ps = [ps_double(loop, run, version=180)]
