@@ -285,19 +285,20 @@ def test_panel_shows_preempts_connects_stops_and_creates(lab: Lab, kernel_cluste
             expect(created.locator(".tnb-Training")).to_contain_text("Training", timeout=SLOW_MS)
             page.screenshot(path=ARTIFACTS / "6-created-from-panel.png")
 
-            # A second PS host from the panel: past four is refused by the head, with why;
-            # two are taken, and the new host joins.
-            def ps_hosts(n: str) -> None:
-                created.locator(".tnb-PsButton").click()
-                page.locator(".jp-Dialog input").fill(n)
+            def ask(button: str, text: str) -> None:
+                """Click a card's button, type into its dialog, accept."""
+                created.locator(button).click()
+                page.locator(".jp-Dialog input").fill(text)
                 page.locator(".jp-Dialog .jp-mod-accept").click()
 
-            ps_hosts("5")
+            # A second PS host from the panel: past four is refused by the head, with why;
+            # two are taken, and the new host joins.
+            ask(".tnb-PsButton", "5")
             refusal = page.locator(".jp-Dialog")
             expect(refusal).to_contain_text("at most 4 PS hosts", timeout=SLOW_MS)
             refusal.get_by_role("button", name="Close").click()
             expect(refusal).to_have_count(0)
-            ps_hosts("2")
+            ask(".tnb-PsButton", "2")
             expect(created.locator('.tnb-Worker[data-worker="ps-1"]')).to_have_attribute(
                 "data-state", "joined", timeout=SLOW_MS
             )
@@ -305,18 +306,13 @@ def test_panel_shows_preempts_connects_stops_and_creates(lab: Lab, kernel_cluste
 
             # A policy from the panel: a bad goal is refused with what to type; a budget is
             # taken, and its first decision shows with the odds of losing workers.
-            def adapt(goal: str) -> None:
-                created.locator(".tnb-AdaptButton").click()
-                page.locator(".jp-Dialog input").fill(goal)
-                page.locator(".jp-Dialog .jp-mod-accept").click()
-
-            adapt("budget:lots")
+            ask(".tnb-AdaptButton", "budget:lots")
             refusal = page.locator(".jp-Dialog")
             expect(refusal).to_contain_text("'budget:lots': write", timeout=SLOW_MS)
             expect(refusal).to_contain_text("budget:DOLLARS (e.g. budget:20)")
             refusal.get_by_role("button", name="Close").click()
             expect(refusal).to_have_count(0)
-            adapt("budget:5")
+            ask(".tnb-AdaptButton", "budget:5")
             policy = created.locator(".tnb-Policy")
             expect(policy).to_contain_text("Policy: budget $5.00 · ", timeout=SLOW_MS)
             expect(policy).to_contain_text("expected $")
