@@ -72,6 +72,18 @@ def _parse_deadline(deadline: Any) -> float | None:
     return time.time() + seconds
 
 
+def _shard_states(ck: checkpoint.Checkpoint) -> list[dict[str, Any]]:
+    """A checkpoint's shards as the PS takes them: weights, momentum, statistics on shard 0."""
+    return [
+        {
+            "weights": sh["weights"],
+            "momentum": sh["momentum"],
+            "bn": sh.get("bn") if i == 0 else None,
+        }
+        for i, sh in enumerate(ck.shards)
+    ]
+
+
 @dataclass
 class _TrainerSlot:
     """One worker's trainer: its actor, the future of its ``run()``, and its restarts."""
@@ -526,17 +538,9 @@ class TrainingRun:
                 f"The checkpoint at {ck.url} holds {sum(sizes)} parameters; {self.model} has "
                 f"{n_params}: resume with the model of the earlier run."
             )
-        states = [
-            {
-                "weights": sh["weights"],
-                "momentum": sh["momentum"],
-                "bn": sh.get("bn") if i == 0 else None,
-            }
-            for i, sh in enumerate(ck.shards)
-        ]
         # The earlier run may have gained shards after it started (an elastic PS): the same
         # vector, cut for this run's shards.
-        return regroup(states, self.shards), ck.step, ck.meta.get("counters")
+        return regroup(_shard_states(ck), self.shards), ck.step, ck.meta.get("counters")
 
     def _create_ps(
         self, states: list[dict[str, Any]], step: int, counters: dict[str, Any] | None
@@ -636,14 +640,7 @@ class TrainingRun:
                 )
             resumed = ck.step
             counters = ck.meta.get("counters")
-            states = [
-                {
-                    "weights": sh["weights"],
-                    "momentum": sh["momentum"],
-                    "bn": sh.get("bn") if i == 0 else None,
-                }
-                for i, sh in enumerate(ck.shards)
-            ]
+            states = _shard_states(ck)
             source = "checkpoint"
         if len(states) != self.shards:
             # Written before the PS gained a shard: the same vector, cut for today's shards.
