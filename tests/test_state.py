@@ -364,3 +364,18 @@ def test_summary_groups_each_workers_steps_by_gpu_type() -> None:
         "v100": {"workers": 1, "steps": 30, "steps_per_s": 3.0},
     }
     assert summarize([])["by_gpu"] == {}
+
+
+def test_a_spare_asked_for_ahead_counts_as_the_replacement_of_its_worker():
+    from transient_nb.state import summarize
+
+    t = 1_800_000_000.0
+    events = [
+        {"kind": "started", "time": t, "time_scale": 1.0, "workers": 1},
+        {"kind": "train-started", "time": t + 1, "run": "r", "steps": 10, "batch_size": 8},
+        {"kind": "spare-requested", "time": t + 2, "worker": "w-0", "role": "worker", "odds": 1.0},
+        {"kind": "preempted", "time": t + 3, "worker": "w-0", "role": "worker"},
+        {"kind": "train-finished", "time": t + 4, "run": "r", "reason": "steps", "step": 10},
+    ]
+    s = summarize(events)
+    assert (s["preemptions"], s["replacements"]) == (1, 1)

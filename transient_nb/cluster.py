@@ -1051,6 +1051,7 @@ class TransientCluster(SpecCluster):
                 await self._post(
                     "spare-requested",
                     worker=vm.name,
+                    role="worker",
                     gpu=gpu,
                     odds=round(odds, 4),
                     age_s=round(age_s, 1),

@@ -87,7 +87,7 @@ EVENTS: dict[str, tuple[str, ...]] = {
     ),
     "replacement-requested": ("worker", "role", "slot", "gpu"),  # gpu: the type asked for
     # replace_at="ahead": a spare for ``worker``, whose revocation within lead_s has these odds.
-    "spare-requested": ("worker", "gpu", "odds", "age_s", "lead_s"),
+    "spare-requested": ("worker", "role", "gpu", "odds", "age_s", "lead_s"),
     "stockout": ("worker", "gpu", "zone", "reason"),
     "capacity-exhausted": ("role", "gpu", "zone", "reason"),
     # The provider refused a VM for a quota (the cluster tries elsewhere or gives up).

@@ -454,7 +454,8 @@ class RunSummary:
             self.accuracy = e["accuracy"]
         elif kind == "preempted" and e.get("role") == "worker":
             self._preempted.append(tw)
-        elif kind == "replacement-requested" and e.get("role") != "ps":
+        elif kind in ("replacement-requested", "spare-requested") and e.get("role") != "ps":
+            # A spare asked for ahead of a revocation replaces the worker as well.
             self._replacements.append(tw)
         elif kind == "ps-recovered":
             self._recoveries.append((tw, int(e.get("steps_lost", 0))))

@@ -63,6 +63,7 @@ def run_events() -> list[dict[str, Any]]:
         vm("left", "w-1", 7),
         vm("preempted", "w-1", 8, notice=True, source="simulator"),
         vm("replacement-requested", "w-1", 8, slot=1),
+        vm("spare-requested", "w-0", 8.5, odds=0.75, age_s=86000.0, lead_s=400.0),
         vm("requested", "w-2", 8, gpu="l4", price=0.6, price_on_demand=1.8),
         vm("running", "w-2", 9, gpu="l4"),
         vm("joined", "w-2", 10, gpu="l4"),
@@ -84,12 +85,14 @@ def test_every_figure_gets_its_rows() -> None:
         ("notice", "w-1"),
         ("preempted", "w-1"),
         ("replacement-requested", "w-1"),
+        ("spare-requested", "w-0"),
         ("joined", "w-2"),
     ]
+    assert markers["detail"][5] == "a spare was requested (75% odds of revocation)"
     # The hover says why: whose notice, and whether the worker had one.
     assert markers["detail"][2] == "notice from simulator"
     assert markers["detail"][3] == "preempted after its notice (simulator)"
-    assert figs.workers.source.data["active"] == [1, 2, 2, 1, 1, 1, 2]
+    assert figs.workers.source.data["active"] == [1, 2, 2, 1, 1, 1, 1, 2]
     # One step line per GPU type, created as the type first joins.
     assert set(figs.workers.by_gpu) == {"t4", "l4"}
     assert figs.workers.by_gpu["t4"].data["active"] == [1, 2, 1]

@@ -28,6 +28,7 @@ MARKERS = {
     "notice": ("triangle", "#e6a700"),
     "preempted": ("x", "#d62728"),
     "replacement-requested": ("square", "#17becf"),
+    "spare-requested": ("diamond", "#9467bd"),
     "joined": ("circle", "#2ca02c"),
 }
 #: Events that change the bill (the others cost the cost curve nothing).
@@ -324,6 +325,10 @@ class Workers(Component):
             return f"preempted {how} ({e.get('source', '?')})"
         if kind == "replacement-requested":
             return "a replacement was requested"
+        if kind == "spare-requested":
+            return (
+                f"a spare was requested ({100 * float(e.get('odds') or 0):.0f}% odds of revocation)"
+            )
         return str(kind)
 
     def _update(self, events: Sequence[Event], new: Sequence[Event]) -> None:
