@@ -137,6 +137,13 @@ def test_a_slow_ps_is_rejoined_not_abandoned(loop, tmp_path, pipeline):
     assert time.monotonic() - frozen_at < hp.ps_lost_after_s
     kinds = [e["kind"] for e in trainer.posted]
     assert kinds.index("trainer-ps-lost") < kinds.index("ps-rejoined")
+    # One slow call: one failure, one rejoin, each said with who, where and why.
+    assert trainer.ps_failures == 1 and trainer.rejoins == 1 and trainer.state == "training"
+    (lost,) = [e for e in trainer.posted if e["kind"] == "trainer-ps-lost"]
+    (back,) = [e for e in trainer.posted if e["kind"] == "ps-rejoined"]
+    assert lost["worker"] == back["worker"] == "w-0" and back["generation"] == 0
+    assert 10 <= lost["step"] <= back["step"] <= double.ps.version
+    assert lost["error"].startswith("no reply within 0.")  # past the 0.5 s call timeout
     asyncio.run(trainer.stop())
     thread.join(30 * PATIENCE)
     assert box["result"]["state"] == "stopped"
@@ -277,6 +284,8 @@ def test_a_paced_trainer_runs_at_its_gpus_rate_divided_by_time_scale(loop, tmp_p
     rate = (len(times) - 1) / (times[-1] - times[0])
     paced = next(e for e in trainer.posted if e["kind"] == "emulation-paced")
     assert paced["gpu"] == "k80" and paced["wall_steps_per_s"] == pytest.approx(22.8)
+    assert (paced["worker"], paced["role"], paced["steps_per_s"]) == ("w-0", "worker", 4.56)
+    assert (paced["time_scale"], paced["step_scale"]) == (5.0, 1.0)
     behind = [e for e in trainer.posted if e["kind"] == "emulation-behind"]
     if not behind:  # the pace held, as on any host that is not overloaded many times over
         assert rate == pytest.approx(4.56 * 5, rel=0.1)
@@ -294,6 +303,7 @@ def test_an_impossible_pace_is_reported_not_hidden(loop, tmp_path, monkeypatch):
     assert box["result"]["state"] == "finished"
     behind = [e for e in trainer.posted if e["kind"] == "emulation-behind"]
     assert behind and behind[0]["worker"] == "w-0" and behind[0]["role"] == "worker"
+    assert behind[0]["gpu"] == "k80"
     assert behind[0]["achieved_steps_per_s"] < behind[0]["target_steps_per_s"] / 10
 
 
@@ -757,3 +767,51 @@ def test_rejoin_takes_the_weights_and_statistics_and_registers_as_computing(loop
     assert (flat.weights() == double.ps.w).all()
     assert flat.b.tolist() == double.ps.bn.tolist()  # the statistics came too
     assert double.ps.computing.get("w-3") is True  # its pull said who it is
+
+
+def test_the_loop_reports_its_images(loop, tmp_path):
+    """worker-metrics: images per second over the last report window; every push carries its
+    batch's images (the PS's metrics)."""
+    hp = HP.with_(steps=10_000)
+    double = _double(loop, tmp_path, hp=hp)
+    trainer = _trainer(Published(double), hp=hp)
+    t0 = time.monotonic()
+    thread, box = _start(trainer)
+    _until(lambda: any(e["kind"] == "worker-metrics" for e in trainer.posted))
+    elapsed = time.monotonic() - t0
+    metrics = next(e for e in trainer.posted if e["kind"] == "worker-metrics")
+    asyncio.run(trainer.stop())
+    thread.join(30 * PATIENCE)
+    assert box["result"]["state"] == "stopped"
+    assert metrics["worker"] == "w-0" and metrics["device"] == "cpu"
+    assert 0 < metrics["local_step"] <= trainer.local_step and metrics["step"] >= 1
+    # The images of local_step batches of 16 over at most the time since the start.
+    assert metrics["img_per_s"] >= metrics["local_step"] * hp.batch_size / elapsed * 0.9
+    assert metrics["img_per_s"] <= metrics["local_step"] * hp.batch_size / 2.0 * 1.1
+    window = double.ps._window
+    assert window["images"] == window["updates"] * hp.batch_size
+
+
+def test_the_trainer_thread_is_named_after_its_run_and_dies_with_the_process(loop, tmp_path):
+    hp = HP.with_(steps=10_000)
+    double = _double(loop, tmp_path, hp=hp)
+    trainer = _trainer(Published(double), hp=hp)
+    running = asyncio.run_coroutine_threadsafe(trainer.run(), loop)
+    _until(lambda: trainer.local_step > 0)
+    (named,) = [t for t in threading.enumerate() if t.name == "transient-trainer-r"]
+    assert named.daemon
+    asyncio.run(trainer.stop())
+    assert running.result(30 * PATIENCE)["state"] == "stopped"
+
+
+@pytest.mark.parametrize(("emulate", "counts_reply"), [("paper,ps=none", True), ("paper", False)])
+def test_the_pacer_follows_the_step_scale_and_counts_an_unpaced_ps_reply(emulate, counts_reply):
+    """Each global step stands for emulate_step_scale emulated ones; the PS's reply is this
+    host's work (counted in the step) unless the PS is paced too (then it is the emulation's)."""
+    hp = HP.with_(emulate=emulate, emulate_step_scale=2.0)
+    trainer = _trainer(lambda timeout: (0, []), hp=hp, gpu="k80", time_scale=5.0)
+    pacer = trainer._pacer()
+    assert pacer is not None and pacer.step_s == pytest.approx(2.0 / (4.56 * 5.0))
+    assert pacer.count_reply is counts_reply
+    (paced,) = trainer.posted
+    assert paced["wall_steps_per_s"] == pytest.approx(11.4) and paced["step_scale"] == 2.0
