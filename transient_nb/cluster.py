@@ -734,7 +734,7 @@ class TransientCluster(SpecCluster):
         )
 
     def _zones(self) -> list[str]:
-        return [self.zone, *[z for z in self.policy.fallback_zones if z != self.zone]]
+        return self.policy.zones()
 
     def _spec(self, role: str, name: str, p: Placement, slot: int | None) -> VMSpec:
         if role == "ps":
@@ -1001,6 +1001,14 @@ class TransientCluster(SpecCluster):
         )
         await self._provision(vm.spec.role, slot=vm.spec.slot, gpu=gpu)
 
+    def _lifetime_model(self) -> Any:
+        """The model of worker lifetimes that odds of revocation are read from: the simulator's,
+        or, where it has none (a cloud), the paper's curves."""
+        from transient_nb.preemption import NoPreemption, PaperLifetimesByGpu
+
+        model = self.simulator.model
+        return PaperLifetimesByGpu() if isinstance(model, NoPreemption) else model
+
     # -- spares ahead of predicted revocations (replace_at="ahead") ----------------------------------
     def _spares_coming(self, gpu: str) -> int:
         """Spares of type ``gpu`` asked for and not placed yet (their slots still reserved)."""
@@ -1019,11 +1027,7 @@ class TransientCluster(SpecCluster):
     async def _spare_ahead(self) -> None:
         """Ask for a spare for each Spot worker whose revocation the lifetime model predicts
         within the lead time (:func:`transient_nb.spares.due_for_spare`)."""
-        from transient_nb.preemption import NoPreemption, PaperLifetimesByGpu
-
-        model = self.simulator.model
-        if isinstance(model, NoPreemption):
-            model = PaperLifetimesByGpu()  # no model of its own (a cloud): the paper's curves
+        model = self._lifetime_model()
         while not self._closing:
             lead = self._lead_s()
             now = time.time()
@@ -1319,12 +1323,10 @@ class TransientCluster(SpecCluster):
 
     def _give_back(self, vms: list[Any], n: int) -> list[tuple[Any, float]]:
         """The ``n`` of ``vms`` to give back, with their odds of revocation within the hour."""
-        from transient_nb.preemption import NoPreemption, PaperLifetimesByGpu, revoked_within
+        from transient_nb.preemption import revoked_within
         from transient_nb.replacement import Held, give_back_order
 
-        model = self.simulator.model
-        if isinstance(model, NoPreemption):
-            model = PaperLifetimesByGpu()  # no model of its own (a cloud): the paper's curves
+        model = self._lifetime_model()
         now = time.time()
         held, by_name = [], {}
         for vm in vms:
