@@ -33,6 +33,8 @@ class PSDouble:
         self.frozen = threading.Event()
         self.error: Exception | None = None
         self.calls = 0
+        #: The names of the methods called, in order.
+        self.called: list[str] = []
         self.staleness: list[int] = []
         self.push_times: list[float] = []
         # What the driver reads of an actor handle: the host it lives on, and its key.
@@ -44,6 +46,7 @@ class PSDouble:
 
         async def call(*args, **kwargs):
             self.calls += 1
+            self.called.append(name)
             if self.error is not None:
                 raise self.error
             while self.frozen.is_set():

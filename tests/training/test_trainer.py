@@ -815,3 +815,268 @@ def test_the_pacer_follows_the_step_scale_and_counts_an_unpaced_ps_reply(emulate
     assert pacer.count_reply is counts_reply
     (paced,) = trainer.posted
     assert paced["wall_steps_per_s"] == pytest.approx(11.4) and paced["step_scale"] == 2.0
+
+
+# -- what the loop does with each batch and each reply (the loop's mutation survivors) ----------
+
+
+class Recorder(PSDouble):
+    """A PS double that keeps a copy of every push (and the trainer's state at the time), and can
+    answer with other batch-norm statistics than the PS's (``bn_reply``), or fail a final push."""
+
+    def __init__(self, ps, loop, trainer_state=lambda: None):
+        super().__init__(ps, loop)
+        self.pushes: list[dict] = []
+        self.bn_reply: float | None = None
+        self.fail_final = False
+        self._state = trainer_state
+
+    def __getattr__(self, name):
+        call = super().__getattr__(name)
+        if name != "push_pull":
+            return call
+
+        def push_pull(*a, **k):
+            grad, bn = k["grad"].copy(), k["bn_delta"]
+            self.pushes.append(dict(k, grad=grad, bn_delta=None if bn is None else bn.copy()))
+            self.pushes[-1]["state"] = self._state()
+            if self.fail_final and k["final"]:
+                done: concurrent.futures.Future = concurrent.futures.Future()
+                done.set_exception(OSError("the worker of this actor is gone"))
+                return _Done(done)
+            future = call(*a, **k)
+            return future if self.bn_reply is None else _Marked(future, self.bn_reply)
+
+        return push_pull
+
+
+class _Done:
+    def __init__(self, fut):
+        self._fut = fut
+
+    def result(self, timeout=None):
+        return self._fut.result(timeout)
+
+    def done(self):
+        return True
+
+
+class _Marked:
+    """A reply whose statistics are replaced by a marker value."""
+
+    def __init__(self, future, value):
+        self._future, self._value = future, value
+
+    def result(self, timeout=None):
+        pieces, bn, *rest = self._future.result(timeout)
+        return (pieces, np.full_like(bn, self._value), *rest)
+
+    def done(self):
+        return self._future.done()
+
+
+def _recorder(loop, tmp_path, hp, trainer_state=lambda: None):
+    return Recorder(_double(loop, tmp_path, hp=hp).ps, loop, trainer_state)
+
+
+def test_the_loop_says_what_it_does_loading_then_joining_then_training(loop, tmp_path, monkeypatch):
+    import transient_nb.training.trainer as trainer_module
+
+    hp = HP.with_(steps=3)
+    seen: list[tuple[str, str, object]] = []
+    box: dict = {}
+    double = _recorder(loop, tmp_path, hp, lambda: box["trainer"].state)
+    published = Published(double)
+
+    def locate(timeout):
+        seen.append(("locate", box["trainer"].state, None))
+        return published(timeout)
+
+    real_load = trainer_module.load_dataset
+
+    def load_dataset(data, train):
+        seen.append(("load", box["trainer"].state, (data, train)))
+        return real_load(data, train=train)
+
+    monkeypatch.setattr(trainer_module, "load_dataset", load_dataset)
+    trainer = box["trainer"] = _trainer(locate, hp=hp)
+    assert trainer.state == "created"
+    thread, result = _start(trainer)
+    thread.join(120 * PATIENCE)
+    assert result["result"]["state"] == "finished"
+    # It trains on the training set, and says where it is at each stage.
+    assert seen[0] == ("load", "loading", ("digits", True))
+    assert seen[1][:2] == ("locate", "joining")
+    assert [p["state"] for p in double.pushes] == ["training"] * 3
+
+
+@pytest.mark.parametrize("wire_dtype", ["float32", "float16"])
+def test_the_first_push_is_the_gradient_of_the_ps_weights_on_the_seeded_first_batch(
+    loop, tmp_path, wire_dtype
+):
+    """The trainer computes on the weights it pulled, a batch of the training set drawn in its
+    seed's order, and pushes that gradient in the wire dtype (not zeros, not another batch)."""
+    import torch.nn.functional as F
+
+    from transient_nb.training.data import BatchStream, load_dataset
+    from transient_nb.training.flat import FlatModel
+
+    hp = HP.with_(steps=2, wire_dtype=wire_dtype)
+    double = _recorder(loop, tmp_path, hp)
+    w0, bn0 = double.ps.w.copy(), double.ps.bn.copy()
+    trainer = _trainer(Published(double), hp=hp)
+    thread, box = _start(trainer)
+    thread.join(120 * PATIENCE)
+    assert box["result"]["state"] == "finished"
+
+    dataset = load_dataset("digits", train=True)
+    model = build_model("resnet8", num_classes=dataset.num_classes)
+    model.train()
+    flat = FlatModel(model, wire_dtype)
+    flat.load([w0], [(0, len(w0))], bn0)
+    x, y = next(BatchStream(dataset, hp.batch_size, seed=trainer.seed))
+    flat.mark_statistics()
+    loss = F.cross_entropy(model(x), y)
+    model.zero_grad(set_to_none=False)
+    loss.backward()
+    expected, expected_bn = flat.grads()
+
+    first = double.pushes[0]
+    assert first["grad"].dtype == np.dtype(wire_dtype) and first["images"] == hp.batch_size
+    scale = float(np.abs(expected).max())
+    assert scale > 0
+    tol = 1e-2 if wire_dtype == "float16" else 1e-4
+    np.testing.assert_allclose(first["grad"], expected, rtol=tol, atol=tol * scale)
+    np.testing.assert_allclose(first["bn_delta"], expected_bn, rtol=tol, atol=tol)
+    assert first["loss"] == pytest.approx(float(loss.detach()), rel=1e-4)
+    # Every later push is a real gradient too (in place: the gradients stay the flat's views).
+    assert all(np.abs(p["grad"]).max() > 0 for p in double.pushes)
+
+
+@pytest.mark.parametrize("pipeline", [False, True])
+def test_every_reply_brings_the_ps_batch_norm_statistics(loop, tmp_path, pipeline):
+    """Other trainers move the PS's statistics: each reply's replace the trainer's own. Here
+    the replies carry 7.0 everywhere, so each later step's statistics move away from 7.0 (a
+    running mean or variance of about 0-2 pulled from 7 by the 0.1 momentum: about -0.6)."""
+    hp = HP.with_(steps=6, pipeline=pipeline)
+    double = _recorder(loop, tmp_path, hp)
+    double.bn_reply = 7.0
+    trainer = _trainer(Published(double), hp=hp)
+    thread, box = _start(trainer)
+    thread.join(120 * PATIENCE)
+    assert box["result"]["state"] == "finished"
+
+    def pulled_from_seven(push):
+        return float(np.mean(push["bn_delta"] < -0.5))
+
+    # The first push started from the statistics pulled at the join (the PS's own); pipelined,
+    # the second too. Every push after them started from a reply's.
+    fresh = 2 if pipeline else 1
+    assert all(pulled_from_seven(p) < 0.05 for p in double.pushes[:fresh])
+    assert all(pulled_from_seven(p) > 0.3 for p in double.pushes[fresh:])
+
+
+def test_the_loop_reports_and_looks_for_a_new_ps_on_its_own_clock(loop, tmp_path, monkeypatch):
+    """A report every METRICS_EVERY_S and a look at the run's PS every GENERATION_CHECK_S (both
+    2 s), on a clock that moves 1 s per step: images per second are exactly 32 images / 2 s."""
+    import itertools
+    import sys
+    import types
+
+    import transient_nb.training.trainer as trainer_module
+
+    ticks = itertools.count(1)
+    clock = types.SimpleNamespace(
+        time=lambda: float(next(ticks)), monotonic=time.monotonic, sleep=time.sleep
+    )
+    monkeypatch.setattr(trainer_module, "time", clock)
+    hp = HP.with_(steps=9)
+    double = _double(loop, tmp_path, hp=hp)
+    trainer = _trainer(Published(double), hp=hp)
+    looked: list[int] = []
+    newer = trainer._newer_generation
+
+    def newer_generation():
+        if sys._getframe(1).f_code.co_name == "_train":  # not a slow call's look (_gather)
+            looked.append(trainer.local_step)
+        return newer()
+
+    trainer._newer_generation = newer_generation  # type: ignore[method-assign]
+    thread, box = _start(trainer)
+    thread.join(120 * PATIENCE)
+    assert box["result"]["state"] == "finished"
+    metrics = [e for e in trainer.posted if e["kind"] == "worker-metrics"]
+    # The clock reads 1 at the start and 1 + k at step k: reports at steps 2, 4, 6, 8.
+    assert [e["local_step"] for e in metrics] == [2, 4, 6, 8]
+    assert [e["img_per_s"] for e in metrics] == [16.0] * 4
+    # The first look at once (nothing looked at before), then every 2 s; none at the last step.
+    assert looked == [1, 3, 5, 7]
+
+
+@pytest.mark.parametrize("ending", ["finished", "drained", "last push failed"])
+def test_the_pace_is_judged_once_more_however_the_loop_ends(loop, tmp_path, monkeypatch, ending):
+    """The judging window (here longer than the run) never closes; the final judgment still
+    says that an impossible pace was not kept, whether the run got its steps or a notice came
+    (its last push answered or not)."""
+    monkeypatch.setattr("transient_nb.emulation.BEHIND_WINDOW_S", 1000.0)
+    hp = HP.with_(steps=8 if ending == "finished" else 10_000, emulate="k80=100000")
+    double = _recorder(loop, tmp_path, hp)
+    double.fail_final = ending == "last push failed"
+    trainer = _trainer(Published(double), hp=hp, gpu="k80", time_scale=1.0)
+    thread, box = _start(trainer)
+    if ending != "finished":
+        _until(lambda: double.ps.version >= 5)
+        asyncio.run(trainer._drain(time.time() + 30))
+    thread.join(60 * PATIENCE)
+    assert box["result"]["state"] == ("finished" if ending == "finished" else "drained")
+    behind = [e for e in trainer.posted if e["kind"] == "emulation-behind"]
+    assert len(behind) == 1 and behind[0]["worker"] == "w-0"
+    if ending == "last push failed":
+        assert double.pushes[-1]["final"] and trainer.ps_failures == 1 and trainer.rejoins == 0
+
+
+def test_a_stopped_trainer_leaves_the_ps_without_a_lost_gradient(loop, tmp_path):
+    """Stopped, it unregisters once as drained (its gradient was not lost: it chose to stop);
+    after a notice its final push said goodbye, so it does not unregister at all."""
+    hp = HP.with_(steps=10_000)
+    stopped, drained = _double(loop, tmp_path / "a", hp=hp), _double(loop, tmp_path / "b", hp=hp)
+    a = _trainer(Published(stopped), hp=hp, name="w-0")
+    b = _trainer(Published(drained), hp=hp, name="w-1")
+    (ta, ra), (tb, rb) = _start(a), _start(b)
+    _until(lambda: stopped.ps.version >= 3 and drained.ps.version >= 3)
+    asyncio.run(a.stop())
+    asyncio.run(b._drain(time.time() + 30))
+    ta.join(30 * PATIENCE)
+    tb.join(30 * PATIENCE)
+    assert (ra["result"]["state"], rb["result"]["state"]) == ("stopped", "drained")
+    assert stopped.called.count("unregister") == 1 and "unregister" not in drained.called
+    assert stopped.ps.lost_in_flight == 0 and "w-0" not in stopped.ps.registered
+
+
+def test_the_loop_uses_the_workers_threads(loop, tmp_path):
+    """Inside a worker, torch gets the worker's nthreads (one per core it was given)."""
+    import types
+
+    hp = HP.with_(steps=2)
+    double = _double(loop, tmp_path, hp=hp)
+    seen: list[int] = []
+    published = Published(double)
+
+    def locate(timeout):
+        seen.append(torch.get_num_threads())
+        return published(timeout)
+
+    trainer = _trainer(locate, hp=hp)
+    events: list = []
+    trainer.worker = types.SimpleNamespace(
+        state=types.SimpleNamespace(nthreads=3), log_event=lambda topic, e: events.append(e)
+    )
+    before = torch.get_num_threads()
+    try:
+        thread, box = _start(trainer)
+        thread.join(120 * PATIENCE)
+    finally:
+        torch.set_num_threads(before)
+    assert box["result"]["state"] == "finished"
+    assert seen[0] == 3
+    assert [e["kind"] for e in events] == [e["kind"] for e in trainer.posted]

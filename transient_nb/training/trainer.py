@@ -538,7 +538,7 @@ class Trainer:
         finally:
             if self._draining.is_set():
                 self.state = "drained"
-            elif self.state not in ("failed", "finished"):
+            elif self.state != "finished":  # ("failed" is set by train(), after this)
                 self.state = "stopped"
             if not self._draining.is_set() and shards:
                 try:  # best effort, bounded: the PS may be the reason we stop
