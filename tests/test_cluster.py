@@ -515,6 +515,41 @@ def test_stockouts_fall_back_then_run_short(cleanup: None) -> None:
         assert cluster.cost().rate > 0
 
 
+@pytest.mark.slow
+def test_a_storm_in_one_zone_is_left_for_the_calm_one(cleanup: None) -> None:
+    """Lifetimes by zone: workers in the stormy zone are revoked, and once the replacement
+    policy prefers the calm zone (as the transient-aware policy does when it sees the storm),
+    the replacements go there and no revocation is drawn for them."""
+    with TransientCluster(
+        workers=2,
+        preemption="zones:us-central1-a=exp:mean=2s;*=none",
+        fallback_zones=["us-central1-b"],
+        notice="1s",
+        provisioning_delay=0,
+        name="zonal-storm",
+    ) as cluster:
+        wait_for_sync(
+            lambda: of_kind(snapshot(cluster), "preempted", zone="us-central1-a"), timeout=120
+        )
+        assert cluster.simulator.model.for_zone("us-central1-b").spec == "none"
+        cluster.policy.prefer_zone(cluster.gpu, "us-central1-b")
+
+        def calm_workers() -> set[str]:
+            events = snapshot(cluster)
+            gone = {e["worker"] for e in events if e["kind"] in ("preempted", "deleted")}
+            return {
+                e["worker"]
+                for e in of_kind(events, "joined", zone="us-central1-b")
+                if e["role"] == "worker" and e["worker"] not in gone
+            }
+
+        calm = wait_for_sync(lambda: len(calm_workers()) == 2 and calm_workers(), timeout=180)
+        events = snapshot(cluster)
+        # Every revocation was of a worker in the stormy zone; none is drawn for the calm ones.
+        assert {e["zone"] for e in of_kind(events, "preempted")} == {"us-central1-a"}
+        assert not calm & set(cluster.simulator._handles)
+
+
 # -- trace replay (asynchronous cluster under gen_test) ------------------------------------------
 @pytest.mark.slow
 @gen_test(timeout=120)
@@ -689,6 +724,12 @@ BAD_INPUT = [
     ({"backend": "azure"}, ValueError, r"Unknown backend 'azure': use 'local' or 'gce'"),
     ({"preemption": "exp:mean=-1s"}, ValueError, r"Bad exponential preemption spec 'exp:mean=-1s'"),
     ({"preemption": "chaos"}, ValueError, r"Unknown preemption spec 'chaos'"),
+    (
+        {"preemption": "zones:us-east1-c=exp:mean=60s;*=none"},
+        ValueError,
+        r"names zone 'us-east1-c', where this cluster places no worker: its zones are "
+        r"us-central1-a \(add it to fallback_zones",
+    ),
     ({"name": "My Cluster"}, ValueError, r"Cluster name 'My Cluster' is not allowed"),
     ({"name": "-x"}, ValueError, r"Cluster name '-x' is not allowed"),
     ({"time_scale": 0}, ValueError, r"time_scale=0 must be positive"),

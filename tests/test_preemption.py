@@ -203,7 +203,10 @@ def test_exponential_spec_forms() -> None:
 
 
 def test_error_messages_name_every_valid_form() -> None:
-    forms = "'none', 'paper', 'paper:k80|p100|v100|cpu', 'exp:mean=60s' or 'trace:PATH'"
+    forms = (
+        "'none', 'paper', 'paper:k80|p100|v100|cpu', 'exp:mean=60s', 'trace:PATH' or "
+        "'zones:ZONE=SPEC;*=SPEC'"
+    )
     with pytest.raises(ValueError) as info:
         parse_preemption("poisson:3")
     assert str(info.value) == f"Unknown preemption spec 'poisson:3': use {forms}."
@@ -314,3 +317,69 @@ def test_odds_of_a_revocation_within_the_hour_follow_the_age() -> None:
     assert revoked_within(exp, None, 0) == pytest.approx(1 - math.exp(-0.5))
     assert revoked_within(parse_preemption("none"), "k80", 0) == 0.0
     assert revoked_within(object(), "k80", 0) == 0.0
+
+
+def test_each_zone_its_own_lifetimes() -> None:
+    """A storm in one zone while the next is calm: Spot capacity runs out zone by zone."""
+    from transient_nb.preemption import HOUR, LifetimesByZone, model_of, revoked_within
+
+    model = parse_preemption("zones: us-central1-a = exp:mean=300s ; *=paper")
+    assert isinstance(model, LifetimesByZone)
+    assert model.for_zone("us-central1-a") == parse_preemption("exp:mean=300s")
+    assert model.for_zone("us-east1-c").spec == "paper" and model.for_zone(None).spec == "paper"
+    # The zone's model first, then the GPU type's curve within it.
+    assert model_of(model, "v100", "us-east1-c").spec == "paper:v100"
+    assert model_of(model, "v100", "us-central1-a").spec == "exp:mean=300s"
+    assert revoked_within(model, "k80", 0, zone="us-central1-a") == pytest.approx(
+        1 - math.exp(-HOUR / 300)
+    )
+    assert revoked_within(model, "k80", 0, zone="us-west1-b") == pytest.approx(0.078)
+    # Zones not named and no "*": never preempted.
+    only = parse_preemption("zones:us-central1-a=exp:mean=1h")
+    assert only.for_zone("us-east1-c").spec == "none"
+    assert revoked_within(only, "k80", 0, zone="us-east1-c") == 0.0
+    assert only.lifetime(random.Random(0)) is None
+    rng = random.Random(1)
+    draws = [model.for_zone("us-central1-a").lifetime(rng) or 0.0 for _ in range(2000)]
+    assert sum(draws) / len(draws) == pytest.approx(300, rel=0.1)
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        (
+            "zones:",
+            "Preemption spec 'zones:' names no zone: e.g. 'zones:us-central1-a=exp:mean=300s;*=paper'.",
+        ),
+        (
+            "zones:us-central1-a",
+            "Preemption spec 'zones:us-central1-a': 'us-central1-a' is not ZONE=SPEC; e.g. 'zones:us-central1-a=exp:mean=300s;*=paper'.",
+        ),
+        (
+            "zones:=none",
+            "Preemption spec 'zones:=none': '=none' is not ZONE=SPEC; e.g. 'zones:us-central1-a=exp:mean=300s;*=paper'.",
+        ),
+        (
+            "zones:a=",
+            "Preemption spec 'zones:a=': 'a=' is not ZONE=SPEC; e.g. 'zones:us-central1-a=exp:mean=300s;*=paper'.",
+        ),
+        ("zones:a=none;a=paper", "Preemption spec 'zones:a=none;a=paper' names zone 'a' twice."),
+        ("zones:*=none;*=paper", "Preemption spec 'zones:*=none;*=paper' names zone '*' twice."),
+        (
+            "zones:a=trace:t.csv",
+            "Preemption spec 'zones:a=trace:t.csv': zone 'a' has 'trace:t.csv'; a zone's model is 'none', 'paper', 'paper:GPU' or 'exp:mean=DURATION' (a trace names workers, not zones).",
+        ),
+        (
+            "zones:a=zones:b=none",
+            "Preemption spec 'zones:a=zones:b=none': zone 'a' has 'zones:b=none'; a zone's model is 'none', 'paper', 'paper:GPU' or 'exp:mean=DURATION' (a trace names workers, not zones).",
+        ),
+        (
+            "zones:a=exp:mean=0s",
+            "Preemption spec 'zones:a=exp:mean=0s', zone 'a': Bad exponential preemption spec 'exp:mean=0s': write 'exp:mean=DURATION' with a positive duration, e.g. 'exp:mean=60s'.",
+        ),
+    ],
+)
+def test_a_bad_zone_spec_names_the_part_and_what_to_write(bad: str, message: str) -> None:
+    with pytest.raises(ValueError) as info:
+        parse_preemption(bad)
+    assert str(info.value) == message

@@ -131,3 +131,29 @@ async def test_a_model_by_gpu_draws_from_each_workers_type() -> None:
     sim.vm_running("w-1", "v100")
     assert list(sim._handles) == ["w-1"]
     sim.stop()
+
+
+@gen_test()
+async def test_a_model_by_zone_draws_from_each_workers_zone_then_type() -> None:
+    from transient_nb.preemption import LifetimesByZone, NoPreemption
+
+    @dataclass(frozen=True)
+    class ByGpu:
+        spec: str = "by-gpu"
+
+        def for_gpu(self, gpu: str | None) -> Fixed:
+            return Fixed(10.0 if gpu == "v100" else None)
+
+        def lifetime(self, rng: random.Random) -> float | None:
+            raise AssertionError("a model by GPU type is asked per type")
+
+    model = LifetimesByZone(
+        "zones", (("storm-1a", Fixed(5.0)), ("typed-1b", ByGpu())), NoPreemption()
+    )
+    sim = PreemptionSimulator(model, 1.0, Recorder(), lambda slot: None, random.Random(0))
+    sim.vm_running("w-0", "k80", "storm-1a")
+    sim.vm_running("w-1", "k80", "calm-1c")
+    sim.vm_running("w-2", "k80", "typed-1b")
+    sim.vm_running("w-3", "v100", "typed-1b")
+    assert sorted(sim._handles) == ["w-0", "w-3"]
+    sim.stop()

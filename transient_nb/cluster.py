@@ -293,6 +293,15 @@ class TransientCluster(SpecCluster):
         for g in fallback_gpus:
             self.catalog.gpu_price(g, self.zone)
         self.preemption = parse_preemption(config.get("preemption", override_with=preemption))
+        named = [z for z, _ in getattr(self.preemption, "zones", ())]
+        unknown = [z for z in named if z not in (self.zone, *fallback_zones)]
+        if unknown:
+            # A zone the cluster never places a worker in would make its model silently moot.
+            raise ValueError(
+                f"preemption={self.preemption.spec!r} names zone {unknown[0]!r}, where this "
+                f"cluster places no worker: its zones are {', '.join([self.zone, *fallback_zones])}"
+                " (add it to fallback_zones, or correct the name)."
+            )
         self.time_scale = float(config.get("time-scale", override_with=time_scale))
         if not self.time_scale > 0:
             raise ValueError(
@@ -902,7 +911,7 @@ class TransientCluster(SpecCluster):
 
     def _vm_running(self, vm: TransientVM) -> None:
         if vm.spec.role == "worker":
-            self.simulator.vm_running(vm.name, vm.spec.gpu)
+            self.simulator.vm_running(vm.name, vm.spec.gpu, vm.spec.zone)
         self._spawn(self._join_watchdog(vm))
 
     def _membership(self, kind: str, name: str) -> None:
@@ -1044,7 +1053,7 @@ class TransientCluster(SpecCluster):
                     continue
                 age_s = (now - since) * self.time_scale
                 gpu = self._asked_gpu(vm)
-                odds = due_for_spare(model, gpu, age_s, lead * self.time_scale)
+                odds = due_for_spare(model, gpu, age_s, lead * self.time_scale, vm.spec.zone)
                 if odds is None:
                     continue
                 self._spared.add(vm.name)
@@ -1333,7 +1342,8 @@ class TransientCluster(SpecCluster):
             since = getattr(vm, "running_since", None)
             age_s = 0.0 if since is None else (now - since) * self.time_scale
             spot = bool(getattr(vm.spec, "spot", self.spot))
-            odds = revoked_within(model, self._asked_gpu(vm), age_s) if spot else 0.0
+            gpu = self._asked_gpu(vm)
+            odds = revoked_within(model, gpu, age_s, zone=vm.spec.zone) if spot else 0.0
             held.append(Held(vm.name, self._working(vm), odds, int(vm.name.split("-")[1])))
             by_name[vm.name] = vm
         return [(by_name[h.name], h.p_revoked_1h) for h in give_back_order(held)[:n]]

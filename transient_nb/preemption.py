@@ -9,6 +9,9 @@ simulated seconds will the provider take it back (``None``: never)? Sources:
 - ``"trace:PATH"``: replay of a file of ``TIME,TARGET[,notice|kill]`` lines (TIME in simulated
   seconds since the cluster started or a duration like ``90s``; TARGET a worker name like ``w-1`` or
   ``slot:N``, the N-th worker slot whoever holds it then);
+- ``"zones:ZONE=SPEC;ZONE=SPEC;*=SPEC"``: each zone its own lifetime model (any of the above but a
+  trace), ``*`` for the zones not named (none named and no ``*``: never preempted). Spot
+  capacity runs out zone by zone: a storm in one zone while the next is calm;
 - ``"none"``.
 """
 
@@ -172,12 +175,46 @@ class Trace:
         return 0.0
 
 
-def revoked_within(model: Any, gpu: str | None, age_s: float, horizon_s: float = HOUR) -> float:
-    """Probability that a ``gpu`` VM ``age_s`` old is revoked within ``horizon_s`` under
-    ``model`` (a model with ``for_gpu`` answers for that type; one without odds, 0)."""
+@dataclass(frozen=True)
+class LifetimesByZone:
+    """Each zone its own lifetime model (``"zones:us-central1-a=exp:mean=300s;*=paper"``).
+
+    Examples
+    --------
+    >>> storm = parse_preemption("zones:us-central1-a=exp:mean=300s;*=paper")
+    >>> storm.for_zone("us-central1-a").mean_s
+    300.0
+    >>> storm.for_zone("us-east1-c").spec
+    'paper'
+    """
+
+    spec: str
+    zones: tuple[tuple[str, PreemptionModel], ...]
+    default: PreemptionModel = NoPreemption()
+
+    def for_zone(self, zone: str | None) -> PreemptionModel:
+        """The model of a VM in ``zone`` (the ``*`` model for a zone not named)."""
+        return dict(self.zones).get(zone or "", self.default)
+
+    def lifetime(self, rng: random.Random) -> float | None:
+        return self.default.lifetime(rng)
+
+
+def model_of(model: Any, gpu: str | None = None, zone: str | None = None) -> Any:
+    """The model one VM's lifetime is drawn from: its zone's (a model with ``for_zone``), then
+    its GPU type's (a model with ``for_gpu``)."""
+    for_zone = getattr(model, "for_zone", None)
+    model = for_zone(zone) if callable(for_zone) else model
     for_gpu = getattr(model, "for_gpu", None)
-    one = for_gpu(gpu) if callable(for_gpu) else model
-    odds = getattr(one, "revoked_within", None)
+    return for_gpu(gpu) if callable(for_gpu) else model
+
+
+def revoked_within(
+    model: Any, gpu: str | None, age_s: float, horizon_s: float = HOUR, zone: str | None = None
+) -> float:
+    """Probability that a ``gpu`` VM in ``zone``, ``age_s`` old, is revoked within ``horizon_s``
+    under ``model`` (see :func:`model_of`; a model without odds answers 0)."""
+    odds = getattr(model_of(model, gpu, zone), "revoked_within", None)
     return float(odds(max(0.0, age_s), horizon_s)) if callable(odds) else 0.0
 
 
@@ -233,7 +270,10 @@ def parse_preemption(spec: str | None) -> PreemptionModel:
     >>> parse_preemption("paper:k80").spec
     'paper:k80'
     """
-    forms = "'none', 'paper', 'paper:k80|p100|v100|cpu', 'exp:mean=60s' or 'trace:PATH'"
+    forms = (
+        "'none', 'paper', 'paper:k80|p100|v100|cpu', 'exp:mean=60s', 'trace:PATH' or "
+        "'zones:ZONE=SPEC;*=SPEC'"
+    )
     if spec is None or spec in ("none", ""):
         return NoPreemption()
     if spec == "paper":
@@ -241,6 +281,8 @@ def parse_preemption(spec: str | None) -> PreemptionModel:
     if not isinstance(spec, str):
         raise ValueError(f"Preemption spec {spec!r} must be a string: {forms}.")
     kind, _, arg = spec.partition(":")
+    if kind == "zones":
+        return _parse_zones(spec, arg)
     if kind == "paper":
         if arg not in PAPER_LIFETIME_CDF:
             raise ValueError(
@@ -268,6 +310,39 @@ def parse_preemption(spec: str | None) -> PreemptionModel:
             raise ValueError(f"Preemption spec {spec!r} needs a file: 'trace:PATH'.")
         return parse_trace(arg)
     raise ValueError(f"Unknown preemption spec {spec!r}: use {forms}.")
+
+
+def _parse_zones(spec: str, arg: str) -> LifetimesByZone:
+    """``zones:ZONE=SPEC;...;*=SPEC``: each part checked, the bad one named."""
+    example = "e.g. 'zones:us-central1-a=exp:mean=300s;*=paper'"
+    zones: dict[str, PreemptionModel] = {}
+    default: PreemptionModel = NoPreemption()
+    parts = [p.strip() for p in arg.split(";") if p.strip()]
+    if not parts:
+        raise ValueError(f"Preemption spec {spec!r} names no zone: {example}.")
+    for part in parts:
+        zone, eq, inner = (x.strip() for x in part.partition("="))
+        if not eq or not zone or not inner:
+            raise ValueError(f"Preemption spec {spec!r}: {part!r} is not ZONE=SPEC; {example}.")
+        if inner.startswith(("zones:", "trace:")):
+            raise ValueError(
+                f"Preemption spec {spec!r}: zone {zone!r} has {inner!r}; a zone's model is "
+                "'none', 'paper', 'paper:GPU' or 'exp:mean=DURATION' (a trace names workers, "
+                "not zones)."
+            )
+        if zone in zones:
+            raise ValueError(f"Preemption spec {spec!r} names zone {zone!r} twice.")
+        try:
+            model = parse_preemption(inner)
+        except ValueError as e:
+            raise ValueError(f"Preemption spec {spec!r}, zone {zone!r}: {e}") from None
+        if zone == "*":
+            default = model
+            zones["*"] = model  # kept only to catch a second "*"; taken out below
+        else:
+            zones[zone] = model
+    zones.pop("*", None)
+    return LifetimesByZone(spec, tuple(zones.items()), default)
 
 
 def parse_delay(spec: str | float | None, *, spot: bool, rng: random.Random) -> float:

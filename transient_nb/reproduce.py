@@ -229,7 +229,7 @@ def arm_lifetimes(cluster: Any, spec: str) -> None:
         for name, vm in list(cluster.workers.items()):
             spec_ = getattr(vm, "spec", None)
             if spec_ is not None and spec_.role == "worker" and not vm.stopped:
-                cluster.simulator.vm_running(name, spec_.gpu)
+                cluster.simulator.vm_running(name, spec_.gpu, spec_.zone)
 
     cluster.sync(arm)
 

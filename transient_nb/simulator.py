@@ -13,7 +13,7 @@ import logging
 import random
 from collections.abc import Awaitable, Callable
 
-from transient_nb.preemption import PreemptionModel, Trace
+from transient_nb.preemption import PreemptionModel, Trace, model_of
 
 logger = logging.getLogger(__name__)
 
@@ -66,15 +66,16 @@ class PreemptionSimulator:
                     )
                 )
 
-    def vm_running(self, name: str, gpu: str | None = None) -> None:
+    def vm_running(self, name: str, gpu: str | None = None, zone: str | None = None) -> None:
         """A worker VM of type ``gpu`` started running: draw its lifetime.
 
-        A model with a ``for_gpu`` method (``preemption="paper"``) draws from that type's curve.
+        A model with a ``for_zone`` method (``preemption="zones:..."``) draws from that zone's
+        model, and one with a ``for_gpu`` method (``preemption="paper"``) from that type's curve
+        (:func:`~transient_nb.preemption.model_of`).
         """
         if self.stopped:
             return
-        for_gpu = getattr(self.model, "for_gpu", None)
-        model = for_gpu(gpu) if callable(for_gpu) else self.model
+        model = model_of(self.model, gpu, zone)
         lifetime = model.lifetime(self.rng)
         if lifetime is None:
             return

@@ -28,9 +28,11 @@ RISE = 2.0
 JOIN_S = 10.0
 
 
-def due_for_spare(model: Any, gpu: str | None, age_s: float, lead_s: float) -> float | None:
-    """The odds that a ``gpu`` VM ``age_s`` old is revoked within ``lead_s`` (simulated
-    seconds), when they call for a spare; else None.
+def due_for_spare(
+    model: Any, gpu: str | None, age_s: float, lead_s: float, zone: str | None = None
+) -> float | None:
+    """The odds that a ``gpu`` VM in ``zone``, ``age_s`` old, is revoked within ``lead_s``
+    (simulated seconds), when they call for a spare; else None.
 
     Examples
     --------
@@ -43,7 +45,7 @@ def due_for_spare(model: Any, gpu: str | None, age_s: float, lead_s: float) -> f
     >>> due_for_spare(Exponential("exp", 600), "k80", 24 * 3600, 600) is None  # memoryless
     True
     """
-    odds = revoked_within(model, gpu, age_s, lead_s)
-    if odds >= AHEAD_ODDS and odds >= RISE * revoked_within(model, gpu, 0.0, lead_s):
+    odds = revoked_within(model, gpu, age_s, lead_s, zone)
+    if odds >= AHEAD_ODDS and odds >= RISE * revoked_within(model, gpu, 0.0, lead_s, zone):
         return odds
     return None
