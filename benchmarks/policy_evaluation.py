@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         log(f"    {rows[-1]}")  # a run's figures as soon as it has them
     table = pd.DataFrame(rows)
-    cols = ["trace", "run", "start", "end", "shards", "changes", "hours", "cost"]
+    cols = ["trace", "run", "start", "end", "shards", "changes", "zones", "hours", "cost"]
     cols += ["steps_per_dollar"]
     cols += ["revocations", "behind", "failed"]
     for c in cols:

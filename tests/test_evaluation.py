@@ -3,6 +3,8 @@ real paced clusters: tests/test_benchmarks.py runs the tiny form, benchmarks/NOT
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 import pytest
 
@@ -13,8 +15,37 @@ from transient_nb.preemption import parse_preemption
 def test_every_trace_is_a_lifetime_model_and_a_bad_one_is_refused_before_any_run():
     for spec in evaluation.TRACES.values():
         parse_preemption(spec)
-    with pytest.raises(ValueError, match="trace 'stormy': use one of calm, paper, storm"):
+    with pytest.raises(
+        ValueError, match="trace 'stormy': use one of calm, paper, storm, zonal-storm"
+    ):
         evaluation.trials(["calm", "stormy"])
+
+
+def test_the_zonal_storm_rages_only_where_the_clusters_start():
+    """Its storm is in us-central1-a, where every cluster starts; the zone it may move to is
+    calm, priced alike, and one the trace's clusters accept (TransientCluster refuses a model
+    that names a zone it cannot use)."""
+    from transient_nb.preemption import HOUR, revoked_within
+    from transient_nb.prices import PriceCatalog
+
+    model = parse_preemption(evaluation.TRACES["zonal-storm"])
+    (calm,) = evaluation.TRACE_ZONES["zonal-storm"]
+    assert revoked_within(model, "p100", 0, zone="us-central1-a") == pytest.approx(
+        1 - math.exp(-HOUR / 300)
+    )
+    assert revoked_within(model, "p100", 0, zone=calm) < 0.05
+    catalog = PriceCatalog.load("paper-2019")
+    for gpu in evaluation.GPUS:
+        here = catalog.worker_price(gpu, "n1-standard-8", "us-central1-a")
+        there = catalog.worker_price(gpu, "n1-standard-8", calm)
+        assert (here.spot, here.on_demand) == (there.spot, there.on_demand)
+    assert {z for z, _ in model.zones} <= {"us-central1-a", calm}
+    assert all(evaluation.TRACE_ZONES.get(t, ()) == () for t in ("calm", "paper", "storm"))
+
+
+def test_format_zones_says_joined_and_revoked_per_zone():
+    assert evaluation.format_zones({}) == ""
+    assert evaluation.format_zones({"a": (3, 2), "b": (1, 0)}) == "a 3/2, b 1/0"
 
 
 def test_the_runs_of_a_trace_and_the_policys_first_choices():

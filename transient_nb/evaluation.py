@@ -13,8 +13,10 @@ strategies:
   revoked workers as the reactive cluster does.
 
 Traces (:data:`TRACES`): ``calm`` (a mean Spot lifetime of a day), ``paper`` (each GPU type's
-lifetime curve from the paper) and ``storm`` (a mean lifetime of 5 minutes, near a worker's
-start-up time). Prices are the paper's (``paper-2019``), so the figures compare with its tables.
+lifetime curve from the paper), ``storm`` (a mean lifetime of 5 minutes, near a worker's
+start-up time, in every zone) and ``zonal-storm`` (that storm in the cluster's zone only, a calm
+day in ``us-east1-c``, which every cluster of that trace may use: Spot capacity runs out zone by
+zone). Prices are the paper's (``paper-2019``), so the figures compare with its tables.
 
 What the table says, and what it cannot: each row is one run of one seed; the policy's first
 choice is the planner's expectation, which the static configurations of :data:`STATIC` are not
@@ -35,7 +37,15 @@ from transient_nb.planner import Planner, kinds_from_catalog
 from transient_nb.reproduce import PAPER_STEPS, Setup, format_types, run_setup
 
 #: Preemption traces: name -> lifetime model (:func:`~transient_nb.preemption.parse_preemption`).
-TRACES = {"calm": "exp:mean=24h", "paper": "paper", "storm": "exp:mean=300s"}
+TRACES = {
+    "calm": "exp:mean=24h",
+    "paper": "paper",
+    "storm": "exp:mean=300s",
+    "zonal-storm": "zones:us-central1-a=exp:mean=300s;*=exp:mean=24h",
+}
+#: The zones besides us-central1-a that the clusters of a trace may use (the same for every
+#: strategy: the reactive cluster falls back there only when a zone runs out of GPUs).
+TRACE_ZONES: dict[str, tuple[str, ...]] = {"zonal-storm": ("us-east1-c",)}
 
 #: GPU types the policy may use, and the static configurations it is compared with.
 GPUS = ("k80", "p100", "v100")
@@ -178,6 +188,7 @@ def run_trial(
             wall_pace=wall_pace,
             seed=seed,
             lifetimes=TRACES[trial.trace],
+            fallback_zones=TRACE_ZONES.get(trial.trace, ()),
             replace=trial.strategy != "static",
             adapt=adapt,
         )
@@ -190,6 +201,7 @@ def run_trial(
         "end": format_types(out["final_mix"]),
         "shards": out["ps_hosts"],
         "changes": len(acted),
+        "zones": format_zones(out["zones"]),
         "hours": out["hours"],
         "cost": out["cost"],
         "steps_per_dollar": PAPER_STEPS / out["cost"] if out["cost"] > 0 else float("nan"),
@@ -197,6 +209,17 @@ def run_trial(
         "behind": out["behind"],
         "failed": "",
     }
+
+
+def format_zones(zones: Mapping[str, tuple[int, int]]) -> str:
+    """``"us-central1-a 9/8, us-east1-c 4/0"``: workers joined / revoked in each zone.
+
+    Examples
+    --------
+    >>> format_zones({"us-central1-a": (9, 8), "us-east1-c": (4, 0)})
+    'us-central1-a 9/8, us-east1-c 4/0'
+    """
+    return ", ".join(f"{zone} {joined}/{revoked}" for zone, (joined, revoked) in zones.items())
 
 
 #: Figures within this fraction of each other are as good (one run of one seed each).

@@ -33,7 +33,7 @@ import contextlib
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +41,7 @@ import pandas as pd
 
 from transient_nb.emulation import PAPER_PS_STEPS_PER_S, PAPER_TWO_SHARD_GAIN, parse_emulation
 from transient_nb.preemption import PAPER_LIFETIME_CDF
-from transient_nb.state import Bill, summarize
+from transient_nb.state import Bill, event_log, summarize
 
 #: Global steps of the paper's runs.
 PAPER_STEPS = 64_000
@@ -349,6 +349,7 @@ def run_setup(
     lifetimes: str | None = None,
     replace: bool = False,
     adapt: Mapping[str, Any] | None = None,
+    fallback_zones: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Run ``setup`` for ``steps`` global steps standing for the paper's 64K; its figures.
 
@@ -361,13 +362,20 @@ def run_setup(
     workers (today's reactive default) rather than go on without them (the paper's rule).
     ``adapt``: the keywords of ``cluster.adapt`` (a transient-aware policy from the moment the
     lifetimes are armed; a ``budget`` then counts from that moment, as the figures' window does).
+    ``fallback_zones``: zones besides us-central1-a where the cluster may place workers (for
+    lifetimes by zone).
     """
     from transient_nb.training.run import train
 
     step_scale = PAPER_STEPS / steps
     time_scale = wall_pace * step_scale
     with local_cluster(
-        setup, time_scale=time_scale, seed=seed, prices=prices, replace=replace
+        setup,
+        time_scale=time_scale,
+        seed=seed,
+        prices=prices,
+        replace=replace,
+        fallback_zones=list(fallback_zones),
     ) as cluster:
         run = train(
             cluster,
@@ -422,8 +430,10 @@ def run_setup(
         final_mix = {g: n for g, n in cluster.mix.items() if n}
         ps_hosts = cluster.ps_hosts
         decisions = [e for e in run.events() if e.get("kind") == "policy-decision"]
+        zones = workers_by_zone(event_log(cluster))
     return {
         "final_mix": final_mix,
+        "zones": zones,
         "ps_hosts": ps_hosts,
         "decisions": decisions,
         "setup": setup.label,
@@ -436,6 +446,28 @@ def run_setup(
         "step_scale": step_scale,
         **out,
     }
+
+
+def workers_by_zone(events: Iterable[Mapping[str, Any]]) -> dict[str, tuple[int, int]]:
+    """Zone -> (workers that joined there, workers revoked there), zones in order of first use.
+
+    Examples
+    --------
+    >>> workers_by_zone([
+    ...     {"kind": "joined", "role": "worker", "worker": "w-0", "zone": "us-central1-a"},
+    ...     {"kind": "joined", "role": "ps", "worker": "ps-0", "zone": "us-central1-a"},
+    ...     {"kind": "preempted", "role": "worker", "worker": "w-0", "zone": "us-central1-a"},
+    ...     {"kind": "joined", "role": "worker", "worker": "w-1", "zone": "us-east1-c"},
+    ... ])
+    {'us-central1-a': (1, 1), 'us-east1-c': (1, 0)}
+    """
+    out: dict[str, list[int]] = {}
+    for e in events:
+        if e.get("role") != "worker" or e.get("kind") not in ("joined", "preempted"):
+            continue
+        counts = out.setdefault(str(e.get("zone")), [0, 0])
+        counts[0 if e["kind"] == "joined" else 1] += 1
+    return {zone: (joined, revoked) for zone, (joined, revoked) in out.items()}
 
 
 def grow_marks(setup: Setup, steps: int) -> list[int]:
