@@ -293,6 +293,7 @@ def test_by_default_it_chooses_among_the_mix_and_the_fallbacks_at_catalog_prices
         "k80", "n1-standard-4", cluster.zone
     ).rate(True)
     assert policy.max_workers == 8  # no limit: the default
+    assert policy.planner.ps_zone == "us-central1-a"  # where the cluster puts its PS hosts
     with pytest.raises(ValueError, match="None of the GPU types \\['tpu'\\]"):
         TransientPolicy(cluster, "cost-per-step", gpus=["tpu"])
 
@@ -400,3 +401,25 @@ def test_a_zone_is_not_changed_without_a_reason_and_a_cheaper_one_is_taken():
     plan = asyncio.run(policy.adapt())
     assert plan is not None and policy.zones_of(plan) == {"t4": other.zone}
     assert cheaper.policy.preferred_zones == {"t4": "us-east1-c"}
+
+
+def test_the_ps_zone_and_the_rates_of_far_workers_come_from_the_event_log():
+    """The PS host may have fallen back to another zone: its ``running`` event says where. A
+    worker in another region reports a slower rate, which the planner keeps as a near one's."""
+    near = Kind("p100", "us-central1-a", True, 0.551)
+    far = Kind("p100", "us-east1-c", True, 0.551)
+    cluster = RecordingCluster({"p100": 2})
+    policy = TransientPolicy(
+        cluster, "cost-per-step", planner=Planner([near, far], 0.143, ps_zone="us-central1-a")
+    )
+    cluster.add("running", T0, worker="ps-0", role="ps", zone="us-central1-b")
+    cluster.add("running", T0, worker="ps-1", role="ps", zone="us-west1-b")  # not shard 0's
+    fields = {"worker": "w-0", "role": "worker", "gpu": "p100", "zone": "us-east1-c"}
+    cluster.add("requested", T0, **fields)
+    cluster.add("running", T0, **fields)
+    cluster.add("worker-metrics", T0 + 10, worker="w-0", local_step=100)
+    cluster.add("worker-metrics", T0 + 20, worker="w-0", local_step=200)  # 10 steps/s, far
+    policy.observe(cluster.monitor.events)
+    assert policy.planner.ps_zone == "us-central1-b"
+    assert policy.planner.rate("p100") == pytest.approx(10.0 * 1.48)
+    assert policy.planner.kind_rate(far) == pytest.approx(10.0)

@@ -64,6 +64,9 @@ ESTIMATED_STEPS_PER_S: dict[str, float] = {"t4": 8.5, "l4": 15.0, "a100": 21.0, 
 PAPER_PS_STEPS_PER_S = 45.0
 #: Gain of a second PS shard at 8 V100s (the paper: up to 1.75x, about 80 global steps/s).
 PAPER_TWO_SHARD_GAIN = 1.75
+#: How much slower a worker steps when the PS is in another region (Li et al. §3: workers split
+#: across regions trained up to 48% slower, P100; the PS belongs in the region with most workers).
+CROSS_REGION_SLOWDOWN = 1.48
 
 #: Trainers and PS shards judge their pace over windows of at least this long (seconds) ...
 BEHIND_WINDOW_S = 2.0
@@ -195,6 +198,43 @@ def parse_emulation(spec: str | Mapping[str, Any] | None) -> Emulation | None:
                 "'k80=4.56') or 'ps=paper|STEPS_PER_S|none'."
             )
     return Emulation(rates, ps, spec=",".join(canonical))
+
+
+def region_of(zone: str | None) -> str | None:
+    """The region of a zone: ``"us-central1-a"`` -> ``"us-central1"`` (None stays None).
+
+    Examples
+    --------
+    >>> region_of("us-central1-a"), region_of("europe-west4-b"), region_of(None)
+    ('us-central1', 'europe-west4', None)
+    """
+    return None if not zone else str(zone).rsplit("-", 1)[0]
+
+
+def cross_region(zone: str | None, ps_zone: str | None) -> bool:
+    """Whether a worker in ``zone`` talks to a PS in another region (False when either is
+    unknown).
+
+    Examples
+    --------
+    >>> cross_region("us-east1-c", "us-central1-a"), cross_region("us-central1-b", "us-central1-a")
+    (True, False)
+    >>> cross_region(None, "us-central1-a")
+    False
+    """
+    if not zone or not ps_zone:
+        return False
+    return region_of(zone) != region_of(ps_zone)
+
+
+def vm_zone() -> str | None:
+    """The zone of the VM this process runs on (``TRANSIENT_NB_VM``), if its backend said."""
+    try:
+        vm = json.loads(os.environ["TRANSIENT_NB_VM"])
+    except (KeyError, ValueError):
+        return None
+    zone = vm.get("zone") if isinstance(vm, dict) else None
+    return str(zone) if zone else None
 
 
 def vm_gpu() -> str | None:

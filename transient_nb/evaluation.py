@@ -88,7 +88,7 @@ def planner(prices: str = "paper-2019", gpus: Sequence[str] = GPUS) -> Planner:
     catalog = PriceCatalog.load(prices)
     kinds = kinds_from_catalog(catalog, list(gpus), ["us-central1-a"], "n1-standard-8")
     ps_hourly = float(catalog.machine_price("n1-standard-4", "us-central1-a").rate(False))
-    return Planner(kinds, ps_hourly)
+    return Planner(kinds, ps_hourly, ps_zone="us-central1-a")
 
 
 def first_choice(goal: Mapping[str, Any], max_workers: int = 8, **kwargs: Any) -> Setup:

@@ -40,7 +40,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from transient_nb.emulation import PAPER_PS_STEPS_PER_S, PAPER_TWO_SHARD_GAIN, parse_emulation
+from transient_nb.emulation import (
+    CROSS_REGION_SLOWDOWN,
+    PAPER_PS_STEPS_PER_S,
+    PAPER_TWO_SHARD_GAIN,
+    cross_region,
+    parse_emulation,
+)
 from transient_nb.preemption import HOUR, PAPER_LIFETIME_CDF, PAPER_STARTUP_S
 
 #: The goals :meth:`Planner.choose` understands.
@@ -172,6 +178,9 @@ class Planner:
     startup_s
         Prior seconds from asking for a Spot worker to its joining (default: the paper's 81-98 s
         boot, midpoint, plus 19 s of warm restart); the median observed replaces it.
+    ps_zone
+        Where the PS runs: a worker in another region steps ``cross_region_slowdown`` times
+        slower (default: the paper's 1.48). None: placement is not weighed.
     """
 
     def __init__(
@@ -183,6 +192,8 @@ class Planner:
         ps_steps_per_s: float | None = PAPER_PS_STEPS_PER_S,
         two_shard_gain: float = PAPER_TWO_SHARD_GAIN,
         startup_s: float | None = None,
+        ps_zone: str | None = None,
+        cross_region_slowdown: float = CROSS_REGION_SLOWDOWN,
     ):
         if not kinds:
             raise ValueError("The planner needs at least one kind of worker to choose from.")
@@ -197,16 +208,27 @@ class Planner:
         self.two_shard_gain = two_shard_gain
         lo, hi = PAPER_STARTUP_S["spot"]
         self.prior_startup_s = float((lo + hi) / 2 + 19.0 if startup_s is None else startup_s)
+        self.ps_zone = ps_zone
+        self.cross_region_slowdown = float(cross_region_slowdown)
         self._observed_startups: list[float] = []
         self._observed_rates: dict[str, list[float]] = {}
         self._revocations: dict[tuple[str, str], int] = {}
         self._exposure_h: dict[tuple[str, str], float] = {}
 
     # -- what it knows --------------------------------------------------------------------------
-    def observe_rate(self, gpu: str, steps_per_s: float) -> None:
-        """A worker of type ``gpu`` reported this many steps/s (``worker-metrics``)."""
+    def observe_rate(self, gpu: str, steps_per_s: float, zone: str | None = None) -> None:
+        """A worker of type ``gpu`` in ``zone`` reported this many steps/s (``worker-metrics``);
+        kept as the rate of one in the PS's region (a worker farther away is slower for that)."""
         if steps_per_s > 0 and math.isfinite(steps_per_s):
-            self._observed_rates.setdefault(gpu.lower(), []).append(float(steps_per_s))
+            rate = float(steps_per_s) * self._slowdown(zone)
+            self._observed_rates.setdefault(gpu.lower(), []).append(rate)
+
+    def _slowdown(self, zone: str | None) -> float:
+        return self.cross_region_slowdown if cross_region(zone, self.ps_zone) else 1.0
+
+    def kind_rate(self, kind: Kind) -> float:
+        """Steps/s of one worker of ``kind``: its type's rate, slower outside the PS's region."""
+        return self.rate(kind.gpu) / self._slowdown(kind.zone)
 
     def observe_exposure(self, gpu: str, zone: str, hours: float, revocations: int = 0) -> None:
         """Servers of ``gpu`` in ``zone`` ran ``hours`` (summed over servers) and lost
@@ -266,7 +288,7 @@ class Planner:
         cap = self.ps_capacity(config.shards)
         dists = []
         for kind, n in config.workers:
-            p, r = self.availability(kind), self.rate(kind.gpu)
+            p, r = self.availability(kind), self.kind_rate(kind)
             dists.append(
                 [(math.comb(n, k) * p**k * (1 - p) ** (n - k), k * r) for k in range(n + 1)]
             )

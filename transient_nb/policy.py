@@ -190,7 +190,9 @@ class TransientPolicy:
                 )
             )
             # Every zone the cluster may place workers in (its own, then its fallbacks): the
-            # planner weighs each zone's price and the revocations observed there.
+            # planner weighs each zone's price, the revocations observed there, and its
+            # distance from the PS (the PS hosts run in the cluster's zone: a worker in another
+            # region steps slower).
             zones = list(
                 dict.fromkeys([cluster.zone, *getattr(cluster.policy, "fallback_zones", [])])
             )
@@ -205,7 +207,7 @@ class TransientPolicy:
             ps_hourly = float(
                 cluster.catalog.machine_price(cluster.ps_machine_type, cluster.zone).rate(False)
             )
-            planner = Planner(kinds, ps_hourly)
+            planner = Planner(kinds, ps_hourly, ps_zone=cluster.zone)
         self.planner = planner
         self.started_at = time.time()
         self.last: Plan | None = None
@@ -237,6 +239,9 @@ class TransientPolicy:
     def _observe_one(self, e: Mapping[str, Any]) -> None:
         kind, name = e.get("kind"), e.get("worker")
         t = float(e.get("time", time.time()))
+        if kind == "running" and e.get("role") == "ps" and name == "ps-0" and e.get("zone"):
+            # Where the PS runs (its host may have fallen back to another zone).
+            self.planner.ps_zone = str(e["zone"])
         if kind in ("requested", "running") and name and e.get("role") == "worker":
             self._vm[str(name)] = dict(e)
             self._live[str(name)] = (str(e.get("gpu")), str(e.get("zone")))
@@ -260,10 +265,13 @@ class TransientPolicy:
             local = int(e.get("local_step", 0))
             before = self._local.get(str(name))
             self._local[str(name)] = (t, local)
-            gpu = self._vm.get(str(name), {}).get("gpu")
+            vm = self._vm.get(str(name), {})
+            gpu = vm.get("gpu")
             if before is not None and gpu and t > before[0] and local > before[1]:
                 wall_rate = (local - before[1]) / (t - before[0])
-                self.planner.observe_rate(str(gpu), wall_rate * self.step_scale / self.time_scale)
+                self.planner.observe_rate(
+                    str(gpu), wall_rate * self.step_scale / self.time_scale, vm.get("zone")
+                )
         elif kind == "train-started":
             self._steps = int(e.get("steps") or 0) or None
             self._step = int(e.get("resumed_step") or 0)

@@ -162,6 +162,12 @@ def test_losing_the_ps_recovers_from_its_checkpoint():
     assert summary["accuracy"] > 0.5
     # The PS came back on a new host and the trainers found it by themselves.
     assert any(e["kind"] == "joined" and e.get("worker") == "ps-1" for e in run.events())
+    # Each trainer was told where the PS is, and paced as one in its region.
+    paced = [e for e in run.events() if e["kind"] == "emulation-paced" and e["role"] == "worker"]
+    assert len(paced) >= 2
+    assert {(e["zone"], e["ps_zone"], e["cross_region"]) for e in paced} == {
+        ("us-central1-a", "us-central1-a", False)
+    }
 
 
 def test_two_ps_hosts_give_each_shard_a_process_and_a_lost_one_is_recovered():

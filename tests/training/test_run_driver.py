@@ -872,6 +872,7 @@ def test_a_trainer_is_asked_for_on_its_worker_and_run_once_created(tmp_path):
     assert kwargs["actor"] is True and kwargs["pure"] is False
     assert kwargs["seed"] == 3 and kwargs["device"] == "cpu"
     assert kwargs["key"] == f"trainer-{run.id}-w-0-0"
+    assert kwargs["ps_zone"] is None  # no PS yet
     run._submit_trainers()  # still being created: not asked twice
     assert len(run._client.submitted) == 1 and not run._slots["w-0"].started
 
@@ -1268,3 +1269,22 @@ def test_cleanup_goes_on_past_what_fails_and_says_so(tmp_path, monkeypatch, capl
         "Stopping trainers: AttributeError(\"'NoneType' object has no attribute 'done'\")",
     )
     assert logged(caplog, "INFO", f"Could not delete {run.variable}: OSError('no scheduler')")
+
+
+def test_the_trainers_are_told_the_zone_of_shard_0s_host(tmp_path):
+    """From the cluster's record of the VM behind the host's address; else the cluster's zone."""
+    run = driver(tmp_path)
+    run._client.workers = {
+        "tls://ps0:1": {"name": "ps-0", "resources": {"ps": 1}},
+        "tls://w0:1": {"name": "w-0"},
+    }
+    run.cluster.zone = "us-central1-a"
+    run.cluster.workers = {"ps-0": SimpleNamespace(spec=SimpleNamespace(zone="us-central1-f"))}
+    assert run._zone_of("tls://ps0:1") == "us-central1-f"
+    assert run._zone_of("tls://w0:1") == "us-central1-a"  # no record of it: the cluster's zone
+    assert run._zone_of("tls://gone:1") == "us-central1-a"
+    del run.cluster.zone
+    assert run._zone_of("tls://gone:1") is None
+    run._client.unreadable = True
+    run.cluster.workers = {}
+    assert run._zone_of("tls://ps0:1") is None

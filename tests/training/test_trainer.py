@@ -1081,3 +1081,26 @@ def test_the_loop_uses_the_workers_threads(loop, tmp_path):
     assert box["result"]["state"] == "finished"
     assert seen[0] == 3
     assert [e["kind"] for e in events] == [e["kind"] for e in trainer.posted]
+
+
+@pytest.mark.parametrize(
+    ("zone", "ps_zone", "far"),
+    [
+        ("us-east1-c", "us-central1-a", True),
+        ("us-central1-b", "us-central1-a", False),
+        ("us-east1-c", None, False),  # the PS's zone unknown: nothing is weighed
+    ],
+)
+def test_a_trainer_in_another_region_than_the_ps_is_paced_slower(monkeypatch, zone, ps_zone, far):
+    """The paper: workers in another region than the PS trained up to 48% slower. The
+    trainer's zone comes from its VM."""
+    monkeypatch.setenv("TRANSIENT_NB_VM", f'{{"name": "w-0", "gpu": "k80", "zone": "{zone}"}}')
+    hp = HP.with_(emulate="paper,ps=none")
+    trainer = _trainer(lambda timeout: (0, []), hp=hp, time_scale=5.0, ps_zone=ps_zone)
+    assert trainer.zone == zone
+    pacer = trainer._pacer()
+    assert pacer is not None
+    assert pacer.step_s == pytest.approx((1.48 if far else 1.0) / (4.56 * 5.0))
+    (paced,) = trainer.posted
+    assert (paced["zone"], paced["ps_zone"], paced["cross_region"]) == (zone, ps_zone, far)
+    assert paced["wall_steps_per_s"] == pytest.approx(4.56 * 5.0 / (1.48 if far else 1.0))

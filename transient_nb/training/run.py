@@ -176,6 +176,7 @@ class TrainingRun:
         self._ps_futures: list[Any] = []
         #: The hosts of the current PS generation's shards (shard i on the i-th, round robin).
         self._ps_addresses: list[str] = []
+        self._ps_zone: str | None = None  # where shard 0 runs (told to the trainers)
         self._ps_left = False
         self._generation = 0
         self._bounds: list[tuple[int, int]] = []
@@ -308,6 +309,17 @@ class TrainingRun:
             self._post(kind, **fields)
         except Exception:
             logger.info("Could not post %s for run %s", kind, self.id)
+
+    def _zone_of(self, address: str) -> str | None:
+        """The zone of the VM behind a worker's address (the cluster's record of it), else the
+        cluster's zone: trainers are told where the PS is (a paced trainer in another region
+        steps slower, as the paper measured)."""
+        name = ((self._workers() or {}).get(address) or {}).get("name")
+        vm = (getattr(self.cluster, "workers", None) or {}).get(name)
+        zone = getattr(getattr(vm, "spec", None), "zone", None) or getattr(
+            self.cluster, "zone", None
+        )
+        return str(zone) if zone else None
 
     def _workers(self) -> dict[str, dict[str, Any]] | None:
         """The scheduler's workers, or None when they cannot be read right now (never ``{}``
@@ -592,6 +604,7 @@ class TrainingRun:
         for f in old:  # the previous generation's actors are released from their worker
             f.release()
         self._ps_addresses = [hosts[i % len(hosts)] for i in range(len(self._ps))]
+        self._ps_zone = self._zone_of(hosts[0])
         self._ps_left = False
         self._ps_answered = time.monotonic()
         self._status_future = None
@@ -774,6 +787,7 @@ class TrainingRun:
                     self._bounds,
                     seed=self.seed,
                     device=self.device,
+                    ps_zone=self._ps_zone,
                     actor=True,
                     workers=[slot.address],
                     allow_other_workers=False,

@@ -30,7 +30,15 @@ from distributed import Variable, get_worker
 from distributed.actor import Actor
 
 from transient_nb.agent import register_drain_hook, unregister_drain_hook
-from transient_nb.emulation import StepPacer, cluster_time_scale, parse_emulation, vm_gpu
+from transient_nb.emulation import (
+    CROSS_REGION_SLOWDOWN,
+    StepPacer,
+    cluster_time_scale,
+    cross_region,
+    parse_emulation,
+    vm_gpu,
+    vm_zone,
+)
 from transient_nb.events import TOPIC, make_event
 from transient_nb.training.data import BatchStream, load_dataset
 from transient_nb.training.flat import FlatModel, flat_layout
@@ -142,6 +150,10 @@ class Trainer:
     gpu, time_scale
         For ``hparams["emulate"]``: the GPU type to pace to (default: the VM's, from
         ``TRANSIENT_NB_VM``) and the cluster's time scale (default: its ``started`` event's).
+    ps_zone, zone
+        For ``hparams["emulate"]``: where the PS runs and where this trainer does (default: the
+        VM's zone); a trainer in another region than the PS steps
+        :data:`~transient_nb.emulation.CROSS_REGION_SLOWDOWN` times slower.
 
     Notes
     -----
@@ -169,6 +181,8 @@ class Trainer:
         locate: Locator | None = None,
         gpu: str | None = None,
         time_scale: float | None = None,
+        ps_zone: str | None = None,
+        zone: str | None = None,
     ):
         self.run_id = run
         self.model_name = model
@@ -187,6 +201,8 @@ class Trainer:
                 name = str(self.worker.name) if self.worker is not None else "trainer"
         self.name = name
         self.gpu = gpu or vm_gpu()
+        self.zone = zone or vm_zone()
+        self.ps_zone = ps_zone
         self._time_scale = time_scale
         self._locate: Locator = locate or (lambda timeout: lookup_ps(self.variable, timeout))
         self._custom_locate = locate is not None
@@ -395,6 +411,9 @@ class Trainer:
             return None
         scale = self._time_scale or cluster_time_scale(self.worker)
         step_s = emu.step_s(self.gpu, scale, self.hp.emulate_step_scale)
+        far = cross_region(self.zone, self.ps_zone)
+        if far and step_s is not None:
+            step_s *= CROSS_REGION_SLOWDOWN  # each round trip to a PS in another region
         # Posted unpaced too (steps_per_s None): a GPU type with no rate is said, not hidden.
         self._post(
             "emulation-paced",
@@ -405,6 +424,9 @@ class Trainer:
             wall_steps_per_s=None if step_s is None else 1.0 / step_s,
             time_scale=scale,
             step_scale=self.hp.emulate_step_scale,
+            zone=self.zone,
+            ps_zone=self.ps_zone,
+            cross_region=far,
         )
         if step_s is None:
             return None
