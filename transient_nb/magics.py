@@ -137,7 +137,9 @@ _NO_PANEL = argument("--no-panel", action="store_true", help="do not show the co
 @argument("--zone", help="zone of the workers, e.g. us-central1-a")
 @argument("--ps-hosts", type=_whole("PS hosts", 1), metavar="N", help="PS hosts (default 1)")
 @argument(
-    "--preemption", help="none | paper:k80 | paper:v100 | exp:mean=60s | trace:PATH (local backend)"
+    "--preemption",
+    help="none | paper:k80 | paper:v100 | exp:mean=60s | trace:PATH | "
+    "'zones:us-central1-a=exp:mean=300s;*=paper' (local backend)",
 )
 @argument("--name", help="cluster name (lowercase letters, digits, dashes)")
 @argument("--backend", help="local (the default) or gce")
