@@ -1062,9 +1062,14 @@ def test_the_loop_uses_the_workers_threads(loop, tmp_path):
     double = _double(loop, tmp_path, hp=hp)
     seen: list[int] = []
     published = Published(double)
+    before = torch.get_num_threads()
 
     def locate(timeout):
         seen.append(torch.get_num_threads())
+        # Back to what the process had before any step runs: a pool of 3 threads made in this
+        # process would break the forked processes benchmarks/mutation.py runs tests in (a
+        # forked child's first parallel region hangs or dies: every mutant then looks killed).
+        torch.set_num_threads(before)
         return published(timeout)
 
     trainer = _trainer(locate, hp=hp)
@@ -1072,7 +1077,6 @@ def test_the_loop_uses_the_workers_threads(loop, tmp_path):
     trainer.worker = types.SimpleNamespace(
         state=types.SimpleNamespace(nthreads=3), log_event=lambda topic, e: events.append(e)
     )
-    before = torch.get_num_threads()
     try:
         thread, box = _start(trainer)
         thread.join(120 * PATIENCE)
