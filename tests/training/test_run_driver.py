@@ -1288,3 +1288,32 @@ def test_the_trainers_are_told_the_zone_of_shard_0s_host(tmp_path):
     run._client.unreadable = True
     run.cluster.workers = {}
     assert run._zone_of("tls://ps0:1") is None
+
+
+class Stalled(Done):
+    """An actor's creation that finished, on a worker revoked since: asking for the actor waits
+    on a task the scheduler can never run again, until the asker's bound."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: list[float | None] = []
+
+    def result(self, timeout: float | None = None) -> Any:
+        self.asked.append(timeout)
+        raise TimeoutError(f"timed out after {timeout} s.")
+
+
+def test_a_trainer_created_on_a_worker_revoked_since_holds_the_driver_a_second_at_most(tmp_path):
+    """Under a storm this happened every few revocations: the driver waited out the whole call
+    bound (30 s by default) for the actor of a worker already gone, and no other trainer started
+    meanwhile. A finished future's result is at hand or never: one second, as for a trainer's
+    end."""
+    run = driver(tmp_path, hp=HP.with_(call_timeout_s=30.0, ps_lost_after_s=60.0))
+    run._want_trainer("w-3", "tls://w3:1")
+    stalled = Stalled()
+    run._slots["w-3"].future = stalled
+    run._submit_trainers()
+    assert stalled.asked == [1.0]
+    (failed,) = posted(run, "trainer-failed")
+    assert failed["worker"] == "w-3" and failed["error"] == "TimeoutError: timed out after 1.0 s."
+    assert posted(run, "trainer-restarted")[0]["attempt"] == 1

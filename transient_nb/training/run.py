@@ -53,6 +53,9 @@ PS_OVERDUE_S = 1.0
 PS_HOSTS_GRACE_S = 30.0
 #: Bound of setting things up: creating an actor, the first checkpoint (seconds).
 SETUP_TIMEOUT_S = 120.0
+#: Seconds to read the result of a future that is done (a trainer's creation or end): it is at
+#: hand, or never (its worker is gone), and the driver's loop must not wait on it.
+RESULT_AT_HAND_S = 1.0
 #: Complete checkpoints kept under the run's URL (older ones are deleted).
 CHECKPOINTS_KEPT = 2
 
@@ -437,7 +440,7 @@ class TrainingRun:
         if fut is not None and fut.done():
             self._status_future = None
             try:
-                self.status = fut.result(timeout=1)
+                self.status = fut.result(timeout=RESULT_AT_HAND_S)
             except Exception as e:
                 logger.info("PS status failed: %r", e)
                 return
@@ -722,7 +725,7 @@ class TrainingRun:
             return
         self._inflight = None
         try:
-            files = [f.result(timeout=1) for f in job["futures"]]
+            files = [f.result(timeout=RESULT_AT_HAND_S) for f in job["futures"]]
             path = checkpoint.write_manifest(
                 self.checkpoint_url,
                 job["step"],
@@ -796,7 +799,9 @@ class TrainingRun:
                 )
             elif slot.future is not None and not slot.started and slot.future.done():
                 try:
-                    slot.actor = slot.future.result(timeout=self.hp.call_timeout_s)
+                    # Done: the actor is at hand, or its worker is gone and asking would wait
+                    # out any bound (a storm's revoked workers held the driver 30 s each).
+                    slot.actor = slot.future.result(timeout=RESULT_AT_HAND_S)
                 except Exception as e:  # the worker went away before its trainer started
                     logger.info("Trainer on %s did not start: %r", name, e)
                     self._trainer_failed(name, slot, e)
@@ -810,7 +815,7 @@ class TrainingRun:
             if not slot.started or not slot.future.done():
                 continue
             try:
-                result = slot.future.result(timeout=1)
+                result = slot.future.result(timeout=RESULT_AT_HAND_S)
             except Exception as e:
                 self._trainer_failed(name, slot, e)
                 continue
@@ -882,7 +887,7 @@ class TrainingRun:
                     keep.append((name, futures, t0))
                 continue
             try:
-                lost = bool(futures[0].result(timeout=1))
+                lost = bool(futures[0].result(timeout=RESULT_AT_HAND_S))
             except Exception:
                 lost = False
             if lost:
@@ -933,7 +938,7 @@ class TrainingRun:
                 time.sleep(0.02)
             try:
                 if slot.future.done():
-                    results.append(slot.future.result(timeout=1))
+                    results.append(slot.future.result(timeout=RESULT_AT_HAND_S))
             except Exception as e:
                 logger.info("Trainer on %s ended with %r", name, e)
         return results
