@@ -38,6 +38,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=float, default=None, help="budget goal, dollars")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--goals",
+        nargs="+",
+        choices=["deadline", "budget", "cost-per-step"],
+        default=["deadline", "budget", "cost-per-step"],
+        help="the policy's goals to run",
+    )
+    parser.add_argument(
+        "--no-static", action="store_true", help="leave out the static clusters (reactive only)"
+    )
+    parser.add_argument(
         "--dynamic",
         action="store_true",
         help="only the paper's dynamic experiment: 1 K80 that the policy may grow to 4",
@@ -57,8 +67,8 @@ def main(argv: list[str] | None = None) -> int:
 
     deadline = evaluation.DEADLINE_H if args.deadline is None else args.deadline
     budget = evaluation.BUDGET if args.budget is None else args.budget
-    goals = evaluation.goals(deadline, budget)
-    static, reactive = evaluation.STATIC, (evaluation.REACTIVE,)
+    goals = [g for g in evaluation.goals(deadline, budget) if g["goal"] in args.goals]
+    static, reactive = () if args.no_static else evaluation.STATIC, (evaluation.REACTIVE,)
     if args.tiny:
         args.traces, args.steps, args.wall_pace = ["calm"], 120, 1.2
         # One static run to compare with, and the two goals test_policy.py does not run for
