@@ -1014,7 +1014,7 @@ def test_the_loop_reports_and_looks_for_a_new_ps_on_its_own_clock(loop, tmp_path
     assert looked == [1, 3, 5, 7]
 
 
-@pytest.mark.parametrize("ending", ["finished", "drained", "last push failed"])
+@pytest.mark.parametrize("ending", ["finished", "drained", "last_push_failed"])
 def test_the_pace_is_judged_once_more_however_the_loop_ends(loop, tmp_path, monkeypatch, ending):
     """The judging window (here longer than the run) never closes; the final judgment still
     says that an impossible pace was not kept, whether the run got its steps or a notice came
@@ -1022,7 +1022,7 @@ def test_the_pace_is_judged_once_more_however_the_loop_ends(loop, tmp_path, monk
     monkeypatch.setattr("transient_nb.emulation.BEHIND_WINDOW_S", 1000.0)
     hp = HP.with_(steps=8 if ending == "finished" else 10_000, emulate="k80=100000")
     double = _recorder(loop, tmp_path, hp)
-    double.fail_final = ending == "last push failed"
+    double.fail_final = ending == "last_push_failed"
     trainer = _trainer(Published(double), hp=hp, gpu="k80", time_scale=1.0)
     thread, box = _start(trainer)
     if ending != "finished":
@@ -1032,7 +1032,7 @@ def test_the_pace_is_judged_once_more_however_the_loop_ends(loop, tmp_path, monk
     assert box["result"]["state"] == ("finished" if ending == "finished" else "drained")
     behind = [e for e in trainer.posted if e["kind"] == "emulation-behind"]
     assert len(behind) == 1 and behind[0]["worker"] == "w-0"
-    if ending == "last push failed":
+    if ending == "last_push_failed":
         assert double.pushes[-1]["final"] and trainer.ps_failures == 1 and trainer.rejoins == 0
 
 
