@@ -26,6 +26,19 @@ class Fixed:
         return self.seconds
 
 
+@dataclass(frozen=True)
+class ByGpu:
+    """V100s live 10 simulated seconds; other types are never preempted."""
+
+    spec: str = "by-gpu"
+
+    def for_gpu(self, gpu: str | None) -> Fixed:
+        return Fixed(10.0 if gpu == "v100" else None)
+
+    def lifetime(self, rng: random.Random) -> float | None:
+        raise AssertionError("a model by GPU type is asked per type")
+
+
 class Recorder:
     """Stands in for the cluster's ``_preempt_one``."""
 
@@ -116,16 +129,6 @@ async def test_trace_replay_resolves_slots_when_it_fires() -> None:
 
 @gen_test()
 async def test_a_model_by_gpu_draws_from_each_workers_type() -> None:
-    @dataclass(frozen=True)
-    class ByGpu:
-        spec: str = "by-gpu"
-
-        def for_gpu(self, gpu: str | None) -> Fixed:
-            return Fixed(10.0 if gpu == "v100" else None)
-
-        def lifetime(self, rng: random.Random) -> float | None:
-            raise AssertionError("a model by GPU type is asked per type")
-
     sim = PreemptionSimulator(ByGpu(), 1.0, Recorder(), lambda slot: None, random.Random(0))
     sim.vm_running("w-0", "k80")
     sim.vm_running("w-1", "v100")
@@ -136,16 +139,6 @@ async def test_a_model_by_gpu_draws_from_each_workers_type() -> None:
 @gen_test()
 async def test_a_model_by_zone_draws_from_each_workers_zone_then_type() -> None:
     from transient_nb.preemption import LifetimesByZone, NoPreemption
-
-    @dataclass(frozen=True)
-    class ByGpu:
-        spec: str = "by-gpu"
-
-        def for_gpu(self, gpu: str | None) -> Fixed:
-            return Fixed(10.0 if gpu == "v100" else None)
-
-        def lifetime(self, rng: random.Random) -> float | None:
-            raise AssertionError("a model by GPU type is asked per type")
 
     model = LifetimesByZone(
         "zones", (("storm-1a", Fixed(5.0)), ("typed-1b", ByGpu())), NoPreemption()
