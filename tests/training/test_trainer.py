@@ -933,7 +933,8 @@ def test_the_first_push_is_the_gradient_of_the_ps_weights_on_the_seeded_first_ba
     model = build_model("resnet8", num_classes=dataset.num_classes)
     model.train()
     flat = FlatModel(model, wire_dtype)
-    flat.load([w0], [(0, len(w0))], bn0)
+    # The weights as the trainer got them: through the wire's dtype (float16 rounds them).
+    flat.load([w0.astype(wire_dtype)], [(0, len(w0))], bn0)
     x, y = next(BatchStream(dataset, hp.batch_size, seed=trainer.seed))
     flat.mark_statistics()
     loss = F.cross_entropy(model(x), y)
