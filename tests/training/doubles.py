@@ -33,8 +33,9 @@ class PSDouble:
         self.frozen = threading.Event()
         self.error: Exception | None = None
         self.calls = 0
-        #: The names of the methods called, in order.
+        #: The names of the methods called, in order, and their arguments.
         self.called: list[str] = []
+        self.arguments: list[tuple[str, tuple, dict]] = []
         self.staleness: list[int] = []
         self.push_times: list[float] = []
         # What the driver reads of an actor handle: the host it lives on, and its key.
@@ -47,6 +48,7 @@ class PSDouble:
         async def call(*args, **kwargs):
             self.calls += 1
             self.called.append(name)
+            self.arguments.append((name, args, kwargs))
             if self.error is not None:
                 raise self.error
             while self.frozen.is_set():

@@ -243,8 +243,10 @@ def test_stop_is_prompt_even_while_the_ps_is_away(loop, tmp_path):
     trainer = _trainer(Published(double), hp=hp)
     thread, box = _start(trainer)
     _until(lambda: double.ps.version >= 3)
-    double.error = OSError("gone")
+    double.error = OSError("gone " + "and far " * 50)
     _until(lambda: trainer.state == "rejoining")
+    (lost,) = [e for e in trainer.posted if e["kind"] == "trainer-ps-lost"]
+    assert len(lost["error"]) == 200 and lost["error"].startswith("OSError('gone and far")
     t0 = time.monotonic()
     asyncio.run(trainer.stop())
     thread.join(30 * PATIENCE)
@@ -252,8 +254,10 @@ def test_stop_is_prompt_even_while_the_ps_is_away(loop, tmp_path):
     assert box["result"]["state"] == "stopped"
 
 
-def test_a_notice_pushes_the_last_gradient_and_leaves(loop, tmp_path):
-    hp = HP.with_(steps=10_000)
+@pytest.mark.parametrize("pipeline", [False, True])
+def test_a_notice_pushes_the_last_gradient_and_leaves(loop, tmp_path, pipeline):
+    """Pipelined, the push in flight is taken in first; then the last one goes, alone."""
+    hp = HP.with_(steps=10_000, pipeline=pipeline)
     double = _double(loop, tmp_path, hp=hp)
     trainer = _trainer(Published(double), hp=hp)
     thread, box = _start(trainer)
@@ -889,7 +893,7 @@ def test_the_loop_says_what_it_does_loading_then_joining_then_training(loop, tmp
     published = Published(double)
 
     def locate(timeout):
-        seen.append(("locate", box["trainer"].state, None))
+        seen.append(("locate", box["trainer"].state, torch.get_num_threads()))
         return published(timeout)
 
     real_load = trainer_module.load_dataset
@@ -906,7 +910,7 @@ def test_the_loop_says_what_it_does_loading_then_joining_then_training(loop, tmp
     assert result["result"]["state"] == "finished"
     # It trains on the training set, and says where it is at each stage.
     assert seen[0] == ("load", "loading", ("digits", True))
-    assert seen[1][:2] == ("locate", "joining")
+    assert seen[1] == ("locate", "joining", 1)  # outside a worker: one torch thread
     assert [p["state"] for p in double.pushes] == ["training"] * 3
 
 
@@ -1052,6 +1056,8 @@ def test_a_stopped_trainer_leaves_the_ps_without_a_lost_gradient(loop, tmp_path)
     tb.join(30 * PATIENCE)
     assert (ra["result"]["state"], rb["result"]["state"]) == ("stopped", "drained")
     assert stopped.called.count("unregister") == 1 and "unregister" not in drained.called
+    (leaving,) = [a for name, a, _ in stopped.arguments if name == "unregister"]
+    assert leaving == ("w-0", True)
     assert stopped.ps.lost_in_flight == 0 and "w-0" not in stopped.ps.registered
 
 
@@ -1109,3 +1115,26 @@ def test_a_trainer_in_another_region_than_the_ps_is_paced_slower(monkeypatch, zo
     (paced,) = trainer.posted
     assert (paced["zone"], paced["ps_zone"], paced["cross_region"]) == (zone, ps_zone, far)
     assert paced["wall_steps_per_s"] == pytest.approx(4.56 * 5.0 / (1.48 if far else 1.0))
+
+
+def test_two_slow_calls_are_two_failures_and_two_rejoins(loop, tmp_path):
+    hp = HP.with_(steps=10_000)
+    double = _double(loop, tmp_path, hp=hp)
+    trainer = _trainer(Published(double), hp=hp)
+    thread, box = _start(trainer)
+    for n in (1, 2):
+        _until(lambda n=n: double.ps.version >= 10 * n)
+        double.frozen.set()
+        _until(lambda n=n: trainer.ps_failures >= n)
+        double.frozen.clear()
+        _until(lambda n=n: trainer.rejoins >= n and trainer.state == "training")
+    asyncio.run(trainer.stop())
+    thread.join(30 * PATIENCE)
+    result = box["result"]
+    assert (result["ps_failures"], result["rejoins"]) == (2, 2)
+    assert [
+        e["kind"] for e in trainer.posted if e["kind"] in ("trainer-ps-lost", "ps-rejoined")
+    ] == [
+        "trainer-ps-lost",
+        "ps-rejoined",
+    ] * 2
