@@ -227,14 +227,20 @@ def cross_region(zone: str | None, ps_zone: str | None) -> bool:
     return region_of(zone) != region_of(ps_zone)
 
 
-def vm_zone() -> str | None:
-    """The zone of the VM this process runs on (``TRANSIENT_NB_VM``), if its backend said."""
+def _vm_field(key: str) -> str | None:
+    """One field of ``TRANSIENT_NB_VM``, the JSON every backend's worker command line sets (the
+    local backend and GCE's startup script); None where it is missing or unreadable."""
     try:
         vm = json.loads(os.environ["TRANSIENT_NB_VM"])
     except (KeyError, ValueError):
         return None
-    zone = vm.get("zone") if isinstance(vm, dict) else None
-    return str(zone) if zone else None
+    value = vm.get(key) if isinstance(vm, dict) else None
+    return str(value) if value else None
+
+
+def vm_zone() -> str | None:
+    """The zone of the VM this process runs on, if its backend said."""
+    return _vm_field("zone")
 
 
 def vm_gpu() -> str | None:
@@ -242,12 +248,8 @@ def vm_gpu() -> str | None:
 
     Every backend's worker command line sets it (the local backend and GCE's startup script).
     """
-    try:
-        vm = json.loads(os.environ["TRANSIENT_NB_VM"])
-    except (KeyError, ValueError):
-        return None
-    gpu = vm.get("gpu") if isinstance(vm, dict) else None
-    return str(gpu).lower() if gpu else None
+    gpu = _vm_field("gpu")
+    return gpu.lower() if gpu else None
 
 
 #: Read the run's time scale from the first events of the scheduler's log (the ``started``

@@ -315,8 +315,7 @@ def parse_preemption(spec: str | None) -> PreemptionModel:
 def _parse_zones(spec: str, arg: str) -> LifetimesByZone:
     """``zones:ZONE=SPEC;...;*=SPEC``: each part checked, the bad one named."""
     example = "e.g. 'zones:us-central1-a=exp:mean=300s;*=paper'"
-    zones: dict[str, PreemptionModel] = {}
-    default: PreemptionModel = NoPreemption()
+    zones: dict[str, PreemptionModel] = {}  # "*" among them until the end
     parts = [p.strip() for p in arg.split(";") if p.strip()]
     if not parts:
         raise ValueError(f"Preemption spec {spec!r} names no zone: {example}.")
@@ -336,12 +335,8 @@ def _parse_zones(spec: str, arg: str) -> LifetimesByZone:
             model = parse_preemption(inner)
         except ValueError as e:
             raise ValueError(f"Preemption spec {spec!r}, zone {zone!r}: {e}") from None
-        if zone == "*":
-            default = model
-            zones["*"] = model  # kept only to catch a second "*"; taken out below
-        else:
-            zones[zone] = model
-    zones.pop("*", None)
+        zones[zone] = model
+    default = zones.pop("*", NoPreemption())
     return LifetimesByZone(spec, tuple(zones.items()), default)
 
 
