@@ -45,8 +45,8 @@ MODULES: dict[str, list[str]] = {
     "training/optim": ["tests/training/test_optim.py", "tests/training/test_ps.py"],
     "limits": ["tests/test_limits.py"],
     "training/checkpoint": ["tests/training/test_checkpoint.py"],
-    # The driver's functions against in-process doubles (the runs of test_run.py take minutes).
-    "training/run": ["tests/training/test_run_driver.py"],
+    # The driver's functions and its loop against in-process doubles (test_run.py takes minutes).
+    "training/run": ["tests/training/test_run_driver.py", "tests/training/test_run_loop.py"],
 }
 DEFAULT = ["cost", "prices", "replacement", "preemption"]
 
