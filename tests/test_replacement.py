@@ -106,6 +106,29 @@ def test_a_zone_that_keeps_preempting_is_tried_last_until_the_window_passes() ->
     assert next(policy.candidates()) == Placement("t4", "z-a", True)
 
 
+def test_leaving_a_stormy_zone_goes_near_the_ps_before_another_region() -> None:
+    """The paper: workers in another region than the PS trained up to 48% slower. The
+    fallbacks in the PS's region come first, whatever order they were given in."""
+    clock = Clock()
+    policy = ReplacementPolicy(
+        "p100",
+        "us-central1-a",
+        True,
+        fallback_zones=["us-east1-c", "us-central1-b"],
+        preemption_limit=3,
+        clock=clock,
+    )
+    assert [p.zone for p in policy.candidates()] == ["us-central1-a", "us-central1-b", "us-east1-c"]
+    for _ in range(3):
+        policy.record_preemption("p100", "us-central1-a")
+    assert [p.zone for p in policy.candidates()] == ["us-central1-b", "us-east1-c", "us-central1-a"]
+    # The PS's host runs in us-east1-c (it fell back there): that region first.
+    policy.ps_zone = "us-east1-c"
+    assert [p.zone for p in policy.candidates()] == ["us-east1-c", "us-central1-b", "us-central1-a"]
+    # The zones a cluster may use keep their order (the PS host's own fallbacks).
+    assert policy.zones() == ["us-central1-a", "us-east1-c", "us-central1-b"]
+
+
 def test_a_stockout_is_skipped_for_exactly_its_memory() -> None:
     clock = Clock()
     policy = ReplacementPolicy("t4", "z-a", True, stockout_memory_s=600, clock=clock)

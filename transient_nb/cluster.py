@@ -829,6 +829,11 @@ class TransientCluster(SpecCluster):
                     )
                     self._log(f"Could not create {role} VM {name}: {e}")
                     break
+                if role == "ps" and not any(
+                    w.spec.role == "ps" and not w.stopped for w in self.workers.values()
+                ):
+                    # The PS's first host: replacements go near it first (its region).
+                    self.policy.ps_zone = p.zone
                 self.worker_spec[name] = {"cls": type(vm), "options": {"spec": spec}}
                 self.workers[name] = vm
                 self._asked_at[name] = asked_at

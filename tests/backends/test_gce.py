@@ -597,6 +597,7 @@ def test_the_ps_host_uses_the_fallback_zones(fake: FakeGCE) -> None:
     with TransientCluster(**options(fake, fallback_zones=["us-central1-b"]), name="psz") as c:
         e = wait_for_sync(lambda: of_kind(events(c), "running", role="ps"), timeout=30)
         assert e[0]["zone"] == "us-central1-b"
+        assert c.policy.ps_zone == "us-central1-b"  # workers' fallbacks near it come first
         (s,) = of_kind(events(c), "stockout")
         assert s["worker"] == "ps-0" and s["gpu"] is None
     assert fake.instance_names() == []
