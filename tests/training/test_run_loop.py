@@ -172,7 +172,16 @@ def test_a_run_starts_its_shards_from_the_seeded_model_and_checkpoints_step_0(
     loop, tmp_path, monkeypatch, variables
 ):
     run = looping(
-        tmp_path, loop, monkeypatch, at(HP.steps), idle, shards=2, ps_hosts=2, seed=3, budget=5.0
+        tmp_path,
+        loop,
+        monkeypatch,
+        at(HP.steps),
+        idle,
+        shards=2,
+        ps_hosts=2,
+        seed=3,
+        budget=5.0,
+        target_accuracy=0.95,
     )
     run._run()
     w0, bn0, mask = initial_model(3)
@@ -192,7 +201,7 @@ def test_a_run_starts_its_shards_from_the_seeded_model_and_checkpoints_step_0(
         "parameters": n,
         "hparams": json.dumps(HP.to_dict()),
         "checkpoint_url": run.checkpoint_url,
-        "target_accuracy": None,
+        "target_accuracy": 0.95,
         "budget": 5.0,
     }
     calls = run._client.ps_calls()
@@ -252,30 +261,33 @@ def test_the_loop_evaluates_and_checkpoints_at_their_steps_and_when_asked(
     def ask(run: Looping) -> None:
         run._checkpoint_wanted.set()
 
-    hp = HP.with_(eval_every=50, checkpoint_every=80)
-    run = looping(tmp_path, loop, monkeypatch, at(50), idle, at(80), idle, ask, idle, hp=hp)
+    hp = HP.with_(eval_every=50, checkpoint_every=130)
+    run = looping(tmp_path, loop, monkeypatch, at(50), idle, at(130), idle, ask, idle, hp=hp)
     run._run()
     rounds = [
         (r["step"], r["next_eval"], r["next_checkpoint"], r["attempts"], r["wanted"])
         for r in run.rounds
     ]
     assert rounds == [
-        (0, 50, 80, 1, False),
-        (0, 50, 80, 1, False),
-        (50, 100, 80, 1, False),  # evaluated at exactly its step
-        (50, 100, 80, 1, False),
-        (80, 100, 80, 2, False),  # a checkpoint started at exactly its step (then one asked for)
-        (80, 100, 160, 3, False),  # published; the one asked for: nothing new since, settled
-        (80, 100, 160, 3, False),  # asked for once only
+        (0, 50, 130, 1, False),
+        (0, 50, 130, 1, False),
+        (50, 100, 130, 1, False),  # evaluated at exactly its step
+        (50, 100, 130, 1, False),
+        # Evaluated past its step: the next one at the next multiple. A checkpoint started at
+        # exactly its step (then one is asked for).
+        (130, 150, 130, 2, False),
+        (130, 150, 260, 3, False),  # published; the one asked for: nothing new since, settled
+        (130, 150, 260, 3, False),  # asked for once only
     ]
     kinds = [(e["kind"], e.get("step")) for e in posted(run)]
     assert kinds == [
         ("train-started", None),
         ("checkpoint", 0),
         ("eval", 50),
-        ("checkpoint", 80),
-        ("eval", 80),
-        ("train-finished", 80),
+        ("eval", 130),
+        ("checkpoint", 130),
+        ("eval", 130),
+        ("train-finished", 130),
     ]
     assert run.reason == "stopped" and run._checkpoint_settled == 4
 
@@ -468,7 +480,7 @@ def test_a_start_without_a_delay_attribute_waits_two_minutes(tmp_path, variables
 def test_a_recovery_takes_the_hosts_there_are_without_the_lost_ones(tmp_path, variables):
     run = creating(tmp_path, shards=2)
     run._bounds = [(0, 3), (3, 6)]
-    run._generation, run._ps_left = 2, True
+    run._generation, run._ps_left = 1, True  # the first recovery
     run._ps_addresses = ["tls://a:1", "tls://a:1"]
     run._create_ps(states(2), step=7, counters={"gaps": 1})
     assert run.waits == [{"exclude": {"tls://a:1"}, "want": 2, "timeout": 120.0, "grace": 0.0}]
@@ -509,7 +521,22 @@ def test_the_trainers_are_told_the_zone_of_the_first_ps_host(tmp_path, variables
     run.cluster.zone = "europe-west4-a"
     run._bounds = [(0, 6)]
     run._create_ps(states(1), step=0, counters=None)
-    assert run._ps_zone == "europe-west4-a"
+    assert run._ps_zone == "europe-west4-a"  # the cluster's, knowing no better
+    run._client.workers = {"tls://a:1": {"name": "ps-0", **PS}, "tls://b:1": {"name": "ps-1", **PS}}
+    run.cluster.workers = {
+        "ps-0": SimpleNamespace(spec=SimpleNamespace(zone="europe-west4-b")),
+        "ps-1": SimpleNamespace(spec=SimpleNamespace(zone="europe-west4-c")),
+    }
+    run._create_ps(states(1), step=0, counters=None)
+    assert run._ps_zone == "europe-west4-b"  # its VM's
+
+
+def test_a_generation_needs_a_state_for_every_shard(tmp_path, variables):
+    run = creating(tmp_path, shards=3)
+    run._bounds = [(0, 2), (2, 4), (4, 6)]
+    with pytest.raises(ValueError, match=r"^zip\(\) argument 2 is longer than argument 1$"):
+        run._create_ps(states(2), step=0, counters=None)
+    assert run._ps == [] and run._ps_futures == []  # no generation of two shards out of three
 
 
 # -- the driver thread: its client, its end whatever happens ------------------------------------------
@@ -766,6 +793,24 @@ def test_an_explicit_checkpoint_waits_for_an_attempt_started_after_it(tmp_path):
     assert run.checkpoint(timeout=0.2) == 300
 
 
+def test_an_explicit_checkpoint_waits_two_minutes_by_default(tmp_path, monkeypatch):
+    clock = SimpleNamespace(now=1000.0, slept=[])
+
+    def sleep(seconds: float) -> None:
+        clock.slept.append(seconds)
+        clock.now += seconds
+
+    run = plain(tmp_path)
+    # The module's clock, moved by its own sleeps: two minutes pass at once.
+    monkeypatch.setattr(
+        run_module, "time", SimpleNamespace(monotonic=lambda: clock.now, sleep=sleep)
+    )
+    with pytest.raises(TimeoutError) as info:
+        run.checkpoint()
+    assert str(info.value) == f"No checkpoint of run {run.id} within 120 s."
+    assert set(clock.slept) == {0.05} and 120 <= sum(clock.slept) < 120.1
+
+
 def test_an_explicit_checkpoint_of_a_finished_run_returns_at_once(tmp_path):
     run = plain(tmp_path)
     run.checkpoint_step = 80
@@ -966,12 +1011,36 @@ def test_train_refuses_a_cloud_run_without_shared_checkpoints(tmp_path, unstarte
         train(cluster, model="resnet8", data="digits")
 
 
+def test_train_probes_the_shared_checkpoints_of_a_cloud_run(tmp_path, unstarted, monkeypatch):
+    probed = []
+    monkeypatch.setattr(run_module, "probe_checkpoint_url", probed.append)
+    cluster = Cluster(str(tmp_path))
+    cluster.backend = SimpleNamespace(name="gcp")
+    run = train(cluster, model="resnet8", data="digits", checkpoint_url="gs://bucket/runs")
+    assert probed == ["gs://bucket/runs"] and run.checkpoint_url == "gs://bucket/runs"
+
+
 def test_train_checks_its_arguments_before_anything(tmp_path, unstarted):
     cluster = Cluster(str(tmp_path))
     with pytest.raises(ValueError, match=r"^Unknown model 'resnet9'"):
         train(cluster, model="resnet9")
+    with pytest.raises(ValueError, match=r"^invalid data spec 'nonsense'; accepted forms"):
+        train(cluster, model="resnet8", data="nonsense")
     with pytest.raises(ValueError, match=r"^shards=0 must be a whole number"):
         train(cluster, model="resnet8", data="digits", shards=0)
+    with pytest.raises(ValueError) as info:
+        train(cluster, model="resnet8", data="digits", target_accuracy=1.5)
+    assert str(info.value) == "target_accuracy=1.5 must be in (0, 1], e.g. 0.9."
+    with pytest.raises(ValueError) as info:
+        train(cluster, model="resnet8", data="digits", budget=-1)
+    assert str(info.value) == "budget=-1 must be a positive number of dollars, e.g. 5.0."
+
+
+def test_train_on_a_cluster_that_names_no_ps_hosts_makes_one_shard(tmp_path, unstarted):
+    cluster = Cluster(str(tmp_path))
+    del cluster.ps_hosts  # a cluster of another kind
+    run = train(cluster, model="resnet8", data="digits")
+    assert run.shards == 1 and run.elastic_shards
 
 
 def test_train_resumes_a_run_with_its_settings(tmp_path, unstarted):
@@ -995,6 +1064,15 @@ def test_train_resumes_a_run_with_its_settings(tmp_path, unstarted):
     assert run.elastic_shards  # no shards given: it follows the PS hosts from there
     kept = train(Cluster(str(tmp_path)), resume=url)
     assert kept.hp.steps == 500
+    for key, given, earlier in (("model", "resnet20", "resnet8"), ("data", "synthetic", "digits")):
+        with pytest.raises(ValueError) as info:
+            train(Cluster(str(tmp_path)), resume=url, **{key: given})
+        assert str(info.value) == (
+            f"{key}={given!r} differs from the run being resumed ({earlier!r}): its checkpoint "
+            f"holds that {key}'s weights. Drop {key}= to resume, or start a new run."
+        )
+    with pytest.raises(ValueError, match=r"^shards=3 differs from the run being resumed \(2\)"):
+        train(Cluster(str(tmp_path)), resume=url, shards=3)
 
 
 class Detached(RemoteCluster):
