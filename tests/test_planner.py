@@ -57,6 +57,36 @@ def test_the_ps_capacity_is_the_papers_plateau_and_a_second_shard_adds_three_qua
     assert Planner([K80], PS, ps_steps_per_s=None).ps_capacity(1) == math.inf
 
 
+def test_the_ps_capacity_is_measured_where_the_ps_is_the_bottleneck():
+    planner = Planner([V100], PS)
+    # 8 V100s would push 125 steps/s; one PS served 30: it is the bottleneck, at 30.
+    assert planner.observe_ps(1, served=30.0, demand=125.0)
+    assert planner.ps_capacity(1) == pytest.approx(30.0)
+    assert planner.ps_capacity(2) == pytest.approx(30.0 * 1.75)
+    # Two shards serving 70 mean one serves 40; the median of what was measured counts.
+    assert planner.observe_ps(2, served=70.0, demand=125.0)
+    assert planner.observe_ps(1, served=35.0, demand=125.0)
+    assert planner.ps_capacity(1) == pytest.approx(35.0)
+    # Keeping up (within 15% of what was pushed) says the PS serves at least that much.
+    assert not planner.observe_ps(1, served=50.0, demand=58.0)
+    assert planner.ps_capacity(1) == pytest.approx(50.0)
+    assert not planner.observe_ps(1, served=20.0, demand=20.0)  # a lower bound never lowers it
+    assert planner.ps_capacity(1) == pytest.approx(50.0)
+    for served, shards in ((float("nan"), 1), (-1.0, 1), (0.0, 1), (10.0, 0)):
+        assert not planner.observe_ps(shards, served=served, demand=100.0)
+    assert planner.ps_capacity(1) == pytest.approx(50.0)
+    # A PS that keeps up with more than the paper's 45 (a faster host than the paper's)
+    # raises the prior. With no bottleneck assumed, only a measured one bounds it.
+    fast = Planner([V100], PS)
+    assert not fast.observe_ps(1, served=80.0, demand=85.0)
+    assert fast.ps_capacity(1) == pytest.approx(80.0)
+    unbounded = Planner([V100], PS, ps_steps_per_s=None)
+    assert not unbounded.observe_ps(1, served=80.0, demand=85.0)
+    assert unbounded.ps_capacity(1) == math.inf
+    assert unbounded.observe_ps(1, served=60.0, demand=125.0)
+    assert unbounded.ps_capacity(1) == pytest.approx(80.0)  # it kept up with 80 before
+
+
 def test_liveput_is_the_expected_rate_under_preemptions_capped_by_the_ps():
     planner = Planner([K80, V100, K80_OD, V100_OD], PS, startup_s=100.0)
     # On demand: no revocations, the sum of the rates (K80 scales linearly to 8, as the paper).
@@ -294,3 +324,43 @@ def test_under_a_storm_near_equal_sizes_go_to_the_one_that_loses_fewest_workers(
     calm = Planner(kinds, PS)
     plan = calm.choose("cost-per-step", 64_000, max_workers=8, max_shards=2)
     assert plan.chosen.cost_per_step == min(e.cost_per_step for e in plan.candidates)
+
+
+def test_a_storm_in_a_zone_is_expected_of_every_gpu_type_there():
+    """Round nine's flapping: under a storm on its P100s, the policy moved to 8 K80, then 2
+    V100, then back, each untried type looking calm by its prior. A zone's revocations now
+    scale the priors of the types not tried there yet (the paper's ratios between types kept)."""
+    catalog = PriceCatalog.load("paper-2019")
+    zones = ["us-central1-a", "us-central1-b"]
+    kinds = kinds_from_catalog(catalog, ["k80", "p100", "v100"], zones, "n1-standard-8")
+    planner = Planner(kinds, PS)
+    by = {(k.gpu, k.zone): k for k in kinds}
+    planner.observe_exposure("p100", "us-central1-a", hours=1.5, revocations=18)
+    planner.observe_startup(300.0)
+    p100_prior = paper_hazard_per_h("p100")
+    factor = (1 + 18) / (1 + p100_prior * 1.5)
+    assert planner.zone_factor("us-central1-a") == pytest.approx(factor)
+    assert planner.zone_factor("us-central1-a", but="p100") == 1.0  # its own data counts once
+    for gpu in ("k80", "v100"):
+        assert planner.hazard_per_h(by[(gpu, "us-central1-a")]) == pytest.approx(
+            paper_hazard_per_h(gpu) * factor
+        )
+        assert planner.hazard_per_h(by[(gpu, "us-central1-b")]) == pytest.approx(
+            paper_hazard_per_h(gpu)
+        )
+    assert planner.hazard_per_h(by[("p100", "us-central1-a")]) == pytest.approx(
+        (p100_prior * 2 + 18) / (2 + 1.5)
+    )
+    # In its own zone, no other type is expected to be worth a change (the policy's 10%).
+    now = Configuration.of({by[("p100", "us-central1-a")]: 3})
+    near = Planner([k for k in kinds if k.zone == "us-central1-a"], PS)
+    near.observe_exposure("p100", "us-central1-a", hours=1.5, revocations=18)
+    near.observe_startup(300.0)
+    plan = near.choose("cost-per-step", 64_000, max_workers=8, max_shards=1, current=now)
+    assert plan.current is not None
+    assert plan.chosen.cost_per_step > 0.9 * plan.current.cost_per_step
+    # A calm zone nearby is: the P100s are expected to live there.
+    plan = planner.choose("cost-per-step", 64_000, max_workers=8, max_shards=1, current=now)
+    assert plan.current is not None
+    assert {k.zone for k, _ in plan.chosen.config.workers} == {"us-central1-b"}
+    assert plan.chosen.cost_per_step < 0.9 * plan.current.cost_per_step

@@ -179,6 +179,29 @@ V100_OD = Kind("v100", "us-central1-a", False, 2.48)
 K80_OD = Kind("k80", "us-central1-a", False, 0.45)
 
 
+def _saturate(cluster: RecordingCluster, gpu: str, served: float, at: float) -> None:
+    """8 ``gpu`` workers reporting, and the PS's metrics: ``served`` global steps/s."""
+    for i in range(8):
+        _vm(cluster, f"w-{i}", gpu, at)
+        cluster.add("worker-metrics", at + 1, worker=f"w-{i}", local_step=1, step=0)
+    cluster.add("metrics", at + 1, run="r", shard=0, step=10, active_workers=8, steps_per_s=served)
+
+
+def test_a_ps_that_keeps_up_with_the_deadline_gets_no_second_shard():
+    """A PS host faster than the paper's: 8 V100s push 125 steps/s and it serves 90, more
+    than the 60 the deadline needs. The paper's 45 would have bought a second host."""
+    cluster = RecordingCluster({"v100": 8})
+    policy = TransientPolicy(
+        cluster, "deadline", deadline=64_000 / 60.0, planner=Planner([V100_OD], 0.19)
+    )
+    now = time.time()
+    cluster.add("train-started", now, run="r", steps=64_000, elastic_shards=True)
+    _saturate(cluster, "v100", served=90.0, at=now)
+    plan = asyncio.run(policy.adapt())
+    assert plan is not None and plan.feasible and plan.chosen.config.shards == 1
+    assert cluster.ps_scaled == [] and policy.planner.ps_capacity(1) == pytest.approx(90.0)
+
+
 @pytest.mark.parametrize(
     "kind, elastic, shards",
     [(V100_OD, True, 2), (V100_OD, False, 1), (K80_OD, True, 1)],
@@ -188,17 +211,22 @@ def test_a_ps_shard_is_added_at_the_plateau_for_a_run_that_follows_it(kind, elas
     """The paper's plateau: 8 V100s need more than one PS's ~45 steps/s to make a deadline of
     60 steps/s, so the policy adds a PS host (before the workers) for a run started without
     shards=; a run with fixed shards would not use one, and 8 K80s stay under the plateau."""
-    cluster = RecordingCluster({kind.gpu: 1})
+    cluster = RecordingCluster({kind.gpu: 8})
     policy = TransientPolicy(
         cluster, "deadline", deadline=64_000 / 60.0, planner=Planner([kind], 0.19)
     )
     started = {"elastic_shards": True} if elastic else {}
-    cluster.add("train-started", time.time(), run="r", steps=64_000, **started)
+    now = time.time()
+    cluster.add("train-started", now, run="r", steps=64_000, **started)
+    # No shard before the PS was measured: 8 workers pushing, the PS serving its 45.
+    asyncio.run(policy.adapt())
+    assert cluster.ps_scaled == []
+    _saturate(cluster, kind.gpu, served=45.0 if kind is V100_OD else 36.0, at=now)
     plan = asyncio.run(policy.adapt())
     assert plan is not None and plan.chosen.config.shards == shards
     assert cluster.ps_scaled == ([2] if shards == 2 else [])
     assert cluster.ps_hosts == shards
-    (decision,) = cluster.posted
+    decision = cluster.posted[-1]
     assert decision["shards"] == shards
     assert decision["reason"].startswith(plan.chosen.config.describe())
     assert ("2 PS shards" in decision["reason"]) == (shards == 2)
@@ -424,3 +452,41 @@ def test_the_ps_zone_and_the_rates_of_far_workers_come_from_the_event_log():
     assert policy.planner.ps_zone == "us-central1-b"
     assert policy.planner.rate("p100") == pytest.approx(10.0 * 1.48)
     assert policy.planner.kind_rate(far) == pytest.approx(10.0)
+
+
+def test_the_ps_capacity_and_the_bottleneck_are_learned_from_the_ps_metrics():
+    """8 V100s would push 125 steps/s; the PS serves 30: it is the bottleneck, its capacity is
+    30, and the workers' rates of that moment (30/8 each) are not their GPUs'."""
+    cluster = RecordingCluster({"v100": 8})
+    policy = _policy(cluster, "cost-per-step")
+    cluster.add("train-started", T0, run="r", steps=64_000)
+    names = [f"w-{i}" for i in range(8)]
+    for name in names:
+        _vm(cluster, name, "v100", T0)
+    for i, t in enumerate([T0 + 10, T0 + 12, T0 + 14]):
+        for name in names:
+            cluster.add("worker-metrics", t, worker=name, local_step=int(7.5 * i), step=0)
+        cluster.add("metrics", t, run="r", shard=0, step=60 * i, active_workers=8, steps_per_s=30.0)
+        cluster.add("metrics", t, run="r", shard=1, step=60 * i, active_workers=8, steps_per_s=30.0)
+    policy.observe(cluster.monitor.events)
+    # Two shards (shard 1 posts too): one PS's capacity is 30 / 1.75.
+    assert policy.planner.ps_capacity(2) == pytest.approx(30.0)
+    assert policy.planner.rate("v100") == 15.6  # the prior: no rate learned from a waiting worker
+    cluster.ps_hosts = 2
+    plan = asyncio.run(policy.adapt())
+    assert plan is not None
+    (decision,) = [e for e in cluster.posted if e["kind"] == "policy-decision"]
+    assert decision["ps_bottleneck"] is True
+    assert decision["ps_capacity"] == pytest.approx(
+        policy.planner.ps_capacity(plan.chosen.config.shards), abs=0.01
+    )
+    # Four workers left, served 55 steps/s of their 62: the PS keeps up (within 15%), so it
+    # serves at least that much, and their rates count again.
+    for t in (T0 + 20, T0 + 22):
+        for name in names[:4]:
+            cluster.add("worker-metrics", t, worker=name, local_step=int(100 + 12.5 * (t - T0)))
+        cluster.add("metrics", t, run="r", shard=0, step=500, active_workers=4, steps_per_s=55.0)
+    policy.observe(cluster.monitor.events)
+    assert not policy._ps_bottleneck
+    assert policy.planner.ps_capacity(2) == pytest.approx(55.0)
+    assert policy.planner.rate("v100") == pytest.approx(12.5)

@@ -126,6 +126,8 @@ EVENTS: dict[str, tuple[str, ...]] = {
         "zones",  # GPU type -> the zone its new workers go to first
         "remaining_steps",
         "p_lose_1h",
+        "ps_capacity",  # global steps/s the plan's PS shards serve at most (None: unbounded)
+        "ps_bottleneck",  # in the last metrics window the PS served less than was pushed
     ),
     # -- workers --
     "drained": ("worker", "hooks", "seconds", "errors"),  # drain hooks ran after a notice

@@ -6,11 +6,15 @@ shards (one PS host each). The planner turns the cluster's knowledge into expect
 - **Step rates** per GPU type: the paper's measurements (or the emulation's table) as the prior,
   replaced by what the workers report (``worker-metrics``) once they do.
 - **Revocation hazards** per GPU type and zone: a rate per hour whose prior comes from the
-  paper's lifetime CDFs (the first hour's revocations), updated with the preemptions observed over
-  the exposure so far (a gamma-Poisson update: ``(prior_rate * prior_hours + revocations) /
-  (prior_hours + exposed_hours)``).
+  paper's lifetime CDFs (the first hour's revocations), scaled by how much more the zone revoked
+  the other GPU types seen there than their priors expected, and updated with the preemptions
+  observed over the exposure so far (a gamma-Poisson update: ``(prior_rate * prior_hours +
+  revocations) / (prior_hours + exposed_hours)``).
 - **The PS's capacity**: global steps/s that ``shards`` PS hosts serve at most (the paper's plateau
-  near 45 with one, ~1.75x with two; see :meth:`transient_nb.emulation.Emulation.ps_service_s`).
+  near 45 with one, ~1.75x with two; see :meth:`transient_nb.emulation.Emulation.ps_service_s`)
+  as the prior, measured live (:meth:`Planner.observe_ps`): where the PS serves clearly fewer
+  steps than its active workers would push at their GPUs' rates, it is the bottleneck and what it
+  serves is its capacity; where it keeps up, its capacity is at least what it serves.
 
 From these it computes a configuration's **liveput** (Parcae's term): the expected global steps/s
 over the likely preemption scenarios, not the rate of the moment. Each worker is up with the
@@ -64,8 +68,15 @@ SAME_SPEED = 0.01
 #: exposure to the model's own errors: the larger one ran away (round eight).
 NEAR_EQUAL = 0.02
 
+#: The PS is the bottleneck when it serves less than this fraction of the steps its active workers
+#: would push at their GPUs' rates (below it, the workers wait on the PS, not on their GPUs).
+SATURATED = 0.85
+
 #: Hours of exposure the prior hazard counts as (how fast observed revocations take over).
 PRIOR_HOURS = 2.0
+
+#: Expected revocations the prior of a zone's factor counts as (:meth:`Planner.zone_factor`).
+ZONE_PRIOR_EVENTS = 1.0
 
 
 def paper_hazard_per_h(gpu: str) -> float:
@@ -219,6 +230,8 @@ class Planner:
         self.ps_zone = ps_zone
         self.cross_region_slowdown = float(cross_region_slowdown)
         self._observed_startups: list[float] = []
+        self._ps_at: list[float] = []  # one PS's capacity, from rounds it was the bottleneck
+        self._ps_at_least = 0.0  # one PS's capacity is at least this (it kept up)
         self._observed_rates: dict[str, list[float]] = {}
         self._revocations: dict[tuple[str, str], int] = {}
         self._exposure_h: dict[tuple[str, str], float] = {}
@@ -269,18 +282,63 @@ class Planner:
         if not kind.spot:
             return 0.0
         key = (kind.gpu.lower(), kind.zone)
-        prior = paper_hazard_per_h(kind.gpu)
+        prior = paper_hazard_per_h(kind.gpu) * self.zone_factor(kind.zone, but=kind.gpu)
         events = self._revocations.get(key, 0)
         exposed = self._exposure_h.get(key, 0.0)
         return (prior * PRIOR_HOURS + events) / (PRIOR_HOURS + exposed)
 
+    def zone_factor(self, zone: str, but: str | None = None) -> float:
+        """How many times the paper's hazards a zone revokes, from the other GPU types seen
+        there (all but ``but``): their revocations against what their priors expected over
+        their exposure, with ``ZONE_PRIOR_EVENTS`` expected events as the prior weight.
+
+        A storm is a zone running out of Spot capacity, not one GPU type's bad luck: a type
+        not tried in a stormy zone is expected stormy too (else each untried type looks calm in
+        turn, and the mix flapped between them, round nine).
+        """
+        seen = expected = 0.0
+        for (gpu, z), hours in self._exposure_h.items():
+            if z == zone and gpu != (but or "").lower():
+                seen += self._revocations.get((gpu, z), 0)
+                expected += paper_hazard_per_h(gpu) * hours
+        return (ZONE_PRIOR_EVENTS + seen) / (ZONE_PRIOR_EVENTS + expected)
+
+    def _shard_factor(self, shards: int) -> float:
+        # Capacity of ``shards`` PS hosts over one's: each host serves its part of the vector
+        # with the same fixed cost per call (two shards: ``two_shard_gain``).
+        share = 2.0 * (1.0 - 1.0 / self.two_shard_gain)
+        return 1.0 / (1.0 - share + share / max(1, shards))
+
+    def observe_ps(self, shards: int, served: float, demand: float) -> bool:
+        """``shards`` PS hosts served ``served`` global steps/s while their active workers
+        would have pushed ``demand`` at their GPUs' rates. Returns whether the PS was the
+        bottleneck (then the workers' own rates say more about the PS than their GPUs)."""
+        if not (served > 0 and math.isfinite(served) and math.isfinite(demand)) or shards < 1:
+            return False
+        one = served / self._shard_factor(shards)
+        if demand > 0 and served < SATURATED * demand:
+            self._ps_at.append(one)
+            return True
+        self._ps_at_least = max(self._ps_at_least, one)
+        return False
+
+    @property
+    def ps_steps_per_s_now(self) -> float | None:
+        """One PS's capacity in global steps/s: the median measured while it was the
+        bottleneck, else the prior; never below what it was seen to keep up with (None: no
+        bottleneck known)."""
+        seen = sorted(self._ps_at)
+        at = seen[len(seen) // 2] if seen else self.ps_steps_per_s
+        if at is None:
+            return None
+        return max(at, self._ps_at_least)
+
     def ps_capacity(self, shards: int) -> float:
         """Global steps/s that ``shards`` PS shards serve at most (inf: no bottleneck)."""
-        if self.ps_steps_per_s is None:
+        one = self.ps_steps_per_s_now
+        if one is None:
             return math.inf
-        t1 = 1.0 / self.ps_steps_per_s
-        b = 2.0 * (t1 - t1 / self.two_shard_gain)
-        return 1.0 / (t1 - b + b / max(1, shards))
+        return one * self._shard_factor(shards)
 
     # -- what it expects ------------------------------------------------------------------------
     def availability(self, kind: Kind) -> float:

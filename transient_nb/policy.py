@@ -13,7 +13,11 @@ What it learns from the event log (:meth:`TransientPolicy.observe`):
 - each GPU type's step rate, from the trainers' ``worker-metrics`` (local steps over time);
 - each GPU type's and zone's revocations (``preempted`` events of Spot workers) and exposure
   (hours its workers ran), which update the paper's prior hazard;
-- the run's progress and target (``train-started`` and ``metrics``) and the money spent.
+- the run's progress and target (``train-started`` and ``metrics``) and the money spent;
+- the PS's service rate (shard 0's ``metrics``: global steps/s against the active workers): where
+  it serves clearly fewer steps than those workers would push at their GPUs' rates, the PS is the
+  bottleneck, its capacity is what it serves, and the workers' rates of that moment are not their
+  GPUs' (:meth:`~transient_nb.planner.Planner.observe_ps`).
 
 Its clock is the cluster's: on a local cluster with ``time_scale`` (simulated seconds per wall
 second), deadlines, start-up delays, hazards and ETAs are in simulated time, as the bill is, and
@@ -54,6 +58,10 @@ from transient_nb.state import event_log
 
 #: PS shards the policy may grow a run's PS to (the paper measured two: 1.75x one PS).
 DEFAULT_MAX_SHARDS = 2
+
+#: A worker whose last ``worker-metrics`` is older than this (wall seconds) is not counted as
+#: pushing to the PS (trainers report every 2 s).
+REPORTING_S = 10.0
 
 logger = logging.getLogger(__name__)
 
@@ -139,7 +147,8 @@ class TransientPolicy:
     max_shards
         Most PS shards (one PS host each) it may grow the PS to, when one PS is the bottleneck
         (default 2, the paper's measured gain; never fewer than the cluster has). Only a run
-        started without ``shards=`` follows new PS hosts, so only such a run gets them.
+        started without ``shards=`` follows new PS hosts, so only such a run gets them, and only
+        once the PS's service rate was measured (its first metrics with workers reporting).
     interval
         How often it decides (wall-clock).
     hysteresis
@@ -221,6 +230,9 @@ class TransientPolicy:
         self._steps: int | None = None
         self._step = 0
         self._elastic = False  # the run follows new PS hosts (started without shards=)
+        self._shards_seen = 1  # the run's PS shards (the highest shard that posted metrics)
+        self._ps_bottleneck = False  # in the last window, the PS served less than was pushed
+        self._ps_measured = False  # a metrics window with its workers reporting was seen
         self._task: asyncio.Task[None] | None = None
         self._posted_eta: float | None = None
         # Simulated seconds per wall second (the local backend's time_scale; 1 on a cloud), and
@@ -267,6 +279,9 @@ class TransientPolicy:
             self._local[str(name)] = (t, local)
             vm = self._vm.get(str(name), {})
             gpu = vm.get("gpu")
+            if self._ps_bottleneck:
+                # The worker waited on the PS, not on its GPU: its rate is the PS's share.
+                return
             if before is not None and gpu and t > before[0] and local > before[1]:
                 wall_rate = (local - before[1]) / (t - before[0])
                 self.planner.observe_rate(
@@ -279,6 +294,35 @@ class TransientPolicy:
             self._elastic = bool(e.get("elastic_shards"))
         elif kind == "metrics":
             self._step = max(self._step, int(e.get("step", 0)))
+            self._observe_ps(e, t)
+
+    def _observe_ps(self, e: Mapping[str, Any], t: float) -> None:
+        """The PS's service rate against what its active workers would push (shard 0's window
+        of ``metrics``): the planner learns the PS's capacity, and whether the workers' own
+        rates are their GPUs' or the PS's."""
+        shard = int(e.get("shard") or 0)
+        self._shards_seen = max(self._shards_seen, shard + 1)
+        active, served = e.get("active_workers"), e.get("steps_per_s")
+        if shard != 0 or not active or served is None:
+            return
+        # Workers reporting lately, each at its GPU's rate (slower far from the PS).
+        kinds = {(k.gpu, k.zone): k for k in self.planner.kinds}
+        rates = []
+        for worker, (seen, _) in self._local.items():
+            vm = self._vm.get(worker)
+            if vm is None or worker not in self._live or t - seen > REPORTING_S:
+                continue
+            kind = kinds.get((str(vm.get("gpu")), str(vm.get("zone"))))
+            rates.append(
+                self.planner.kind_rate(kind) if kind else self.planner.rate(str(vm.get("gpu")))
+            )
+        if not rates:
+            return
+        demand = sum(rates) / len(rates) * int(active)
+        self._ps_measured = True
+        self._ps_bottleneck = self.planner.observe_ps(
+            self._shards_seen, float(served) * self.step_scale / self.time_scale, demand
+        )
 
     # -- what it decides -----------------------------------------------------------------------------
     def current(self) -> Configuration:
@@ -338,12 +382,14 @@ class TransientPolicy:
             assert self.budget is not None
             kwargs["budget"] = max(0.01, self.budget - float(self.cluster.cost().total))
         shards = self._shards()
+        # More shards only for a run that follows new PS hosts, never fewer, and only once the
+        # PS was measured: a host that keeps up with more than the paper's PS needs no second.
+        grow = self._elastic and self._ps_measured
         return self.planner.choose(
             self.goal,
             remaining * self.step_scale,
             max_workers=self.max_workers,
-            # More shards only for a run that follows new PS hosts, and never fewer.
-            max_shards=max(shards, self.max_shards) if self._elastic else shards,
+            max_shards=max(shards, self.max_shards) if grow else shards,
             min_shards=shards,
             current=self.current(),
             **kwargs,
@@ -399,6 +445,9 @@ class TransientPolicy:
             "zones": self.zones_of(plan),
             "remaining_steps": self.remaining_steps(),
             "p_lose_1h": [round(self.planner.p_lose_at_least(config, k), 4) for k in (1, 2, 3)],
+            # What the plan assumes of the PS (measured live once it was the bottleneck).
+            "ps_capacity": _finite(self.planner.ps_capacity(config.shards)),
+            "ps_bottleneck": self._ps_bottleneck,
         }
 
     async def adapt(self) -> Plan | None:
@@ -474,6 +523,10 @@ class TransientPolicy:
             self._task = None
             if announce:
                 self.cluster.loop.add_callback(self._announce, None)
+
+
+def _finite(x: float) -> float | None:
+    return round(x, 2) if math.isfinite(x) else None
 
 
 def _step_scale(hparams: Any) -> float:

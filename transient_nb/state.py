@@ -57,6 +57,8 @@ POLICY_DECISION_FIELDS = (
     "expected_cost",
     "mix",
     "p_lose_1h",
+    "ps_capacity",
+    "ps_bottleneck",
 )
 
 

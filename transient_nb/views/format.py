@@ -40,7 +40,8 @@ def policy_text(policy: Mapping[str, Any] | None) -> str:
     """One line on the transient-aware policy that is on (empty when none is).
 
     Its goal, its latest decision's reason (the configuration, the expected time and money to
-    the end), and the cluster's probability of losing at least 1, 2 and 3 workers within the hour.
+    the end), the cluster's probability of losing at least 1, 2 and 3 workers within the hour, and
+    the PS's capacity the plan assumes (measured, once the PS was seen to be the bottleneck).
 
     Examples
     --------
@@ -51,6 +52,9 @@ def policy_text(policy: Mapping[str, Any] | None) -> str:
     >>> policy_text({"goal": "budget", "budget": 20, "decision": {
     ...     "reason": "4 p100 in us-central1-a, 1 PS shard: ETA 0.40 h", "p_lose_1h": [0.2, 0.02]}})
     'Policy: budget $20.00 · 4 p100 in us-central1-a, 1 PS shard: ETA 0.40 h · P(losing ≥1, ≥2 workers within 1 h): 20%, 2%'
+    >>> policy_text({"goal": "cost-per-step", "decision": {"reason": "8 v100 ...",
+    ...     "ps_capacity": 44.6, "ps_bottleneck": True}})
+    'Policy: cost-per-step · 8 v100 ... · PS serves ≤45 steps/s (the bottleneck now)'
     """
     if not policy:
         return ""
@@ -71,4 +75,9 @@ def policy_text(policy: Mapping[str, Any] | None) -> str:
         text += f" · P(losing {ks} workers within 1 h): " + ", ".join(
             f"{100 * p:.0f}%" for p in odds
         )
+    capacity = decision.get("ps_capacity")
+    if capacity is not None:
+        text += f" · PS serves ≤{capacity:.0f} steps/s"
+        if decision.get("ps_bottleneck"):
+            text += " (the bottleneck now)"
     return text
