@@ -11,6 +11,7 @@ Examples::
     python benchmarks/policy_evaluation.py                     # every trace (~25 min, 2 cores)
     python benchmarks/policy_evaluation.py --traces storm      # one trace
     python benchmarks/policy_evaluation.py --dynamic           # 1 K80 the policy may grow to 4
+    python benchmarks/policy_evaluation.py --plateau --ps 90   # a PS twice the paper's
     python benchmarks/policy_evaluation.py --tiny              # smoke configuration (CI)
 """
 
@@ -48,6 +49,13 @@ def main(argv: list[str] | None = None) -> int:
         "--no-static", action="store_true", help="leave out the static clusters (reactive only)"
     )
     parser.add_argument(
+        "--ps",
+        type=float,
+        default=None,
+        help="the emulated PS's capacity in global steps/s (default: the paper's 45); the "
+        "policy's planner still starts from the paper's and must measure the difference",
+    )
+    parser.add_argument(
         "--dynamic",
         action="store_true",
         help="only the paper's dynamic experiment: 1 K80 that the policy may grow to 4",
@@ -83,7 +91,13 @@ def main(argv: list[str] | None = None) -> int:
     for i, trial in enumerate(trials):
         log(f"[{i + 1}/{len(trials)}] {trial.trace}: {trial.label} ({trial.setup.label})")
         rows.append(
-            evaluation.run_trial(trial, steps=args.steps, wall_pace=args.wall_pace, seed=args.seed)
+            evaluation.run_trial(
+                trial,
+                steps=args.steps,
+                wall_pace=args.wall_pace,
+                seed=args.seed,
+                emulate="paper" if args.ps is None else f"paper,ps={args.ps:g}",
+            )
         )
         log(f"    {rows[-1]}")  # a run's figures as soon as it has them
     table = pd.DataFrame(rows)

@@ -170,9 +170,16 @@ def plateau_trials(v100_deadline_h: float = 0.3, k80_deadline_h: float = 0.55) -
 
 
 def run_trial(
-    trial: Trial, *, steps: int, wall_pace: float = 0.4, seed: int = 0, interval: float = 1.0
+    trial: Trial,
+    *,
+    steps: int,
+    wall_pace: float = 0.4,
+    seed: int = 0,
+    interval: float = 1.0,
+    emulate: str = "paper",
 ) -> dict[str, Any]:
-    """Run one trial; its row (a run that could not finish is a row with its reason)."""
+    """Run one trial; its row (a run that could not finish is a row with its reason).
+    ``emulate``: the paced GPUs and PS (e.g. ``"paper,ps=90"``: a PS twice the paper's)."""
     adapt = None
     if trial.strategy == "policy":
         adapt = {
@@ -192,6 +199,7 @@ def run_trial(
             fallback_zones=TRACE_ZONES.get(trial.trace, ()),
             replace=trial.strategy != "static",
             adapt=adapt,
+            emulate=emulate,
         )
     except RuntimeError as exc:
         return {**row, "start": format_types(trial.setup.types), "failed": str(exc)}
