@@ -383,3 +383,24 @@ def test_a_bad_zone_spec_names_the_part_and_what_to_write(bad: str, message: str
     with pytest.raises(ValueError) as info:
         parse_preemption(bad)
     assert str(info.value) == message
+
+
+def test_a_zones_model_keeps_its_spec_and_draws_from_its_default() -> None:
+    """The spec is what the run record and the views show; a VM whose zone is unknown draws
+    from the ``*`` model with the caller's generator (seeded: the same draws again)."""
+    spec = "zones:us-central1-a=paper;*=exp:mean=60s"
+    model = parse_preemption(spec)
+    assert model.spec == spec
+    expected = Exponential("exp:mean=60s", 60.0).lifetime(random.Random(3))
+    assert model.lifetime(random.Random(3)) == expected and expected is not None
+
+
+def test_the_paper_model_of_an_unknown_type_draws_the_k80_curve_and_a_trace_no_odds() -> None:
+    from transient_nb.preemption import PaperLifetimesByGpu
+
+    paper = PaperLifetimesByGpu()
+    k80 = paper.for_gpu("k80").lifetime(random.Random(7))
+    assert paper.lifetime(random.Random(7)) == k80 and k80 is not None
+    trace = Trace("trace:t.txt", (TraceEntry(5.0, "w-1"),))
+    assert trace.lifetime(random.Random(0)) is None
+    assert trace.revoked_within(0.0) == 0.0 and trace.revoked_within(HOUR, horizon_s=1e9) == 0.0
