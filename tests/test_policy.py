@@ -67,6 +67,9 @@ def test_it_learns_rates_from_the_trainers_and_hazards_from_revocations():
     for i, t in enumerate([T0 + 10, T0 + 20, T0 + 30]):
         cluster.add("worker-metrics", t, worker="w-0", local_step=60 * i, step=0)
     policy.observe(cluster.monitor.events)
+    assert policy.planner.rate("k80") == 4.56  # held until the PS says it kept up
+    cluster.add("metrics", T0 + 30, run="r", shard=0, step=120, active_workers=1, steps_per_s=6.0)
+    policy.observe(cluster.monitor.events)
     assert policy.planner.rate("k80") == pytest.approx(6.0)  # 60 local steps per 10 s
     prior = policy.planner.hazard_per_h(K80)
     # w-1 revoked after half an hour, w-0 deleted (scaled away) after an hour: 1 revocation in
@@ -130,6 +133,8 @@ def _scaled_stream(time_scale: float, step_scale: float) -> tuple[TransientPolic
     for i in range(3):  # 3000 emulated steps each 500 simulated seconds
         local = round(3000 * i / step_scale)
         cluster.add("worker-metrics", T0 + 500 * i * wall, worker="w-0", local_step=local)
+    served = 6.0 * time_scale / step_scale  # wall steps/s: 6 emulated steps/s, as w-0 does
+    cluster.add("metrics", T0 + 1000 * wall, run="r", shard=0, step=0, steps_per_s=served)
     cluster.add("preempted", T0 + 1800 * wall, worker="w-1", role="worker", gpu="k80")
     policy.observe(cluster.monitor.events)
     return policy, policy.recommend(now=T0 + 960 * wall)
@@ -180,11 +185,12 @@ K80_OD = Kind("k80", "us-central1-a", False, 0.45)
 
 
 def _saturate(cluster: RecordingCluster, gpu: str, served: float, at: float) -> None:
-    """8 ``gpu`` workers reporting, and the PS's metrics: ``served`` global steps/s."""
+    """8 ``gpu`` workers pushing for 10 s, and the PS's metrics: ``served`` global steps/s."""
     for i in range(8):
         _vm(cluster, f"w-{i}", gpu, at)
-        cluster.add("worker-metrics", at + 1, worker=f"w-{i}", local_step=1, step=0)
-    cluster.add("metrics", at + 1, run="r", shard=0, step=10, active_workers=8, steps_per_s=served)
+        for t in (at, at + 10):
+            cluster.add("worker-metrics", t, worker=f"w-{i}", local_step=1, step=0)
+    cluster.add("metrics", at + 10, run="r", shard=0, step=10, active_workers=8, steps_per_s=served)
 
 
 def test_a_ps_that_keeps_up_with_the_deadline_gets_no_second_shard():
@@ -448,6 +454,7 @@ def test_the_ps_zone_and_the_rates_of_far_workers_come_from_the_event_log():
     cluster.add("running", T0, **fields)
     cluster.add("worker-metrics", T0 + 10, worker="w-0", local_step=100)
     cluster.add("worker-metrics", T0 + 20, worker="w-0", local_step=200)  # 10 steps/s, far
+    cluster.add("metrics", T0 + 20, run="r", shard=0, step=200, steps_per_s=10.0)
     policy.observe(cluster.monitor.events)
     assert policy.planner.ps_zone == "us-central1-b"
     assert policy.planner.rate("p100") == pytest.approx(10.0 * 1.48)
@@ -455,24 +462,33 @@ def test_the_ps_zone_and_the_rates_of_far_workers_come_from_the_event_log():
 
 
 def test_the_ps_capacity_and_the_bottleneck_are_learned_from_the_ps_metrics():
-    """8 V100s would push 125 steps/s; the PS serves 30: it is the bottleneck, its capacity is
-    30, and the workers' rates of that moment (30/8 each) are not their GPUs'."""
+    """Where adding workers stops adding steps, the PS is the bottleneck: one V100 had 15.5
+    steps/s served, eight have 30. The PS's capacity is 30, and the workers' rates of that
+    moment (30/8 each) are not their GPUs'."""
     cluster = RecordingCluster({"v100": 8})
     policy = _policy(cluster, "cost-per-step")
-    cluster.add("train-started", T0, run="r", steps=64_000)
+    cluster.add("train-started", T0, run="r", steps=64_000, shards=1)
     names = [f"w-{i}" for i in range(8)]
     for name in names:
         _vm(cluster, name, "v100", T0)
-    for i, t in enumerate([T0 + 10, T0 + 12, T0 + 14]):
-        for name in names:
-            cluster.add("worker-metrics", t, worker=name, local_step=int(7.5 * i), step=0)
-        cluster.add("metrics", t, run="r", shard=0, step=60 * i, active_workers=8, steps_per_s=30.0)
-        cluster.add("metrics", t, run="r", shard=1, step=60 * i, active_workers=8, steps_per_s=30.0)
+    # One worker pushing for 10 s, at its GPU's rate; another one just started (not counted).
+    cluster.add("worker-metrics", T0, worker="w-0", local_step=0, step=0)
+    cluster.add("worker-metrics", T0 + 10, worker="w-0", local_step=156, step=0)
+    cluster.add("worker-metrics", T0 + 10, worker="w-1", local_step=3, step=0)
+    cluster.add("metrics", T0 + 10, run="r", shard=0, step=156, active_workers=2, steps_per_s=15.5)
     policy.observe(cluster.monitor.events)
-    # Two shards (shard 1 posts too): one PS's capacity is 30 / 1.75.
-    assert policy.planner.ps_capacity(2) == pytest.approx(30.0)
-    assert policy.planner.rate("v100") == 15.6  # the prior: no rate learned from a waiting worker
-    cluster.ps_hosts = 2
+    assert not policy._ps_bottleneck and policy.planner.rate("v100") == pytest.approx(15.6)
+    assert policy.planner.ps_capacity(1) == pytest.approx(45.0)  # the prior: nothing above it
+    # Eight pushing for 10 s: 30 steps/s served, not the 124 that 8 x 15.5 would be. Their
+    # reports of that window (3.75 steps/s each) are the PS's share, not their GPUs' rate.
+    for t in (T0 + 20, T0 + 30):
+        for name in names:
+            cluster.add("worker-metrics", t, worker=name, local_step=int(3.75 * (t - T0)))
+    cluster.add("metrics", T0 + 30, run="r", shard=0, step=900, active_workers=8, steps_per_s=30.0)
+    policy.observe(cluster.monitor.events)
+    assert policy._ps_bottleneck
+    assert policy.planner.ps_capacity(1) == pytest.approx(30.0)
+    assert policy.planner.rate("v100") == pytest.approx(15.6)
     plan = asyncio.run(policy.adapt())
     assert plan is not None
     (decision,) = [e for e in cluster.posted if e["kind"] == "policy-decision"]
@@ -480,13 +496,14 @@ def test_the_ps_capacity_and_the_bottleneck_are_learned_from_the_ps_metrics():
     assert decision["ps_capacity"] == pytest.approx(
         policy.planner.ps_capacity(plan.chosen.config.shards), abs=0.01
     )
-    # Four workers left, served 55 steps/s of their 62: the PS keeps up (within 15%), so it
-    # serves at least that much, and their rates count again.
-    for t in (T0 + 20, T0 + 22):
-        for name in names[:4]:
-            cluster.add("worker-metrics", t, worker=name, local_step=int(100 + 12.5 * (t - T0)))
-        cluster.add("metrics", t, run="r", shard=0, step=500, active_workers=4, steps_per_s=55.0)
+    # Four left, served 55 steps/s where one had 15.5 (62 in proportion): within 15%, the PS
+    # keeps up, so it serves at least that much, and their rates count again.
+    for w in names[4:]:
+        cluster.add("preempted", T0 + 33, worker=w, role="worker", gpu="v100")
+    for name in names[:4]:
+        cluster.add("worker-metrics", T0 + 40, worker=name, local_step=int(3.75 * 30) + 125)
+    cluster.add("metrics", T0 + 40, run="r", shard=0, step=1200, active_workers=4, steps_per_s=55.0)
     policy.observe(cluster.monitor.events)
     assert not policy._ps_bottleneck
-    assert policy.planner.ps_capacity(2) == pytest.approx(55.0)
+    assert policy.planner.ps_capacity(1) == pytest.approx(55.0)
     assert policy.planner.rate("v100") == pytest.approx(12.5)

@@ -14,10 +14,11 @@ What it learns from the event log (:meth:`TransientPolicy.observe`):
 - each GPU type's and zone's revocations (``preempted`` events of Spot workers) and exposure
   (hours its workers ran), which update the paper's prior hazard;
 - the run's progress and target (``train-started`` and ``metrics``) and the money spent;
-- the PS's service rate (shard 0's ``metrics``: global steps/s against the active workers): where
-  it serves clearly fewer steps than those workers would push at their GPUs' rates, the PS is the
-  bottleneck, its capacity is what it serves, and the workers' rates of that moment are not their
-  GPUs' (:meth:`~transient_nb.planner.Planner.observe_ps`).
+- the PS's service rate (shard 0's ``metrics``: global steps/s against the workers pushing):
+  where it serves clearly fewer steps than fewer workers did, grown in proportion (or, before
+  that was seen, than their GPUs' rates), the PS is the bottleneck, its capacity is what it
+  serves, and the workers' rates of that moment are not their GPUs'
+  (:meth:`~transient_nb.planner.Planner.observe_ps`).
 
 Its clock is the cluster's: on a local cluster with ``time_scale`` (simulated seconds per wall
 second), deadlines, start-up delays, hazards and ETAs are in simulated time, as the bill is, and
@@ -230,7 +231,12 @@ class TransientPolicy:
         self._steps: int | None = None
         self._step = 0
         self._elastic = False  # the run follows new PS hosts (started without shards=)
-        self._shards_seen = 1  # the run's PS shards (the highest shard that posted metrics)
+        self._run_shards = 1  # the run's PS shards (train-started, then ps-resharded)
+        self._first_report: dict[str, float] = {}  # worker -> its first worker-metrics
+        # Workers' rates (gpu, steps/s, zone) until the PS's next window judges them.
+        self._pending_rates: list[tuple[str, float, Any]] = []
+        # (shards, workers pushing) -> global steps/s the PS served in windows with that many.
+        self._served: dict[tuple[int, int], list[float]] = {}
         self._ps_bottleneck = False  # in the last window, the PS served less than was pushed
         self._ps_measured = False  # a metrics window with its workers reporting was seen
         self._task: asyncio.Task[None] | None = None
@@ -276,41 +282,58 @@ class TransientPolicy:
         elif kind == "worker-metrics" and name:
             local = int(e.get("local_step", 0))
             before = self._local.get(str(name))
+            self._first_report.setdefault(str(name), t)
             self._local[str(name)] = (t, local)
             vm = self._vm.get(str(name), {})
             gpu = vm.get("gpu")
-            if self._ps_bottleneck:
-                # The worker waited on the PS, not on its GPU: its rate is the PS's share.
-                return
             if before is not None and gpu and t > before[0] and local > before[1]:
                 wall_rate = (local - before[1]) / (t - before[0])
-                self.planner.observe_rate(
-                    str(gpu), wall_rate * self.step_scale / self.time_scale, vm.get("zone")
+                # Held until the PS's next window says whether it kept up: a worker that waited
+                # on the PS pushed the PS's share, not its GPU's rate.
+                self._pending_rates.append(
+                    (str(gpu), wall_rate * self.step_scale / self.time_scale, vm.get("zone"))
                 )
         elif kind == "train-started":
             self._steps = int(e.get("steps") or 0) or None
             self._step = int(e.get("resumed_step") or 0)
             self.step_scale = _step_scale(e.get("hparams"))
             self._elastic = bool(e.get("elastic_shards"))
+            self._run_shards = int(e.get("shards") or 1)
+        elif kind == "ps-resharded":
+            self._run_shards = int(e.get("shards") or self._run_shards)
         elif kind == "metrics":
             self._step = max(self._step, int(e.get("step", 0)))
             self._observe_ps(e, t)
 
     def _observe_ps(self, e: Mapping[str, Any], t: float) -> None:
-        """The PS's service rate against what its active workers would push (shard 0's window
-        of ``metrics``): the planner learns the PS's capacity, and whether the workers' own
-        rates are their GPUs' or the PS's."""
-        shard = int(e.get("shard") or 0)
-        self._shards_seen = max(self._shards_seen, shard + 1)
-        active, served = e.get("active_workers"), e.get("steps_per_s")
-        if shard != 0 or not active or served is None:
+        """The PS's service rate against what its workers would push (shard 0's window of
+        ``metrics``): the planner learns the PS's capacity, and whether the workers' own rates
+        are their GPUs' or the PS's.
+
+        The workers counted are those that have pushed for a while (reported for
+        ``REPORTING_S``, and lately): one still loading would look like demand the PS failed
+        to serve. What they would push is, where the run was seen with fewer of them, that
+        rate grown in proportion (the issue's test: where adding workers stops adding steps,
+        the PS is the bottleneck); before that, the sum of their GPUs' rates.
+        """
+        served = e.get("steps_per_s")
+        if int(e.get("shard") or 0) != 0 or served is None:
             return
-        # Workers reporting lately, each at its GPU's rate (slower far from the PS).
+        self._judge_ps(float(served), t)
+        pending, self._pending_rates = self._pending_rates, []
+        if not self._ps_bottleneck:  # (or no verdict this window: the last one holds)
+            for gpu, rate, zone in pending:
+                self.planner.observe_rate(gpu, rate, zone)
+
+    def _judge_ps(self, served: float, t: float) -> None:
         kinds = {(k.gpu, k.zone): k for k in self.planner.kinds}
         rates = []
         for worker, (seen, _) in self._local.items():
             vm = self._vm.get(worker)
+            first = self._first_report.get(worker, t)
             if vm is None or worker not in self._live or t - seen > REPORTING_S:
+                continue
+            if t - first < REPORTING_S:
                 continue
             kind = kinds.get((str(vm.get("gpu")), str(vm.get("zone"))))
             rates.append(
@@ -318,11 +341,17 @@ class TransientPolicy:
             )
         if not rates:
             return
-        demand = sum(rates) / len(rates) * int(active)
+        n, rate = len(rates), served * self.step_scale / self.time_scale
+        fewer = [m for (sh, m) in self._served if sh == self._run_shards and m < n]
+        if fewer:
+            m = max(fewer)
+            seen_at_m = sorted(self._served[(self._run_shards, m)])
+            demand = seen_at_m[len(seen_at_m) // 2] * n / m
+        else:
+            demand = sum(rates)
+        self._served.setdefault((self._run_shards, n), []).append(rate)
         self._ps_measured = True
-        self._ps_bottleneck = self.planner.observe_ps(
-            self._shards_seen, float(served) * self.step_scale / self.time_scale, demand
-        )
+        self._ps_bottleneck = self.planner.observe_ps(self._run_shards, rate, demand)
 
     # -- what it decides -----------------------------------------------------------------------------
     def current(self) -> Configuration:
