@@ -34,6 +34,8 @@ from .test_run_driver import HP, Client, Cluster, Done, Pending, logged, posted,
 
 PS = {"resources": {"ps": 1}}
 GPU = {"resources": {"gpu": 1}}
+#: The loop's runs: a PS is never taken for lost because a slow machine stalled a round.
+LOOP = HP.with_(ps_lost_after_s=60.0)
 
 
 # -- doubles ------------------------------------------------------------------------------------------
@@ -122,7 +124,7 @@ class Looping(TrainingRun):
 
 
 def looping(
-    tmp_path, loop, monkeypatch, *script: Callable[[Looping], None], hp: HParams = HP, **kwargs
+    tmp_path, loop, monkeypatch, *script: Callable[[Looping], None], hp: HParams = LOOP, **kwargs
 ) -> Looping:
     """A driver whose ``_run`` is called by the test, on ``ps-a`` (and ``ps-b``) and a GPU and a
     CPU worker; its rounds follow each other at once."""
@@ -175,7 +177,7 @@ def test_a_run_starts_its_shards_from_the_seeded_model_and_checkpoints_step_0(
         tmp_path,
         loop,
         monkeypatch,
-        at(HP.steps),
+        at(LOOP.steps),
         idle,
         shards=2,
         ps_hosts=2,
@@ -194,12 +196,12 @@ def test_a_run_starts_its_shards_from_the_seeded_model_and_checkpoints_step_0(
         "run": run.id,
         "model": "resnet8",
         "data": "digits",
-        "steps": HP.steps,
-        "batch_size": HP.batch_size,
+        "steps": LOOP.steps,
+        "batch_size": LOOP.batch_size,
         "shards": 2,
         "elastic_shards": False,
         "parameters": n,
-        "hparams": json.dumps(HP.to_dict()),
+        "hparams": json.dumps(LOOP.to_dict()),
         "checkpoint_url": run.checkpoint_url,
         "target_accuracy": 0.95,
         "budget": 5.0,
@@ -212,7 +214,7 @@ def test_a_run_starts_its_shards_from_the_seeded_model_and_checkpoints_step_0(
         assert args[:3] == (run.id, i, 2)
         assert np.array_equal(args[3], w0[a:b]) and np.array_equal(args[4], mask[a:b])
         assert np.array_equal(args[5], bn0) if i == 0 else args[5] is None
-        assert args[6:] == (HP.to_dict(), run.checkpoint_url)
+        assert args[6:] == (LOOP.to_dict(), run.checkpoint_url)
         assert kwargs == {
             "version": 0,
             "momentum": None,
@@ -244,14 +246,14 @@ def test_a_run_starts_its_shards_from_the_seeded_model_and_checkpoints_step_0(
     assert kinds == [
         ("train-started", None),
         ("checkpoint", 0),
-        ("eval", HP.steps),
-        ("eval", HP.steps),
-        ("checkpoint", HP.steps),  # the loop's, published by the end
-        ("train-finished", HP.steps),
+        ("eval", LOOP.steps),
+        ("eval", LOOP.steps),
+        ("checkpoint", LOOP.steps),  # the loop's, published by the end
+        ("train-finished", LOOP.steps),
     ]
-    assert [r["step"] for r in run.rounds] == [0, 0, HP.steps]
+    assert [r["step"] for r in run.rounds] == [0, 0, LOOP.steps]
     assert run.rounds[0]["checkpoint_step"] == 0 and run.rounds[0]["next_eval"] == 100
-    assert run.rounds[-1]["next_eval"] == HP.steps + 100
+    assert run.rounds[-1]["next_eval"] == LOOP.steps + 100
     assert run.reason == "steps" and posted(run, "train-finished")[0]["reason"] == "steps"
 
 
@@ -261,7 +263,7 @@ def test_the_loop_evaluates_and_checkpoints_at_their_steps_and_when_asked(
     def ask(run: Looping) -> None:
         run._checkpoint_wanted.set()
 
-    hp = HP.with_(eval_every=50, checkpoint_every=130)
+    hp = LOOP.with_(eval_every=50, checkpoint_every=130)
     run = looping(tmp_path, loop, monkeypatch, at(50), idle, at(130), idle, ask, idle, hp=hp)
     run._run()
     rounds = [
@@ -315,7 +317,7 @@ def test_a_resumed_run_goes_on_from_its_checkpoint_and_its_step(
     ]
     checkpoint.write_manifest(url, 250, {"counters": {"gaps": 3}}, files)
     point = ResumePoint("run-old", url, record="/runs/r/events.jsonl", last_step=270)
-    hp = HP.with_(eval_every=100, checkpoint_every=40)
+    hp = LOOP.with_(eval_every=100, checkpoint_every=40)
     run = looping(tmp_path, loop, monkeypatch, hp=hp, resume=point, shards=3, ps_hosts=2)
     run._run()
     (started,) = posted(run, "train-started")
@@ -372,7 +374,7 @@ def test_a_ps_lost_in_the_loop_is_recreated_on_another_host_and_the_loop_goes_on
     def leave(run: Looping) -> None:
         run._events.put({"kind": "left", "address": "tls://ps-a:1"})
 
-    run = looping(tmp_path, loop, monkeypatch, leave, hp=HP.with_(steps=500))
+    run = looping(tmp_path, loop, monkeypatch, leave, hp=LOOP.with_(steps=500))
     run._run()
     first, second = run._client.created
     assert first.released and not second.released  # the lost generation's actor let go
