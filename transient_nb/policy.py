@@ -232,7 +232,6 @@ class TransientPolicy:
         self._step = 0
         self._elastic = False  # the run follows new PS hosts (started without shards=)
         self._run_shards = 1  # the run's PS shards (train-started, then ps-resharded)
-        self._first_report: dict[str, float] = {}  # worker -> its first worker-metrics
         # Workers' rates (gpu, steps/s, zone) until the PS's next window judges them.
         self._pending_rates: list[tuple[str, float, Any]] = []
         # (shards, workers pushing) -> global steps/s the PS served in windows with that many.
@@ -282,7 +281,6 @@ class TransientPolicy:
         elif kind == "worker-metrics" and name:
             local = int(e.get("local_step", 0))
             before = self._local.get(str(name))
-            self._first_report.setdefault(str(name), t)
             self._local[str(name)] = (t, local)
             vm = self._vm.get(str(name), {})
             gpu = vm.get("gpu")
@@ -310,11 +308,12 @@ class TransientPolicy:
         ``metrics``): the planner learns the PS's capacity, and whether the workers' own rates
         are their GPUs' or the PS's.
 
-        The workers counted are those that have pushed for a while (reported for
-        ``REPORTING_S``, and lately): one still loading would look like demand the PS failed
-        to serve. What they would push is, where the run was seen with fewer of them, that
-        rate grown in proportion (the issue's test: where adding workers stops adding steps,
-        the PS is the bottleneck); before that, the sum of their GPUs' rates.
+        The workers counted are those pushing: reported within ``REPORTING_S`` (a trainer's
+        first report comes after 2 s of steps, longer than a PS window; one still loading has
+        none, and would look like demand the PS failed to serve). What they would push is,
+        where the run was seen with fewer of them, that rate grown in proportion (the issue's
+        test: where adding workers stops adding steps, the PS is the bottleneck); before that,
+        the sum of their GPUs' rates.
         """
         served = e.get("steps_per_s")
         if int(e.get("shard") or 0) != 0 or served is None:
@@ -330,10 +329,7 @@ class TransientPolicy:
         rates = []
         for worker, (seen, _) in self._local.items():
             vm = self._vm.get(worker)
-            first = self._first_report.get(worker, t)
             if vm is None or worker not in self._live or t - seen > REPORTING_S:
-                continue
-            if t - first < REPORTING_S:
                 continue
             kind = kinds.get((str(vm.get("gpu")), str(vm.get("zone"))))
             rates.append(
