@@ -11,7 +11,7 @@ Examples::
     python benchmarks/policy_evaluation.py                     # every trace (~25 min, 2 cores)
     python benchmarks/policy_evaluation.py --traces storm      # one trace
     python benchmarks/policy_evaluation.py --dynamic           # 1 K80 the policy may grow to 4
-    python benchmarks/policy_evaluation.py --plateau --ps 90   # a PS twice the paper's
+    python benchmarks/policy_evaluation.py --plateau --ps 20   # a PS slower than the paper's
     python benchmarks/policy_evaluation.py --tiny              # smoke configuration (CI)
 """
 

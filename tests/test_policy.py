@@ -193,6 +193,25 @@ def _saturate(cluster: RecordingCluster, gpu: str, served: float, at: float) -> 
     cluster.add("metrics", at + 10, run="r", shard=0, step=10, active_workers=8, steps_per_s=served)
 
 
+def test_a_ps_slower_than_the_papers_gets_a_second_shard_once_measured():
+    """8 K80s push 36.5 steps/s, under the paper's plateau of 45: by the prior one PS makes a
+    deadline of 32 steps/s. This PS serves 20: measured, a second host is added."""
+    cluster = RecordingCluster({"k80": 8})
+    policy = TransientPolicy(
+        cluster, "deadline", deadline=64_000 / 32.0, planner=Planner([K80_OD], 0.19)
+    )
+    now = time.time()
+    cluster.add("train-started", now, run="r", steps=64_000, elastic_shards=True)
+    asyncio.run(policy.adapt())
+    assert cluster.ps_scaled == []
+    _saturate(cluster, "k80", served=20.0, at=now)
+    plan = asyncio.run(policy.adapt())
+    assert plan is not None and plan.feasible and plan.chosen.config.shards == 2
+    assert cluster.ps_scaled == [2] and policy.planner.ps_capacity(1) == pytest.approx(20.0)
+    assert cluster.posted[-1]["ps_bottleneck"] is True
+    assert cluster.posted[-1]["ps_capacity"] == pytest.approx(35.0)
+
+
 def test_a_ps_that_keeps_up_with_the_deadline_gets_no_second_shard():
     """A PS host faster than the paper's: 8 V100s push 125 steps/s and it serves 90, more
     than the 60 the deadline needs. The paper's 45 would have bought a second host."""
@@ -224,11 +243,7 @@ def test_a_ps_shard_is_added_at_the_plateau_for_a_run_that_follows_it(kind, elas
     started = {"elastic_shards": True} if elastic else {}
     now = time.time()
     cluster.add("train-started", now, run="r", steps=64_000, **started)
-    # No shard before the PS was measured: 8 workers pushing, the PS serving its 45.
-    asyncio.run(policy.adapt())
-    assert cluster.ps_scaled == []
-    _saturate(cluster, kind.gpu, served=45.0 if kind is V100_OD else 36.0, at=now)
-    plan = asyncio.run(policy.adapt())
+    plan = asyncio.run(policy.adapt())  # the paper's plateau decides before any measurement
     assert plan is not None and plan.chosen.config.shards == shards
     assert cluster.ps_scaled == ([2] if shards == 2 else [])
     assert cluster.ps_hosts == shards

@@ -148,8 +148,7 @@ class TransientPolicy:
     max_shards
         Most PS shards (one PS host each) it may grow the PS to, when one PS is the bottleneck
         (default 2, the paper's measured gain; never fewer than the cluster has). Only a run
-        started without ``shards=`` follows new PS hosts, so only such a run gets them, and only
-        once the PS's service rate was measured (its first metrics with workers reporting).
+        started without ``shards=`` follows new PS hosts, so only such a run gets them.
     interval
         How often it decides (wall-clock).
     hysteresis
@@ -237,7 +236,6 @@ class TransientPolicy:
         # (shards, workers pushing) -> global steps/s the PS served in windows with that many.
         self._served: dict[tuple[int, int], list[float]] = {}
         self._ps_bottleneck = False  # in the last window, the PS served less than was pushed
-        self._ps_measured = False  # a metrics window with its workers reporting was seen
         self._task: asyncio.Task[None] | None = None
         self._posted_eta: float | None = None
         # Simulated seconds per wall second (the local backend's time_scale; 1 on a cloud), and
@@ -346,7 +344,6 @@ class TransientPolicy:
         else:
             demand = sum(rates)
         self._served.setdefault((self._run_shards, n), []).append(rate)
-        self._ps_measured = True
         self._ps_bottleneck = self.planner.observe_ps(self._run_shards, rate, demand)
 
     # -- what it decides -----------------------------------------------------------------------------
@@ -407,14 +404,14 @@ class TransientPolicy:
             assert self.budget is not None
             kwargs["budget"] = max(0.01, self.budget - float(self.cluster.cost().total))
         shards = self._shards()
-        # More shards only for a run that follows new PS hosts, never fewer, and only once the
-        # PS was measured: a host that keeps up with more than the paper's PS needs no second.
-        grow = self._elastic and self._ps_measured
+        # More shards only for a run that follows new PS hosts, and never fewer. Before the PS
+        # is measured the paper's plateau decides (waiting to measure cost a deadline run the
+        # seconds that mattered); once measured, what it serves does.
         return self.planner.choose(
             self.goal,
             remaining * self.step_scale,
             max_workers=self.max_workers,
-            max_shards=max(shards, self.max_shards) if grow else shards,
+            max_shards=max(shards, self.max_shards) if self._elastic else shards,
             min_shards=shards,
             current=self.current(),
             **kwargs,
