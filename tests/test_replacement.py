@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from transient_nb.replacement import Placement, ReplacementPolicy
 
 
@@ -211,3 +213,48 @@ def test_what_the_provider_does_not_offer_is_never_a_placement() -> None:
         ("v100", "us-central1-a"),
     ]
     assert ("v100", "us-central1-b") not in {(c.gpu, c.zone) for c in p.placements()}
+
+
+def test_a_preferred_zone_comes_first_for_its_type_only() -> None:
+    p = ReplacementPolicy(
+        "t4", "us-central1-a", True, fallback_zones=["us-central1-b", "us-east1-c"]
+    )
+    p.prefer_zone("v100", "us-east1-c")
+    assert p.preferred_zones == {"v100": "us-east1-c"}
+    # The type asked for picks its zone (not the policy's own type's), then the fallbacks.
+    assert [c.zone for c in p.placements("v100")] == [
+        "us-east1-c",
+        "us-central1-a",
+        "us-central1-b",
+    ]
+    assert [c.zone for c in p.placements("t4")] == ["us-central1-a", "us-central1-b", "us-east1-c"]
+    assert [c.zone for c in p.placements()] == ["us-central1-a", "us-central1-b", "us-east1-c"]
+
+
+def test_preferring_the_policys_own_zone_forgets_the_preference() -> None:
+    p = ReplacementPolicy("t4", "us-central1-a", True, fallback_zones=["us-central1-b"])
+    p.prefer_zone("t4", "us-central1-a")  # never preferred: nothing to forget, no error
+    assert p.preferred_zones == {}
+    p.prefer_zone("t4", "us-central1-b")
+    assert p.preferred_zones == {"t4": "us-central1-b"}
+    p.prefer_zone("t4", "us-central1-a")
+    assert p.preferred_zones == {}
+    assert [c.zone for c in p.placements("t4")] == ["us-central1-a", "us-central1-b"]
+
+
+def test_a_zone_the_cluster_may_not_use_is_refused_with_the_ones_it_may() -> None:
+    p = ReplacementPolicy("t4", "us-central1-a", True, fallback_zones=["us-east1-c"])
+    with pytest.raises(ValueError) as info:
+        p.prefer_zone("t4", "mars-1a")
+    assert str(info.value) == (
+        "Zone 'mars-1a' is not one this cluster may use: us-central1-a, us-east1-c."
+    )
+    assert p.preferred_zones == {}
+
+
+def test_odds_that_differ_past_9_digits_are_equal_and_the_newest_goes_first() -> None:
+    from transient_nb.replacement import Held, give_back_order
+
+    # 4e-10 is float noise at 9 digits: the older worker's odds do not beat the newer one's age.
+    older, newer = Held("w-8", True, 0.1 + 4e-10, 8), Held("w-9", True, 0.1, 9)
+    assert [h.name for h in give_back_order([older, newer])] == ["w-9", "w-8"]
