@@ -281,3 +281,38 @@ def test_cost_per_gpu_type_adds_up_to_the_total() -> None:
     # A mixed cluster's HTML shows the per-type table; an empty report has no rows.
     assert "Per GPU type" in report._repr_html_()
     assert compute_costs([], now=T0).by_gpu.empty
+
+
+def _four(x: float) -> str:
+    return f"{x:.4f}"
+
+
+def test_html_shows_the_per_type_table_only_for_a_mixed_cluster() -> None:
+    one_type = [vm("ps-0", 0.143, 0.143, role="ps"), vm("w-0", 0.256, 0.723, gpu="k80")]
+    one_type += [ev("running", 0, "ps-0"), ev("running", 0, "w-0")]
+    report = compute_costs(one_type, now=T0 + 3600)
+    assert len(report.by_gpu) == 2  # the PS host and one GPU type: nothing to break down
+    _, after_head = report._repr_html_().split("</p>", 1)
+    assert after_head == report.per_vm.to_html(float_format=_four) + "</div>"
+    mixed = [*one_type, vm("w-1", 0.861, 2.144, gpu="v100"), ev("running", 0, "w-1")]
+    report = compute_costs(mixed, now=T0 + 3600)
+    _, after_head = report._repr_html_().split("</p>", 1)
+    assert after_head == (
+        "<p>Per GPU type:</p>"
+        + report.by_gpu.to_html(float_format=_four)
+        + report.per_vm.to_html(float_format=_four)
+        + "</div>"
+    )
+
+
+def test_cost_per_type_names_a_worker_without_a_gpu_and_keeps_its_columns_when_empty() -> None:
+    events = [vm("ps-0", 0.143, 0.143, role="ps"), vm("c-0", 0.1, 0.2, gpu=None)]
+    events += [ev("running", 0, "ps-0"), ev("running", 0, "c-0"), ev("deleted", 1800, "c-0")]
+    by_gpu = compute_costs(events, now=T0 + 3600).by_gpu
+    assert by_gpu.index.name == "gpu"
+    assert list(by_gpu.columns) == ["vms", "seconds", "cost", "cost_on_demand"]
+    assert by_gpu.loc["none"].tolist() == pytest.approx([1, 1800.0, 0.05, 0.1])
+    assert by_gpu.loc["ps"].tolist() == pytest.approx([1, 3600.0, 0.143, 0.143])
+    empty = compute_costs([], now=T0).by_gpu
+    assert empty.index.name == "gpu"
+    assert list(empty.columns) == ["vms", "seconds", "cost", "cost_on_demand"]
