@@ -697,3 +697,114 @@ def test_a_ps_slower_than_its_emulated_capacity_says_so(tmp_path, monkeypatch):
     behind = [e for e in posted if e["kind"] == "emulation-behind"]
     assert behind and behind[0]["role"] == "ps" and behind[0]["achieved_steps_per_s"] < 1e6
     assert next(e for e in posted if e["kind"] == "emulation-paced")["steps_per_s"] == 1e6
+
+
+class _PSWorker:
+    """The worker a PS runs on, as far as its paced emulation reads it: a name, and the
+    scheduler's event log (whose ``started`` event holds the cluster's time scale)."""
+
+    name = "ps-host-0"
+
+    def __init__(self, time_scale):
+        self.time_scale = time_scale
+        self.asked = 0
+        self.scheduler = self
+
+    async def transient_events(self, since, limit):
+        self.asked += 1
+        await asyncio.sleep(0.01)  # a round trip: concurrent first pushes all wait on it
+        return [{"kind": "requested"}, {"kind": "started", "time_scale": self.time_scale}]
+
+
+def _paced_ps(tmp_path, monkeypatch, emulate, shards=1, step_scale=1.0, time_scale=4.0):
+    monkeypatch.delenv("TRANSIENT_NB_TIME_SCALE", raising=False)
+    hparams = HParams(
+        steps=1000, warmup_steps=0, emulate=emulate, emulate_step_scale=step_scale
+    ).to_dict()
+    ps = ParameterServer(
+        "r", 0, shards, np.zeros(6, np.float32), np.ones(6, np.uint8), None, hparams, str(tmp_path)
+    )
+    worker = _PSWorker(time_scale)
+    ps._worker = worker
+    posted: list = []
+    monkeypatch.setattr(ps, "_post", lambda kind, **f: posted.append({"kind": kind, **f}))
+    return ps, worker, posted
+
+
+def test_an_emulated_ps_reads_the_clusters_time_scale_once_and_says_how_it_is_paced(
+    tmp_path, monkeypatch
+):
+    ps, worker, posted = _paced_ps(tmp_path, monkeypatch, "ps=50", shards=2, step_scale=3.0)
+    g = np.zeros(6, np.float32)
+
+    async def two_first_pushes():
+        await asyncio.gather(
+            ps.push_pull(trainer="a", grad=g, base_version=0, local_step=1),
+            ps.push_pull(trainer="b", grad=g, base_version=0, local_step=1),
+        )
+        await ps.push_pull(trainer="a", grad=g, base_version=2, local_step=2)
+
+    asyncio.run(two_first_pushes())
+    # One shard of two at 50 steps/s: t(1) = 0.02 s, b = 2 (t1 - t1 / 1.75), a = t1 - b;
+    # each push stands for 3 emulated steps, and the cluster runs 4x faster than real time.
+    t1 = 0.02
+    b = 2 * (t1 - t1 / 1.75)
+    service_s = (t1 - b + b / 2) * 3.0 / 4.0
+    assert ps._service is not None and ps._service.service_s == pytest.approx(service_s)
+    # Both first pushes waited on the time scale; the pacer and its event are made once.
+    assert worker.asked == 2 and ps.version == 3
+    (paced,) = [e for e in posted if e["kind"] == "emulation-paced"]
+    assert paced == {
+        "kind": "emulation-paced",
+        "worker": "ps-host-0",
+        "role": "ps",
+        "steps_per_s": pytest.approx(1.0 / (service_s * 4.0 / 3.0)),
+        "wall_steps_per_s": pytest.approx(1.0 / service_s),
+        "time_scale": 4.0,
+        "step_scale": 3.0,
+    }
+
+
+def test_a_ps_without_an_emulated_capacity_never_asks_for_the_time_scale(tmp_path, monkeypatch):
+    ps, worker, posted = _paced_ps(tmp_path, monkeypatch, "k80=4.56")
+    g = np.zeros(6, np.float32)
+    for i in range(3):
+        asyncio.run(ps.push_pull(trainer="t", grad=g, base_version=i, local_step=i + 1))
+    assert worker.asked == 0 and ps._service is None and posted == []
+
+
+def test_a_ps_behind_its_capacity_names_its_host_and_what_it_achieved(tmp_path, monkeypatch):
+    monkeypatch.setattr("transient_nb.emulation.BEHIND_WINDOW_S", 0.05)
+    ps, _, posted = _paced_ps(tmp_path, monkeypatch, "ps=1000000", time_scale=1.0)
+    g = np.zeros(6, np.float32)
+
+    async def main():
+        for i in range(200):
+            await ps.push_pull(trainer="t", grad=g, base_version=i, local_step=i + 1)
+            if i % 20 == 0:
+                await asyncio.sleep(0.01)
+
+    asyncio.run(main())
+    behind = [e for e in posted if e["kind"] == "emulation-behind"]
+    assert behind and behind[0]["worker"] == "ps-host-0" and behind[0]["role"] == "ps"
+    # A push's own work, measured: well under 10 ms here, far above a microsecond.
+    assert 100 < behind[0]["achieved_steps_per_s"] < 1e6
+
+
+def test_a_ps_that_keeps_up_with_its_capacity_never_says_it_is_behind(tmp_path, monkeypatch):
+    monkeypatch.setattr("transient_nb.emulation.BEHIND_WINDOW_S", 0.02)
+    monkeypatch.setenv("TRANSIENT_NB_TIME_SCALE", "1")
+    hparams = HParams(steps=1000, warmup_steps=0, emulate="ps=100").to_dict()
+    w = np.zeros(6, np.float32)
+    ps = ParameterServer("r", 0, 1, w, np.ones(6, np.uint8), None, hparams, str(tmp_path))
+    posted: list = []
+    monkeypatch.setattr(ps, "_post", lambda kind, **f: posted.append({"kind": kind, **f}))
+    g = np.zeros(6, np.float32)
+
+    async def main():
+        for i in range(20):  # 10 ms a push: the real work is a few microseconds of it
+            await ps.push_pull(trainer="t", grad=g, base_version=i, local_step=i + 1)
+
+    asyncio.run(main())
+    assert [e["kind"] for e in posted if e["kind"].startswith("emulation")] == ["emulation-paced"]
+    assert posted[0]["worker"] == "ps"  # no worker: the PS names itself
