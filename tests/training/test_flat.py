@@ -153,3 +153,13 @@ def test_set_flat_takes_any_float_vector_and_an_empty_layout():
     assert t[0].tolist() == [[0, 1], [2, 3]] and t[1].tolist() == [4, 5, 6]
     set_flat([], np.zeros(0))  # nothing to copy into
     assert get_flat([]).shape == (0,) and get_flat([]).dtype == np.float32
+
+
+def test_the_decay_mask_is_one_byte_an_entry_and_set_flat_fills_a_single_tensor():
+    """The mask travels to every PS shard when the run starts: one byte an entry, not eight."""
+    model = build_model("resnet8")
+    mask = decay_mask(model)
+    assert mask.dtype == np.uint8 and set(np.unique(mask).tolist()) == {0, 1}
+    only = [torch.zeros(2, 3)]
+    set_flat(only, np.arange(6, dtype=np.float32))
+    assert only[0].tolist() == [[0, 1, 2], [3, 4, 5]]
