@@ -1138,3 +1138,52 @@ def test_two_slow_calls_are_two_failures_and_two_rejoins(loop, tmp_path):
         "trainer-ps-lost",
         "ps-rejoined",
     ] * 2
+
+
+def test_a_trainer_built_in_a_worker_takes_its_name_hooks_its_drain_and_reads_the_variable(
+    monkeypatch,
+):
+    """Inside a worker (no VM description): named after the worker, its drain hooked to the
+    worker's notices, and the PS looked up in the run's Variable."""
+    import json
+
+    from distributed import Client, Variable, get_worker
+
+    from transient_nb import agent
+
+    monkeypatch.delenv("TRANSIENT_NB_VM", raising=False)
+    n = len(get_flat(flat_layout(build_model("resnet8", num_classes=10))[0]))
+
+    def build():
+        t = Trainer("r", "resnet8", "digits", HP.to_dict(), "ps-of-w", [(0, n)])
+        try:
+            generation, actors = t._locate(5)
+            return {
+                "worker": t.worker is get_worker(),
+                "name": t.name,
+                "worker_name": str(get_worker().name),
+                "hooked": t._drain in agent._hooks,
+                "generation": generation,
+                "actors": [(a._address, a.key) for a in actors],
+                "custom": t._custom_locate,
+            }
+        finally:
+            agent.unregister_drain_hook(t._drain)
+
+    with Client(processes=False, n_workers=1, threads_per_worker=1, dashboard_address=None) as c:
+        Variable("ps-of-w").set(json.dumps({"generation": 4, "shards": [["tcp://a:1", "ps-0"]]}))
+        seen = c.submit(build, pure=False).result(timeout=60)
+    assert seen == {
+        "worker": True,
+        "name": seen["worker_name"],
+        "worker_name": seen["worker_name"],
+        "hooked": True,
+        "generation": 4,
+        "actors": [("tcp://a:1", "ps-0")],
+        "custom": False,
+    }
+    assert seen["name"] != "trainer"
+    # Outside a worker: nothing to hook, and a custom look-up is said to be one.
+    outside = _trainer(lambda timeout: (0, []))
+    assert outside.worker is None and outside._drain not in agent._hooks
+    assert outside._custom_locate is True
