@@ -316,3 +316,10 @@ def test_cost_per_type_names_a_worker_without_a_gpu_and_keeps_its_columns_when_e
     empty = compute_costs([], now=T0).by_gpu
     assert empty.index.name == "gpu"
     assert list(empty.columns) == ["vms", "seconds", "cost", "cost_on_demand"]
+
+
+def test_the_repr_says_what_was_spent_saved_and_the_rate_now() -> None:
+    events = [vm("w-0", 1.8, 3.6), ev("running", 0, "w-0"), ev("deleted", 3600, "w-0")]
+    events += [vm("w-1", 0.9, 1.8), ev("running", 0, "w-1")]
+    report = compute_costs(events, now=T0 + 3600)
+    assert repr(report) == "<CostReport $2.7000 spent, $5.4000 on demand, saved 50%; now $0.900/h>"
