@@ -1146,6 +1146,7 @@ def test_a_trainer_built_in_a_worker_takes_its_name_hooks_its_drain_and_reads_th
     """Inside a worker (no VM description): named after the worker, its drain hooked to the
     worker's notices, and the PS looked up in the run's Variable."""
     import json
+    import zlib
 
     from distributed import Client, Variable, get_worker
 
@@ -1166,6 +1167,7 @@ def test_a_trainer_built_in_a_worker_takes_its_name_hooks_its_drain_and_reads_th
                 "generation": generation,
                 "actors": [(a._address, a.key) for a in actors],
                 "custom": t._custom_locate,
+                "seed": t.seed,
             }
         finally:
             agent.unregister_drain_hook(t._drain)
@@ -1181,6 +1183,8 @@ def test_a_trainer_built_in_a_worker_takes_its_name_hooks_its_drain_and_reads_th
         "generation": 4,
         "actors": [("tcp://a:1", "ps-0")],
         "custom": False,
+        # The base seed defaults to 0: the seed is the name's alone.
+        "seed": zlib.crc32(seen["worker_name"].encode()) % 2**31,
     }
     assert seen["name"] != "trainer"
     # Outside a worker: nothing to hook, and a custom look-up is said to be one.
