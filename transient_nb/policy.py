@@ -64,6 +64,10 @@ DEFAULT_MAX_SHARDS = 2
 #: pushing to the PS (trainers report every 2 s).
 REPORTING_S = 10.0
 
+#: Global steps the PS must have served, with the same workers pushing, before the policy judges
+#: whether it is the bottleneck.
+PS_SPAN_UPDATES = 40
+
 logger = logging.getLogger(__name__)
 
 
@@ -231,6 +235,8 @@ class TransientPolicy:
         self._step = 0
         self._elastic = False  # the run follows new PS hosts (started without shards=)
         self._run_shards = 1  # the run's PS shards (train-started, then ps-resharded)
+        # Steps, wall seconds and workers pushing of the PS windows not judged yet.
+        self._span: tuple[int, float, int] = (0, 0.0, 0)
         # Workers' rates (gpu, steps/s, zone) until the PS's next window judges them.
         self._pending_rates: list[tuple[str, float, Any]] = []
         # (shards, workers pushing) -> global steps/s the PS served in windows with that many.
@@ -316,13 +322,16 @@ class TransientPolicy:
         served = e.get("steps_per_s")
         if int(e.get("shard") or 0) != 0 or served is None:
             return
-        self._judge_ps(float(served), t)
+        updates = int(e.get("updates") or 0)
+        if updates <= 0 or float(served) <= 0:
+            return
+        self._judge_ps(updates, updates / float(served), t)
         pending, self._pending_rates = self._pending_rates, []
         if not self._ps_bottleneck:  # (or no verdict this window: the last one holds)
             for gpu, rate, zone in pending:
                 self.planner.observe_rate(gpu, rate, zone)
 
-    def _judge_ps(self, served: float, t: float) -> None:
+    def _judge_ps(self, updates: int, seconds: float, t: float) -> None:
         kinds = {(k.gpu, k.zone): k for k in self.planner.kinds}
         rates = []
         for worker, (seen, _) in self._local.items():
@@ -335,7 +344,17 @@ class TransientPolicy:
             )
         if not rates:
             return
-        n, rate = len(rates), served * self.step_scale / self.time_scale
+        # A verdict per PS_SPAN_UPDATES steps with the same workers pushing, not per window: a
+        # window holds a handful of steps at an emulated pace (8 at 3 P100, time scale 40),
+        # and one step more or less in it read as a bottleneck that was not there.
+        n = len(rates)
+        count, span, workers = self._span
+        count, span = (count + updates, span + seconds) if workers == n else (updates, seconds)
+        self._span = (count, span, n)
+        if count < PS_SPAN_UPDATES:
+            return
+        self._span = (0, 0.0, n)
+        rate = count / span * self.step_scale / self.time_scale
         fewer = [m for (sh, m) in self._served if sh == self._run_shards and m < n]
         if fewer:
             m = max(fewer)
