@@ -199,8 +199,9 @@ def _saturate(cluster: RecordingCluster, gpu: str, served: float, at: float) -> 
     """8 ``gpu`` workers pushing for 10 s, and the PS's metrics: ``served`` global steps/s."""
     for i in range(8):
         _vm(cluster, f"w-{i}", gpu, at)
-        for t in (at, at + 10):
-            cluster.add("worker-metrics", t, worker=f"w-{i}", local_step=1, step=0)
+        for t in (at, at + 10):  # each its share of what the PS serves
+            local = round(served / 8 * (t - at))
+            cluster.add("worker-metrics", t, worker=f"w-{i}", local_step=local, step=0)
     cluster.add(
         "metrics",
         at + 10,
@@ -569,6 +570,18 @@ def test_the_ps_capacity_and_the_bottleneck_are_learned_from_the_ps_metrics():
     assert not policy._ps_bottleneck
     assert policy.planner.ps_capacity(1) == pytest.approx(55.0)
     assert policy.planner.rate("v100") == pytest.approx(12.5)
+    # Served more than the workers counted can push (one pushing has not reported yet): no
+    # verdict, and no sample that would make four look short later.
+    cluster.add("worker-metrics", T0 + 40.5, worker=names[0], local_step=240)
+    cluster.add("preempted", T0 + 40.6, worker=names[1], role="worker", gpu="v100")
+    cluster.add("preempted", T0 + 40.6, worker=names[2], role="worker", gpu="v100")
+    cluster.add("preempted", T0 + 40.6, worker=names[3], role="worker", gpu="v100")
+    cluster.add("metrics", T0 + 40.7, run="r", shard=0, step=1250, updates=40, steps_per_s=54.0)
+    policy.observe(cluster.monitor.events)
+    assert not policy._ps_bottleneck and (1, 1) in policy._served
+    assert policy._served[(1, 1)] == [15.5]
+    for name in names[1:4]:  # back (the test's shortcut: the same names)
+        _vm(cluster, name, "v100", T0 + 40.8)
     # Short windows are judged together, 40 steps at least with the same workers pushing: one
     # of 8 steps that reads 30 steps/s is no bottleneck by itself (one step more or less in a
     # window is 12% here); five of them at 30, 30, 30, 30, 80 are (34 steps/s over the 40 steps,
@@ -576,7 +589,7 @@ def test_the_ps_capacity_and_the_bottleneck_are_learned_from_the_ps_metrics():
     for i, served in enumerate((30.0, 30.0, 30.0, 30.0, 80.0)):
         t = T0 + 41 + i
         for name in names[:4]:
-            cluster.add("worker-metrics", t, worker=name, local_step=300 + i)
+            cluster.add("worker-metrics", t, worker=name, local_step=240 + round(8.6 * (i + 1)))
         cluster.add("metrics", t, run="r", shard=0, step=1300 + i, updates=8, steps_per_s=served)
         policy.observe(cluster.monitor.events)
         assert policy._ps_bottleneck == (i == 4)

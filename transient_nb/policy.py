@@ -47,6 +47,7 @@ from dask.utils import parse_timedelta
 
 from transient_nb.planner import (
     GOALS,
+    SATURATED,
     Configuration,
     Kind,
     Plan,
@@ -67,6 +68,9 @@ REPORTING_S = 10.0
 #: Global steps the PS must have served, with the same workers pushing, before the policy judges
 #: whether it is the bottleneck.
 PS_SPAN_UPDATES = 40
+
+#: Workers' reported rates kept while they wait for the PS's verdict on their span.
+PENDING_RATES = 500
 
 logger = logging.getLogger(__name__)
 
@@ -235,6 +239,8 @@ class TransientPolicy:
         self._step = 0
         self._elastic = False  # the run follows new PS hosts (started without shards=)
         self._run_shards = 1  # the run's PS shards (train-started, then ps-resharded)
+        # Worker -> the steps/s it said it pushed between its last two reports.
+        self._pushing: dict[str, float] = {}
         # Steps, wall seconds and workers pushing of the PS windows not judged yet.
         self._span: tuple[int, float, int] = (0, 0.0, 0)
         # Workers' rates (gpu, steps/s, zone) until the PS's next window judges them.
@@ -288,6 +294,10 @@ class TransientPolicy:
             self._local[str(name)] = (t, local)
             vm = self._vm.get(str(name), {})
             gpu = vm.get("gpu")
+            if before is not None and t > before[0] and local >= before[1]:
+                self._pushing[str(name)] = (
+                    (local - before[1]) / (t - before[0]) * self.step_scale / self.time_scale
+                )
             if before is not None and gpu and t > before[0] and local > before[1]:
                 wall_rate = (local - before[1]) / (t - before[0])
                 # Held until the PS's next window says whether it kept up: a worker that waited
@@ -325,15 +335,20 @@ class TransientPolicy:
         updates = int(e.get("updates") or 0)
         if updates <= 0 or float(served) <= 0:
             return
-        self._judge_ps(updates, updates / float(served), t)
+        if not self._judge_ps(updates, updates / float(served), t):
+            # No verdict yet: the rates wait for one (the newest few hundred).
+            self._pending_rates = self._pending_rates[-PENDING_RATES:]
+            return
         pending, self._pending_rates = self._pending_rates, []
-        if not self._ps_bottleneck:  # (or no verdict this window: the last one holds)
+        if not self._ps_bottleneck:
             for gpu, rate, zone in pending:
                 self.planner.observe_rate(gpu, rate, zone)
 
-    def _judge_ps(self, updates: int, seconds: float, t: float) -> None:
+    def _judge_ps(self, updates: int, seconds: float, t: float) -> bool:
+        """Add a window to the span; judge the span once it is long enough. Returns whether
+        it judged (``_ps_bottleneck`` is then the verdict)."""
         kinds = {(k.gpu, k.zone): k for k in self.planner.kinds}
-        rates = []
+        rates, pushed = [], 0.0
         for worker, (seen, _) in self._local.items():
             vm = self._vm.get(worker)
             if vm is None or worker not in self._live or t - seen > REPORTING_S:
@@ -342,8 +357,9 @@ class TransientPolicy:
             rates.append(
                 self.planner.kind_rate(kind) if kind else self.planner.rate(str(vm.get("gpu")))
             )
+            pushed += self._pushing.get(worker, 0.0)
         if not rates:
-            return
+            return False
         # A verdict per PS_SPAN_UPDATES steps with the same workers pushing, not per window: a
         # window holds a handful of steps at an emulated pace (8 at 3 P100, time scale 40),
         # and one step more or less in it read as a bottleneck that was not there.
@@ -352,9 +368,14 @@ class TransientPolicy:
         count, span = (count + updates, span + seconds) if workers == n else (updates, seconds)
         self._span = (count, span, n)
         if count < PS_SPAN_UPDATES:
-            return
+            return False
         self._span = (0, 0.0, n)
         rate = count / span * self.step_scale / self.time_scale
+        if rate * SATURATED > pushed:
+            # More served than the workers counted say they pushed: some push that have not
+            # reported yet. Neither a verdict nor a sample (it would make the next count look
+            # short).
+            return False
         fewer = [m for (sh, m) in self._served if sh == self._run_shards and m < n]
         if fewer:
             m = max(fewer)
@@ -364,6 +385,7 @@ class TransientPolicy:
             demand = sum(rates)
         self._served.setdefault((self._run_shards, n), []).append(rate)
         self._ps_bottleneck = self.planner.observe_ps(self._run_shards, rate, demand)
+        return True
 
     # -- what it decides -----------------------------------------------------------------------------
     def current(self) -> Configuration:
