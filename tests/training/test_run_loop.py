@@ -8,6 +8,8 @@ most, so a mutation run can afford them (benchmarks/mutation.py).
 from __future__ import annotations
 
 import json
+import os
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -1119,3 +1121,36 @@ def test_train_on_a_detached_cluster_asks_its_head_with_what_was_given():
         "device": "cuda",
     }
     assert view.waited == 1
+
+
+# -- a new run's own names and defaults -------------------------------------------------------------
+def test_a_new_run_has_its_own_id_variable_thread_and_defaults(tmp_path):
+    cluster = Cluster(str(tmp_path))
+    run = TrainingRun(cluster, "resnet8", "digits", HP)
+    assert re.fullmatch(r"run-[0-9a-f]{8}", run.id)
+    assert run.variable == f"transient-ps-{run.id}"
+    assert run.checkpoint_url == os.path.join(str(tmp_path), "checkpoints", run.id)
+    assert run._thread.name == f"transient-{run.id}" and run._thread.daemon
+    assert not run._thread.is_alive()  # started by start(), not by the constructor
+    assert (run.seed, run.device, run.shards, run.elastic_shards) == (0, None, 1, False)
+    assert (run.step, run.checkpoint_step, run.reason, run.error) == (0, -1, None, None)
+    assert (run._next_eval, run._next_checkpoint) == (HP.eval_interval, HP.checkpoint_interval)
+    assert TrainingRun(cluster, "resnet8", "digits", HP).id != run.id
+    given = TrainingRun(cluster, "resnet8", "digits", HP, checkpoint_url="memory://ck/x")
+    assert given.checkpoint_url == "memory://ck/x"
+
+
+def test_the_run_posts_its_events_under_the_clusters_topic_with_its_id(tmp_path):
+    run = plain(tmp_path)
+    sent: list[tuple[str, dict[str, Any]]] = []
+    run._client.log_event = lambda topic, event: sent.append((topic, event))
+    run._post("eval", step=3, accuracy=0.5, test_loss=1.0)
+    ((topic, event),) = sent
+    assert topic == TOPIC
+    assert {k: v for k, v in event.items() if k != "time"} == {
+        "kind": "eval",
+        "run": run.id,
+        "step": 3,
+        "accuracy": 0.5,
+        "test_loss": 1.0,
+    }
