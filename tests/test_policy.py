@@ -55,6 +55,11 @@ def _vm(cluster: RecordingCluster, name: str, gpu: str, t: float, spot: bool = T
     cluster.add("running", t, **fields)
 
 
+def _ps_window(cluster: RecordingCluster, t: float, **fields: Any) -> None:
+    """Shard 0's ``metrics`` of run ``r``: what the PS served in a window (``updates`` steps)."""
+    cluster.add("metrics", t, run="r", shard=0, **fields)
+
+
 def _policy(cluster: RecordingCluster, goal: str, **kw: Any) -> TransientPolicy:
     return TransientPolicy(cluster, goal, planner=Planner([K80, V100], 0.143), **kw)
 
@@ -68,16 +73,7 @@ def test_it_learns_rates_from_the_trainers_and_hazards_from_revocations():
         cluster.add("worker-metrics", t, worker="w-0", local_step=60 * i, step=0)
     policy.observe(cluster.monitor.events)
     assert policy.planner.rate("k80") == 4.56  # held until the PS says it kept up
-    cluster.add(
-        "metrics",
-        T0 + 30,
-        run="r",
-        shard=0,
-        step=120,
-        active_workers=1,
-        updates=40,
-        steps_per_s=6.0,
-    )
+    _ps_window(cluster, T0 + 30, step=120, active_workers=1, updates=40, steps_per_s=6.0)
     policy.observe(cluster.monitor.events)
     assert policy.planner.rate("k80") == pytest.approx(6.0)  # 60 local steps per 10 s
     prior = policy.planner.hazard_per_h(K80)
@@ -143,9 +139,7 @@ def _scaled_stream(time_scale: float, step_scale: float) -> tuple[TransientPolic
         local = round(3000 * i / step_scale)
         cluster.add("worker-metrics", T0 + 500 * i * wall, worker="w-0", local_step=local)
     served = 6.0 * time_scale / step_scale  # wall steps/s: 6 emulated steps/s, as w-0 does
-    cluster.add(
-        "metrics", T0 + 1000 * wall, run="r", shard=0, step=0, updates=40, steps_per_s=served
-    )
+    _ps_window(cluster, T0 + 1000 * wall, step=0, updates=40, steps_per_s=served)
     cluster.add("preempted", T0 + 1800 * wall, worker="w-1", role="worker", gpu="k80")
     policy.observe(cluster.monitor.events)
     return policy, policy.recommend(now=T0 + 960 * wall)
@@ -202,16 +196,7 @@ def _saturate(cluster: RecordingCluster, gpu: str, served: float, at: float) -> 
         for t in (at, at + 10):  # each its share of what the PS serves
             local = round(served / 8 * (t - at))
             cluster.add("worker-metrics", t, worker=f"w-{i}", local_step=local, step=0)
-    cluster.add(
-        "metrics",
-        at + 10,
-        run="r",
-        shard=0,
-        step=10,
-        active_workers=8,
-        updates=40,
-        steps_per_s=served,
-    )
+    _ps_window(cluster, at + 10, step=10, active_workers=8, updates=40, steps_per_s=served)
 
 
 def test_a_ps_slower_than_the_papers_gets_a_second_shard_once_measured():
@@ -490,7 +475,7 @@ def test_the_ps_zone_and_the_rates_of_far_workers_come_from_the_event_log():
     cluster.add("running", T0, **fields)
     cluster.add("worker-metrics", T0 + 10, worker="w-0", local_step=100)
     cluster.add("worker-metrics", T0 + 20, worker="w-0", local_step=200)  # 10 steps/s, far
-    cluster.add("metrics", T0 + 20, run="r", shard=0, step=200, updates=40, steps_per_s=10.0)
+    _ps_window(cluster, T0 + 20, step=200, updates=40, steps_per_s=10.0)
     policy.observe(cluster.monitor.events)
     assert policy.planner.ps_zone == "us-central1-b"
     assert policy.planner.rate("p100") == pytest.approx(10.0 * 1.48)
@@ -511,16 +496,7 @@ def test_the_ps_capacity_and_the_bottleneck_are_learned_from_the_ps_metrics():
     # active there, but not reporting yet: not counted).
     cluster.add("worker-metrics", T0, worker="w-0", local_step=0, step=0)
     cluster.add("worker-metrics", T0 + 10, worker="w-0", local_step=156, step=0)
-    cluster.add(
-        "metrics",
-        T0 + 10,
-        run="r",
-        shard=0,
-        step=156,
-        active_workers=2,
-        updates=40,
-        steps_per_s=15.5,
-    )
+    _ps_window(cluster, T0 + 10, step=156, active_workers=2, updates=40, steps_per_s=15.5)
     policy.observe(cluster.monitor.events)
     assert not policy._ps_bottleneck and policy.planner.rate("v100") == pytest.approx(15.6)
     assert policy.planner.ps_capacity(1) == pytest.approx(45.0)  # the prior: nothing above it
@@ -529,16 +505,7 @@ def test_the_ps_capacity_and_the_bottleneck_are_learned_from_the_ps_metrics():
     for t in (T0 + 20, T0 + 30):
         for name in names:
             cluster.add("worker-metrics", t, worker=name, local_step=int(3.75 * (t - T0)))
-    cluster.add(
-        "metrics",
-        T0 + 30,
-        run="r",
-        shard=0,
-        step=900,
-        active_workers=8,
-        updates=40,
-        steps_per_s=30.0,
-    )
+    _ps_window(cluster, T0 + 30, step=900, active_workers=8, updates=40, steps_per_s=30.0)
     policy.observe(cluster.monitor.events)
     assert policy._ps_bottleneck
     assert policy.planner.ps_capacity(1) == pytest.approx(30.0)
@@ -556,16 +523,7 @@ def test_the_ps_capacity_and_the_bottleneck_are_learned_from_the_ps_metrics():
         cluster.add("preempted", T0 + 33, worker=w, role="worker", gpu="v100")
     for name in names[:4]:
         cluster.add("worker-metrics", T0 + 40, worker=name, local_step=int(3.75 * 30) + 125)
-    cluster.add(
-        "metrics",
-        T0 + 40,
-        run="r",
-        shard=0,
-        step=1200,
-        active_workers=4,
-        updates=40,
-        steps_per_s=55.0,
-    )
+    _ps_window(cluster, T0 + 40, step=1200, active_workers=4, updates=40, steps_per_s=55.0)
     policy.observe(cluster.monitor.events)
     assert not policy._ps_bottleneck
     assert policy.planner.ps_capacity(1) == pytest.approx(55.0)
@@ -576,7 +534,7 @@ def test_the_ps_capacity_and_the_bottleneck_are_learned_from_the_ps_metrics():
     cluster.add("preempted", T0 + 40.6, worker=names[1], role="worker", gpu="v100")
     cluster.add("preempted", T0 + 40.6, worker=names[2], role="worker", gpu="v100")
     cluster.add("preempted", T0 + 40.6, worker=names[3], role="worker", gpu="v100")
-    cluster.add("metrics", T0 + 40.7, run="r", shard=0, step=1250, updates=40, steps_per_s=54.0)
+    _ps_window(cluster, T0 + 40.7, step=1250, updates=40, steps_per_s=54.0)
     policy.observe(cluster.monitor.events)
     assert not policy._ps_bottleneck and (1, 1) in policy._served
     assert policy._served[(1, 1)] == [15.5]
@@ -590,6 +548,6 @@ def test_the_ps_capacity_and_the_bottleneck_are_learned_from_the_ps_metrics():
         t = T0 + 41 + i
         for name in names[:4]:
             cluster.add("worker-metrics", t, worker=name, local_step=240 + round(8.6 * (i + 1)))
-        cluster.add("metrics", t, run="r", shard=0, step=1300 + i, updates=8, steps_per_s=served)
+        _ps_window(cluster, t, step=1300 + i, updates=8, steps_per_s=served)
         policy.observe(cluster.monitor.events)
         assert policy._ps_bottleneck == (i == 4)

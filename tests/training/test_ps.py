@@ -680,11 +680,8 @@ def test_a_ps_without_an_emulated_capacity_is_not_paced(tmp_path):
     assert ps._service is None and time.monotonic() - t0 < 1.0
 
 
-def test_a_ps_slower_than_its_emulated_capacity_says_so(tmp_path, monkeypatch):
-    monkeypatch.setattr("transient_nb.emulation.BEHIND_WINDOW_S", 0.05)
-    ps = _ps(tmp_path, emulate="ps=1000000")  # 1 us a push: no host serves that
-    posted = []
-    monkeypatch.setattr(ps, "_post", lambda kind, **f: posted.append({"kind": kind, **f}))
+def _push_200(ps: ParameterServer) -> None:
+    """200 pushes as fast as this host makes them (a pause every 20 lets the PS's timers run)."""
     g = np.zeros(6, np.float32)
 
     async def main():
@@ -694,6 +691,14 @@ def test_a_ps_slower_than_its_emulated_capacity_says_so(tmp_path, monkeypatch):
                 await asyncio.sleep(0.01)
 
     asyncio.run(main())
+
+
+def test_a_ps_slower_than_its_emulated_capacity_says_so(tmp_path, monkeypatch):
+    monkeypatch.setattr("transient_nb.emulation.BEHIND_WINDOW_S", 0.05)
+    ps = _ps(tmp_path, emulate="ps=1000000")  # 1 us a push: no host serves that
+    posted = []
+    monkeypatch.setattr(ps, "_post", lambda kind, **f: posted.append({"kind": kind, **f}))
+    _push_200(ps)
     behind = [e for e in posted if e["kind"] == "emulation-behind"]
     assert behind and behind[0]["role"] == "ps" and behind[0]["achieved_steps_per_s"] < 1e6
     assert next(e for e in posted if e["kind"] == "emulation-paced")["steps_per_s"] == 1e6
@@ -776,15 +781,7 @@ def test_a_ps_without_an_emulated_capacity_never_asks_for_the_time_scale(tmp_pat
 def test_a_ps_behind_its_capacity_names_its_host_and_what_it_achieved(tmp_path, monkeypatch):
     monkeypatch.setattr("transient_nb.emulation.BEHIND_WINDOW_S", 0.05)
     ps, _, posted = _paced_ps(tmp_path, monkeypatch, "ps=1000000", time_scale=1.0)
-    g = np.zeros(6, np.float32)
-
-    async def main():
-        for i in range(200):
-            await ps.push_pull(trainer="t", grad=g, base_version=i, local_step=i + 1)
-            if i % 20 == 0:
-                await asyncio.sleep(0.01)
-
-    asyncio.run(main())
+    _push_200(ps)
     behind = [e for e in posted if e["kind"] == "emulation-behind"]
     assert behind and behind[0]["worker"] == "ps-host-0" and behind[0]["role"] == "ps"
     # A push's own work, measured: well under 10 ms here, far above a microsecond.
