@@ -292,7 +292,10 @@ def test_a_paced_trainer_runs_at_its_gpus_rate_divided_by_time_scale(loop, tmp_p
     assert (paced["time_scale"], paced["step_scale"]) == (5.0, 1.0)
     behind = [e for e in trainer.posted if e["kind"] == "emulation-behind"]
     if not behind:  # the pace held, as on any host that is not overloaded many times over
-        assert rate == pytest.approx(4.56 * 5, rel=0.1)
+        # Within 25%: a loaded host wakes the pacer's sleeps late (18.3 steps/s once, beside
+        # two mutation runs) without its own work per step exceeding the pace. Unpaced it
+        # would be hundreds a second; without the time scale, 4.56.
+        assert rate == pytest.approx(4.56 * 5, rel=0.25)
     else:  # the host could not keep it: then the trainer said so, with what it could do
         assert rate < 22.8 and behind[0]["achieved_steps_per_s"] < 22.8
 
