@@ -173,7 +173,8 @@ def test_a_new_generation_is_followed(loop, tmp_path):
 def test_a_generation_with_more_shards_is_followed_with_the_vector_cut_anew(loop, tmp_path):
     # The PS gained a host (cluster.scale_ps): generation 1 has two shards, made from the first
     # one's state. The trainer, started with one shard's bounds, pushes each its own slice.
-    hp = HP.with_(steps=10_000)
+    # (No call is meant to be slow here: a loaded host must not make one look so.)
+    hp = HP.with_(steps=10_000, call_timeout_s=10.0 * PATIENCE)
     old = _double(loop, tmp_path, hp=hp)
     published = Published(old)
     trainer = _trainer(published, hp=hp)
@@ -449,7 +450,7 @@ def test_the_trainer_posts_its_metrics_with_the_run_and_its_device(loop, tmp_pat
 
 
 def test_two_shards_each_get_their_slice_and_only_the_first_the_statistics(loop, tmp_path):
-    hp = HP.with_(steps=6)
+    hp = HP.with_(steps=6, call_timeout_s=10.0 * PATIENCE)  # no call is meant to be slow here
     model = build_model("resnet8", num_classes=10)
     params, buffers = flat_layout(model)
     w, mask, n = get_flat(params), decay_mask(model), len(get_flat(params))
