@@ -13,8 +13,8 @@ shards (one PS host each). The planner turns the cluster's knowledge into expect
 - **The PS's capacity**: global steps/s that ``shards`` PS hosts serve at most (the paper's plateau
   near 45 with one, ~1.75x with two; see :meth:`transient_nb.emulation.Emulation.ps_service_s`)
   as the prior, measured live (:meth:`Planner.observe_ps`): where the PS serves clearly fewer
-  steps than its active workers would push at their GPUs' rates, it is the bottleneck and what it
-  serves is its capacity; where it keeps up, its capacity is at least what it serves.
+  steps than its workers would push if it kept up, it is the bottleneck and what it serves is
+  its capacity; where it keeps up, its capacity is at least what it serves.
 
 From these it computes a configuration's **liveput** (Parcae's term): the expected global steps/s
 over the likely preemption scenarios, not the rate of the moment. Each worker is up with the
@@ -310,9 +310,10 @@ class Planner:
         return 1.0 / (1.0 - share + share / max(1, shards))
 
     def observe_ps(self, shards: int, served: float, demand: float) -> bool:
-        """``shards`` PS hosts served ``served`` global steps/s while their active workers
-        would have pushed ``demand`` at their GPUs' rates. Returns whether the PS was the
-        bottleneck (then the workers' own rates say more about the PS than their GPUs)."""
+        """``shards`` PS hosts served ``served`` global steps/s while their workers would have
+        pushed ``demand`` had the PS kept up (the caller's estimate: fewer workers' rate grown
+        in proportion, or their GPUs' rates). Returns whether the PS was the bottleneck (then
+        the workers' own rates say more about the PS than their GPUs)."""
         if not (served > 0 and math.isfinite(served) and math.isfinite(demand)) or shards < 1:
             return False
         one = served / self._shard_factor(shards)

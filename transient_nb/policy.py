@@ -243,11 +243,11 @@ class TransientPolicy:
         self._pushing: dict[str, float] = {}
         # Steps, wall seconds and workers pushing of the PS windows not judged yet.
         self._span: tuple[int, float, int] = (0, 0.0, 0)
-        # Workers' rates (gpu, steps/s, zone) until the PS's next window judges them.
+        # Workers' rates (gpu, steps/s, zone) until the PS's next verdict judges them.
         self._pending_rates: list[tuple[str, float, Any]] = []
         # (shards, workers pushing) -> global steps/s the PS served in windows with that many.
         self._served: dict[tuple[int, int], list[float]] = {}
-        self._ps_bottleneck = False  # in the last window, the PS served less than was pushed
+        self._ps_bottleneck = False  # the last verdict: the PS served less than was pushed
         self._task: asyncio.Task[None] | None = None
         self._posted_eta: float | None = None
         # Simulated seconds per wall second (the local backend's time_scale; 1 on a cloud), and

@@ -7,7 +7,8 @@ preempted ``preemption_limit`` Spot workers within ``preemption_window_s`` is tr
 every other allowed placement (not dropped: a cluster with one zone still gets replacements).
 Fallback zones in the PS's region come before those in other regions (the paper: workers in
 another region than the PS trained up to 48% slower), so leaving a stormy zone does not move
-workers away from the PS while a zone near it is allowed. This is policy, so it lives here for every backend, not inside one.
+workers away from the PS while a zone near it is allowed. This is policy, so it lives here for
+every backend, not inside one.
 """
 
 from __future__ import annotations
