@@ -8,6 +8,7 @@ notices so that the suite stays fast.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -346,6 +347,82 @@ def test_scale_down_gives_back_the_worker_likeliest_to_be_revoked(cleanup: None)
         assert given["p_revoked_1h"] == pytest.approx(0.505, abs=0.005)
         assert "deleted" not in kinds(events, worker="w-1")
         assert n_joined(cluster) == 1
+
+
+def on_demand_held(cluster: TransientCluster) -> list[str]:
+    """Names of the on-demand GPU worker VMs that are not gone."""
+    df = vm_states(snapshot(cluster))
+    if df.empty:
+        return []
+    df = df[(df["role"] == "worker") & ~df["state"].isin(["preempted", "deleted"])]
+    return [str(n) for n in df.index if not cluster.workers[str(n)].spec.spot]
+
+
+def test_scale_keeps_a_share_on_demand_that_is_never_revoked(cleanup: None) -> None:
+    """``scale(on_demand=1)`` swaps a Spot worker for an on-demand one; under a storm that takes
+    Spot workers every few seconds the on-demand one is never revoked and is billed at its price;
+    ``on_demand=0`` swaps it back. Bad counts are refused before anything changes."""
+    with TransientCluster(
+        workers=2,
+        provisioning_delay=0,
+        preemption="exp:mean=4s",
+        notice="1s",
+        seed=5,
+        name="on-demand",
+    ) as cluster:
+        gpu = cluster.gpu
+        cluster.wait_for_workers(2, timeout=120)
+        for bad, words in (
+            (3, f"3 {gpu} on demand, but the mix keeps 2 {gpu}"),
+            ({"k80": 1}, "1 k80 on demand, but the mix keeps 0 k80"),
+            (-1, f"{gpu}=-1 is not a number of workers"),
+        ):
+            with pytest.raises(ValueError, match=words):
+                cluster.scale(2, on_demand=bad)
+        price = cluster.catalog.worker_price(gpu, cluster.machine_type, cluster.zone)
+        ps = cluster.catalog.machine_price(cluster.ps_machine_type, cluster.zone).rate(False)
+        # Two Spot workers fit this limit; one of them on demand does not.
+        unlimited = cluster.limits
+        cluster.limits = dataclasses.replace(
+            unlimited, max_hourly_cost=2 * price.rate(True) + ps + 0.01
+        )
+        with pytest.raises(ValueError, match="above max_hourly_cost"):
+            cluster.scale(2, on_demand=1)
+        assert cluster.on_demand == {} and cluster.mix == {gpu: 2}
+        cluster.limits = unlimited
+
+        start = len(snapshot(cluster))
+        cluster.scale(2, on_demand=1)
+        assert cluster.on_demand == {gpu: 1}
+        (dear,) = wait_for_sync(
+            lambda: (
+                (held := on_demand_held(cluster))
+                and worker_states(cluster).get(held[0]) == "joined"
+                and held
+            ),
+            timeout=90,
+        )
+        events = snapshot(cluster)
+        i_scale = index_of(events, "scale", start, on_demand={gpu: 1})
+        i_asked = index_of(events, "requested", start, worker=dear)
+        assert 0 < i_scale < i_asked and events[i_asked]["spot"] is False
+        assert events[i_asked]["price"] == pytest.approx(price.rate(False))
+        # The storm goes on: three Spot workers revoked after the on-demand one joined, not it.
+        joined_at = index_of(events, "joined", worker=dear)
+        wait_for_sync(
+            lambda: len(of_kind(snapshot(cluster)[joined_at:], "preempted")) >= 3, timeout=120
+        )
+        assert of_kind(snapshot(cluster), "preempted", worker=dear) == []
+        assert on_demand_held(cluster) == [dear]  # replacements of Spot workers stay Spot
+
+        back = len(snapshot(cluster))
+        cluster.scale(2, on_demand=0)
+        wait_for_sync(lambda: "deleted" in kinds(snapshot(cluster), worker=dear), timeout=60)
+        (given,) = of_kind(snapshot(cluster)[back:], "give-back", worker=dear)
+        assert given["spot"] is False and given["p_revoked_1h"] == 0
+        assert index_of(snapshot(cluster), "scale", back, on_demand={}) >= back
+        wait_for_sync(lambda: len(worker_states(cluster)) == 2, timeout=60)
+        assert on_demand_held(cluster) == [] and cluster.on_demand == {}
 
 
 def test_scale_up_and_down_while_preempting(cleanup: None) -> None:

@@ -364,3 +364,54 @@ def test_a_storm_in_a_zone_is_expected_of_every_gpu_type_there():
     assert plan.current is not None
     assert {k.zone for k, _ in plan.chosen.config.workers} == {"us-central1-b"}
     assert plan.chosen.cost_per_step < 0.9 * plan.current.cost_per_step
+
+
+P100 = Kind("p100", "us-central1-a", True, 0.43)
+P100_OD = Kind("p100", "us-central1-a", False, 1.46)
+
+
+def _stormy(planner: Planner) -> Planner:
+    """12 revocations an hour per P100 observed, and 300 s start-ups: a Spot worker up 2/3."""
+    planner.observe_exposure("p100", "us-central1-a", hours=2.0, revocations=24)
+    for _ in range(3):
+        planner.observe_startup(300.0)
+    return planner
+
+
+def test_a_deadline_spot_misses_in_a_storm_is_met_with_on_demand_workers_beside_spot():
+    """At most 4 workers and 0.45 h for 64K steps. Calm, 4 Spot P100 make it (0.40 h); in a
+    storm they would take 0.55 h, and 4 on demand cost $2.41. The planner keeps one Spot
+    P100 beside three on demand: within the deadline, cheaper than all on demand."""
+    deadline = 0.45 * 3600
+    calm = Planner([P100, P100_OD], 0.19).choose(
+        "deadline", 64_000, max_workers=4, max_shards=1, deadline_s=deadline
+    )
+    assert calm.chosen.config.counts == {P100: 4}
+    storm = _stormy(Planner([P100, P100_OD], 0.19))
+    spot = storm.estimate(Configuration.of({P100: 4}), 64_000)
+    dear = storm.estimate(Configuration.of({P100_OD: 4}), 64_000)
+    assert spot.eta_s > deadline and dear.eta_s <= deadline
+    plan = storm.choose("deadline", 64_000, max_workers=4, max_shards=1, deadline_s=deadline)
+    assert plan.feasible and plan.chosen.eta_s <= deadline
+    assert plan.chosen.config.counts == {P100: 1, P100_OD: 3}
+    assert plan.chosen.cost < dear.cost * 0.9
+    assert "3 p100 in us-central1-a (on demand)" in plan.reason
+    assert plan_fields(plan)["workers"] == {
+        "p100@us-central1-a": 1,
+        "p100@us-central1-a:on-demand": 3,
+    }
+    # For the best price per step, the storm's Spot P100 (up 2/3 of the time at 29% of the
+    # on-demand price) still beat on-demand ones: none is bought.
+    cheap = storm.choose("cost-per-step", 64_000, max_workers=4, max_shards=1)
+    assert all(k.spot for k in cheap.chosen.config.counts)
+
+
+def test_on_demand_beside_spot_is_a_candidate_of_each_size_for_each_type_and_zone():
+    other = Kind("p100", "us-east1-c", True, 0.43)
+    planner = Planner([P100, P100_OD, other], 0.19)
+    mixed = [c for c in planner.frontier(max_workers=4, max_shards=1) if len(c.counts) == 2]
+    pairs = {(c.counts.get(P100_OD, 0), c.counts.get(P100, 0)) for c in mixed}
+    # Every split of up to 4 workers between the two kinds of the same type and zone.
+    assert {(1, 1), (1, 2), (1, 3), (2, 1), (2, 2), (3, 1)} <= pairs
+    # Never on demand beside Spot of another zone (the greedy walk may mix Spot zones).
+    assert not any(P100_OD in c.counts and other in c.counts for c in mixed)

@@ -29,14 +29,20 @@ class RecordingCluster:
         self.spent = spent
         self.scaled: list[dict[str, int]] = []
         self.ps_scaled: list[int] = []
+        self.spot = True
+        self.on_demand: dict[str, int] = {}
+        self.on_demand_scaled: list[dict[str, int]] = []
         self.posted: list[dict[str, Any]] = []
 
     def cost(self) -> Any:
         return SimpleNamespace(total=self.spent)
 
-    def scale(self, mix: dict[str, int]) -> None:
+    def scale(self, mix: dict[str, int], on_demand: dict[str, int] | None = None) -> None:
         self.scaled.append(dict(mix))
         self.mix = {g: n for g, n in mix.items() if n}
+        if on_demand is not None:
+            self.on_demand = dict(on_demand)
+            self.on_demand_scaled.append(dict(on_demand))
 
     def scale_ps(self, n: int) -> None:
         self.ps_scaled.append(n)
@@ -343,11 +349,24 @@ def test_by_default_it_chooses_among_the_mix_and_the_fallbacks_at_catalog_prices
         limits=SimpleNamespace(max_workers=None),
     )
     policy = TransientPolicy(cluster, "cost-per-step")
-    assert [k.gpu for k in policy.planner.kinds] == ["k80", "v100", "p100"]
-    k80 = policy.planner.kinds[0]
-    assert k80.spot and k80.hourly == catalog.worker_price(
-        "k80", "n1-standard-4", cluster.zone
-    ).rate(True)
+    # Each type Spot, then on demand (a Spot cluster's policy may buy some on demand).
+    assert [(k.gpu, k.spot) for k in policy.planner.kinds] == [
+        ("k80", True),
+        ("v100", True),
+        ("p100", True),
+        ("k80", False),
+        ("v100", False),
+        ("p100", False),
+    ]
+    k80, k80_od = policy.planner.kinds[0], policy.planner.kinds[3]
+    price = catalog.worker_price("k80", "n1-standard-4", cluster.zone)
+    assert k80.hourly == price.rate(True) and k80_od.hourly == price.rate(False)
+    assert k80_od.hourly > 2 * k80.hourly
+    spot_only = TransientPolicy(cluster, "cost-per-step", on_demand=False)
+    assert all(k.spot for k in spot_only.planner.kinds) and len(spot_only.planner.kinds) == 3
+    cluster.spot = False  # an on-demand cluster: its kinds are on demand, once each
+    assert [k.spot for k in TransientPolicy(cluster, "cost-per-step").planner.kinds] == [False] * 3
+    cluster.spot = True
     assert policy.max_workers == 8  # no limit: the default
     assert policy.planner.ps_zone == "us-central1-a"  # where the cluster puts its PS hosts
     with pytest.raises(ValueError, match="None of the GPU types \\['tpu'\\]"):
@@ -551,3 +570,43 @@ def test_the_ps_capacity_and_the_bottleneck_are_learned_from_the_ps_metrics():
         _ps_window(cluster, t, step=1300 + i, updates=8, steps_per_s=served)
         policy.observe(cluster.monitor.events)
         assert policy._ps_bottleneck == (i == 4)
+
+
+def test_a_storm_makes_a_deadline_policy_run_some_workers_on_demand():
+    """Four workers at most, 0.45 h for 64K steps. 24 P100 revoked after 5 minutes each, each
+    joining 300 s after it was asked for: a Spot P100 is up 2/3 of the time and 4 of them miss
+    the deadline. The policy asks the cluster to run 3 of its 4 on demand, says so, and once
+    they run finds the cluster as planned."""
+    p100 = Kind("p100", "us-central1-a", True, 0.43)
+    p100_od = Kind("p100", "us-central1-a", False, 1.46)
+    cluster = RecordingCluster({"p100": 4})
+    policy = TransientPolicy(
+        cluster, "deadline", deadline="0.45h", max_workers=4, planner=Planner([p100, p100_od], 0.19)
+    )
+    t = time.time() - 24 * 300 - 600
+    for i in range(24):
+        _vm(cluster, f"w-{i}", "p100", t + i * 300)
+        cluster.add("joined", t + i * 300 + 300, worker=f"w-{i}", role="worker")
+        cluster.add("preempted", t + i * 300 + 300, worker=f"w-{i}", role="worker", gpu="p100")
+    for i in range(24, 28):
+        _vm(cluster, f"w-{i}", "p100", t + 24 * 300)
+    cluster.add("train-started", t + 24 * 300, run="r", steps=64_000)
+    plan = asyncio.run(policy.adapt())
+    assert plan is not None and plan.feasible
+    assert plan.current is not None and not plan.meets(plan.current)  # 4 Spot P100: too slow
+    assert plan.chosen.config.counts == {p100: 1, p100_od: 3}
+    assert cluster.scaled == [{"p100": 4}] and cluster.on_demand_scaled == [{"p100": 3}]
+    (decision,) = [e for e in cluster.posted if e["kind"] == "policy-decision"]
+    assert decision["acted"] is True and decision["on_demand"] == {"p100": 3}
+    assert "3 p100 in us-central1-a (on demand)" in decision["reason"]
+    # Three Spot workers given back, three on-demand ones running: as planned.
+    now = time.time()
+    for i in range(25, 28):
+        cluster.add("deleted", now, worker=f"w-{i}", role="worker", gpu="p100")
+    for i in range(28, 31):
+        _vm(cluster, f"w-{i}", "p100", now, spot=False)
+    policy.observe(cluster.monitor.events)
+    again = policy.recommend()
+    assert again is not None and again.current is not None
+    assert again.current.config == again.chosen.config
+    assert not policy.worth_changing(again)

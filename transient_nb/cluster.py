@@ -415,6 +415,11 @@ class TransientCluster(SpecCluster):
         #: Slot -> the GPU type asked for in it: a replacement asks for the same type (it may
         #: land on a fallback type, but it still fills its slot's type in the mix).
         self._slot_gpu: dict[int, str] = {}
+        #: GPU type -> how many of its workers run on demand (the rest Spot), set by ``scale``
+        #: (the transient-aware policy buys them when Spot cannot meet its goal), and the slots
+        #: being asked for on demand now.
+        self._on_demand: dict[str, int] = {}
+        self._on_demand_slots: set[int] = set()
         self._tasks: set[asyncio.Future[Any]] = set()
         self._closing = False
         #: VMs whose worker joined at least once (a VM lost before that failed to start).
@@ -605,7 +610,7 @@ class TransientCluster(SpecCluster):
             )
 
     # -- money and time limits (transient_nb.limits: one place for every backend) ----------------
-    def _check_hourly_cost(self, mix: Mix) -> None:
+    def _check_hourly_cost(self, mix: Mix, on_demand: Mix | None = None) -> None:
         if self.limits.max_hourly_cost is None:
             return
         n = sum(mix.values())
@@ -614,16 +619,21 @@ class TransientCluster(SpecCluster):
         # For each type, the dearest placement the policy may pick for it (a fallback GPU, zone,
         # or on demand); a pair the catalog does not price cannot be bought either.
         hourly = 0.0
+        on_demand = self._on_demand if on_demand is None else on_demand
         for gpu, count in mix.items():
-            rates = []
-            for p in self.policy.placements(gpu):
-                try:
-                    rates.append(
-                        self.catalog.worker_price(p.gpu, self.machine_type, p.zone).rate(p.spot)
-                    )
-                except ValueError:
+            dear = min(count, on_demand.get(gpu, 0))
+            for n, first in ((count - dear, False), (dear, True)):
+                if not n:
                     continue
-            hourly += count * max(rates)
+                rates = []
+                for p in self.policy.placements(gpu, on_demand_first=first):
+                    try:
+                        rates.append(
+                            self.catalog.worker_price(p.gpu, self.machine_type, p.zone).rate(p.spot)
+                        )
+                    except ValueError:
+                        continue
+                hourly += n * max(rates)
         ps = max(
             self.catalog.machine_price(self.ps_machine_type, z).rate(False) for z in self._zones()
         )
@@ -702,6 +712,29 @@ class TransientCluster(SpecCluster):
         """GPU type -> number of workers of that type the cluster keeps (a copy)."""
         return dict(self._mix)
 
+    @property
+    def on_demand(self) -> Mix:
+        """GPU type -> how many of the mix's workers of that type run on demand (a copy; types
+        with none left out). The rest are Spot, on a Spot cluster."""
+        return {g: n for g, n in self._on_demand.items() if n > 0}
+
+    def _on_demand_held(self, gpu: str) -> int:
+        """On-demand workers of ``gpu`` live or being asked for."""
+        live = sum(
+            1
+            for w in self.workers.values()
+            if w.spec.role == "worker"
+            and not w.stopped
+            and not w.spec.spot
+            and self._asked_gpu(w) == gpu
+        )
+        asking = sum(
+            1
+            for s in self._on_demand_slots
+            if self._slots.get(s) == "" and self._slot_gpu.get(s) == gpu
+        )
+        return live + asking
+
     def _asked_gpu(self, vm: TransientVM) -> str:
         """The type ``vm`` was asked for (its slot's), which a fallback may differ from."""
         slot = vm.spec.slot
@@ -771,8 +804,13 @@ class TransientCluster(SpecCluster):
             slot = self._free_slot() if slot is None else slot
             gpu = gpu or self._slot_gpu.get(slot) or self.gpu
             self._slot_gpu[slot] = gpu
-            placements = list(self.policy.candidates(gpu))
+            # On demand while the type has fewer on-demand workers than asked for (a Spot
+            # cluster's on-demand share, from scale(on_demand=...)).
+            on_demand = self.spot and self._on_demand_held(gpu) < self._on_demand.get(gpu, 0)
+            placements = list(self.policy.candidates(gpu, on_demand_first=on_demand))
             self._slots[slot] = ""  # reserved while we ask
+            if on_demand:
+                self._on_demand_slots.add(slot)
         self._last_failure = ""
         skip_regions: set[str] = set()
         failed = False
@@ -842,8 +880,10 @@ class TransientCluster(SpecCluster):
                 return name
         finally:
             # Whatever happened (an exception included), an unfilled reservation goes.
-            if slot is not None and self._slots.get(slot) == "":
-                del self._slots[slot]
+            if slot is not None:
+                self._on_demand_slots.discard(slot)
+                if self._slots.get(slot) == "":
+                    del self._slots[slot]
         if self._closing:
             return None
         if failed:
@@ -915,7 +955,9 @@ class TransientCluster(SpecCluster):
             )
 
     def _vm_running(self, vm: TransientVM) -> None:
-        if vm.spec.role == "worker":
+        # Only a Spot VM has a lifetime to draw: the provider never revokes an on-demand one
+        # (an on-demand fallback, or a share asked for with scale(on_demand=...)).
+        if vm.spec.role == "worker" and vm.spec.spot:
             self.simulator.vm_running(vm.name, vm.spec.gpu, vm.spec.zone)
         self._spawn(self._join_watchdog(vm))
 
@@ -1164,6 +1206,7 @@ class TransientCluster(SpecCluster):
         cores: Any = None,
         *,
         gpu: str | None = None,
+        on_demand: int | Mapping[str, int] | None = None,
     ) -> Any:
         """Keep ``n`` preemptible GPU workers (the PS host is not counted).
 
@@ -1177,23 +1220,34 @@ class TransientCluster(SpecCluster):
             workers of any type), because no split of it between the types is the obvious one.
         gpu
             The GPU type that ``n`` counts; a type not in the cluster yet is added to it.
+        on_demand
+            How many of those workers run on demand, on a Spot cluster: a number (of the type
+            ``n`` counts, or of the cluster's one type) or GPU type -> number (types left out:
+            none). Default: as before, at most the new counts. New workers and replacements
+            are asked for on demand until a type has that many; surplus on-demand workers are
+            given back and replaced by Spot ones; more than it has replace its Spot workers
+            most likely to be revoked. What the transient-aware policy does when a storm of
+            revocations makes Spot too slow for a deadline.
 
         Examples
         --------
         >>> cluster.scale(4)  # doctest: +SKIP
         >>> cluster.scale(2, gpu="v100")  # doctest: +SKIP
         >>> cluster.scale({"k80": 3, "v100": 1})  # doctest: +SKIP
+        >>> cluster.scale({"p100": 4}, on_demand={"p100": 1})  # doctest: +SKIP
         """
         if memory is not None or cores is not None:
             raise ValueError(
                 "TransientCluster.scale takes a number of GPU workers, not memory or cores."
             )
         mix = self._scaled_mix(n, gpu)
+        wanted = self._scaled_on_demand(on_demand, mix, gpu)
         # Refused before anything is asked for (the panel's and the magic's scale come here too).
         self.limits.check_workers(sum(mix.values()))
-        self._check_hourly_cost(mix)
+        self._check_hourly_cost(mix, wanted)
         if not self._closing:
             self._mix = mix
+            self._on_demand = wanted
             assert self.loop is not None
             self.loop.add_callback(self._scale_to_target)
         if self.asynchronous:
@@ -1287,10 +1341,60 @@ class TransientCluster(SpecCluster):
         kept = {g: 0 for g in self._mix}
         return {**kept, **mix}
 
+    def _scaled_on_demand(
+        self, on_demand: int | Mapping[str, int] | None, mix: Mix, gpu: str | None
+    ) -> Mix:
+        """The on-demand counts that ``scale(..., on_demand=on_demand)`` asks for, checked."""
+        if on_demand is None:
+            return {g: min(n, mix.get(g, 0)) for g, n in self._on_demand.items() if n > 0}
+        if isinstance(on_demand, Mapping):
+            asked = dict(on_demand)
+        else:
+            live = [g for g, c in mix.items() if c > 0]
+            key = gpu.strip().lower() if gpu else live[0] if len(live) == 1 else None
+            if key is None and on_demand == 0:
+                return {}
+            if key is None:
+                raise ValueError(
+                    f"scale(on_demand={on_demand!r}): this cluster mixes {format_mix(mix)}; give "
+                    "a number per type, e.g. on_demand={'p100': 1}."
+                )
+            asked = {**self._on_demand, key: on_demand}
+        out: Mix = {}
+        for g, count in asked.items():
+            name = str(g).strip().lower()
+            if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+                raise ValueError(
+                    f"scale(on_demand={on_demand!r}): {g}={count!r} is not a number of workers; "
+                    "give a whole number, 0 or more."
+                )
+            if count > mix.get(name, 0):
+                raise ValueError(
+                    f"scale(on_demand={on_demand!r}): {count} {name} on demand, but the mix keeps "
+                    f"{mix.get(name, 0)} {name}; at most that many can run on demand."
+                )
+            if count and not self.spot:
+                raise ValueError(
+                    f"scale(on_demand={on_demand!r}): this cluster's workers are all on demand "
+                    "already (spot=False); on_demand= shares out a Spot cluster's workers."
+                )
+            if count:
+                out[name] = count
+        return out
+
     async def _scale_to_target(self) -> None:
         if self._closing or self.status != Status.running:
             return
         asked = False
+
+        async def announce() -> None:
+            nonlocal asked
+            if not asked:
+                await self._post(
+                    "scale", workers=self._target, mix=dict(self._mix), on_demand=self.on_demand
+                )
+                asked = True
+
         for gpu in list(self._mix):
             # Read now, not before the loop: an earlier pass awaits a scale-down while a later
             # scale() changes the mix, and must not undo what that one asked for.
@@ -1304,31 +1408,63 @@ class TransientCluster(SpecCluster):
                 1 for s, v in self._slots.items() if v == "" and self._slot_gpu.get(s) == gpu
             )
             if len(vms) + pending < want:
-                if not asked:
-                    await self._post("scale", workers=self._target, mix=dict(self._mix))
-                    asked = True
+                await announce()
                 await asyncio.gather(
                     *(self._provision("worker", gpu=gpu) for _ in range(want - len(vms) - pending))
                 )
             elif len(vms) > want:
-                if not asked:
-                    await self._post("scale", workers=self._target, mix=dict(self._mix))
-                    asked = True
+                await announce()
                 # Selective revocation: the VMs not yet working first, then those most likely
                 # to be revoked within the hour at their age, then the newest.
-                for vm, odds in self._give_back(vms, len(vms) - want):
-                    await self._post(
-                        "give-back",
-                        worker=vm.name,
-                        gpu=gpu,
-                        working=self._working(vm),
-                        p_revoked_1h=round(odds, 4),
-                    )
-                    self.simulator.vm_gone(vm.name)
-                    self.worker_spec.pop(vm.name, None)
-                    if vm.spec.slot is not None:
-                        self._slots.pop(vm.spec.slot, None)
-                await self._correct_state()
+                await self._give_back_vms(gpu, self._give_back(vms, len(vms) - want))
+            await self._rebalance_on_demand(gpu, announce)
+
+    async def _give_back_vms(self, gpu: str, chosen: list[tuple[Any, float]]) -> None:
+        """Give back ``chosen`` (VMs of ``gpu`` with their odds of revocation within the hour)."""
+        for vm, odds in chosen:
+            await self._post(
+                "give-back",
+                worker=vm.name,
+                gpu=gpu,
+                working=self._working(vm),
+                p_revoked_1h=round(odds, 4),
+                spot=bool(vm.spec.spot),
+            )
+            self.simulator.vm_gone(vm.name)
+            self.worker_spec.pop(vm.name, None)
+            if vm.spec.slot is not None:
+                self._slots.pop(vm.spec.slot, None)
+        await self._correct_state()
+
+    async def _rebalance_on_demand(self, gpu: str, announce: Any) -> bool:
+        """Bring ``gpu``'s on-demand workers to what ``scale`` asked: swap surplus on-demand
+        workers for Spot ones, or the Spot workers most likely to be revoked for on-demand ones
+        (each given back, then asked for again: the ask goes on demand while the type is
+        short). Returns whether it changed anything."""
+        if not self.spot:
+            return False
+        want = min(self._on_demand.get(gpu, 0), self._mix.get(gpu, 0))
+        vms = [
+            w
+            for w in self.workers.values()
+            if w.spec.role == "worker" and not w.stopped and self._asked_gpu(w) == gpu
+        ]
+        held = self._on_demand_held(gpu)
+        if held > want:
+            dear = [w for w in vms if not w.spec.spot]
+            swap = self._give_back(dear, min(len(dear), held - want))
+        elif held < want:
+            # Only Spot workers the mix already counts: a type still growing asks on demand.
+            cheap = [w for w in vms if w.spec.spot]
+            swap = self._give_back(cheap, min(len(cheap), want - held))
+        else:
+            return False
+        if not swap:
+            return False
+        await announce()
+        await self._give_back_vms(gpu, swap)
+        await asyncio.gather(*(self._provision("worker", gpu=gpu) for _ in swap))
+        return True
 
     def _working(self, vm: Any) -> bool:
         """Whether ``vm``'s worker has joined and not left (the scheduler's membership; a VM's

@@ -97,7 +97,8 @@ EVENTS: dict[str, tuple[str, ...]] = {
     "crash-loop": ("role", "failures", "delay_s", "reason"),
     # A VM ran without its worker joining: it is deleted (``cost``: what it cost meanwhile).
     "join-timeout": (*VM_EVENT_FIELDS, "waited_s", "cost"),
-    "scale": ("workers", "mix"),  # the GPU workers the cluster now keeps, in all and per type
+    # The GPU workers the cluster now keeps, in all and per type, and how many of a type on demand.
+    "scale": ("workers", "mix", "on_demand"),
     "ps-hosts": ("hosts", "hosts_from"),  # the PS hosts the cluster now keeps (scale_ps)
     # The owning cluster's answer to a control request (``request`` is the request's id).
     "control": ("action", "ok", "error", "request", "run"),  # ``run``: a head's train/run-stop
@@ -107,7 +108,8 @@ EVENTS: dict[str, tuple[str, ...]] = {
     "limit-reached": ("reason", "cost", "budget", "deadline_s"),
     "closed": ("cluster",),
     # Scale-down gave this worker back: it was not working yet, or the likeliest to be revoked.
-    "give-back": ("worker", "gpu", "working", "p_revoked_1h"),
+    # ``spot``: False for an on-demand worker swapped for a Spot one (scale's ``on_demand``).
+    "give-back": ("worker", "gpu", "working", "p_revoked_1h", "spot"),
     # A transient-aware policy was turned on with a goal, or off (goal None).
     "policy": ("goal", "deadline_s", "budget"),
     # The transient-aware policy (transient_nb.policy) chose a mix, acted on it or not, and why.
@@ -123,6 +125,7 @@ EVENTS: dict[str, tuple[str, ...]] = {
         "reason",
         "acted",
         "mix",
+        "on_demand",  # GPU type -> how many of the mix's workers of that type run on demand
         "zones",  # GPU type -> the zone its new workers go to first
         "remaining_steps",
         "p_lose_1h",

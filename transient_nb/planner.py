@@ -32,7 +32,8 @@ of steps, and :meth:`Planner.choose`, the configuration that best meets a goal:
 
 Candidates are the frontier a greedy search builds, for every shard count: from no workers, add
 the kind of worker that adds the most liveput per dollar per hour, one at a time, up to
-``max_workers``. The planner is pure (no cluster, no clock): the policy feeds it observations and
+``max_workers``; every size of each kind alone; and on-demand workers of a kind beside Spot
+ones of the same type and zone (a deadline a storm makes Spot alone miss). The planner is pure (no cluster, no clock): the policy feeds it observations and
 acts on its answers; tests drive it with synthetic metric streams.
 """
 
@@ -437,6 +438,17 @@ class Planner:
                     break  # the PS is saturated: more workers add nothing
                 counts[best] = counts.get(best, 0) + 1
                 out.append(Configuration.of(counts, shards))
+            # On-demand workers beside Spot ones of the same type and zone: the greedy walk
+            # never takes the dear kind while the cheap one still adds liveput, but under a
+            # storm Spot workers are up only part of the time, and a deadline Spot alone misses
+            # may be met by a few on-demand workers with Spot ones beside them.
+            for dear in (k for k in self.kinds if not k.spot):
+                for cheap in self.kinds:
+                    if not cheap.spot or (cheap.gpu, cheap.zone) != (dear.gpu, dear.zone):
+                        continue
+                    for m, n in itertools.product(range(1, max_workers), repeat=2):
+                        if m + n <= max_workers:
+                            out.append(Configuration.of({dear: m, cheap: n}, shards))
         return list(dict.fromkeys(out))
 
     def choose(
@@ -574,7 +586,9 @@ def plan_fields(plan: Plan) -> dict[str, Any]:
     e = plan.chosen
     return {
         "goal": plan.goal,
-        "workers": {f"{k.gpu}@{k.zone}": n for k, n in e.config.workers},
+        "workers": {
+            f"{k.gpu}@{k.zone}" + ("" if k.spot else ":on-demand"): n for k, n in e.config.workers
+        },
         "shards": e.config.shards,
         "liveput": round(e.liveput, 4),
         "hourly": round(e.hourly, 4),

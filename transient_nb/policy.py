@@ -161,6 +161,11 @@ class TransientPolicy:
         How often it decides (wall-clock).
     hysteresis
         Relative improvement a new mix must promise before the cluster is changed.
+    on_demand
+        On a Spot cluster, whether it may run some workers on demand (default True): it does
+        where the model expects them to serve the goal better, e.g. a deadline that a storm of
+        revocations makes Spot workers alone miss (an on-demand worker is never revoked, and
+        costs about three times a Spot one). False keeps every worker Spot.
     planner
         A ready planner (tests); default: one built from the cluster's catalog.
     """
@@ -177,6 +182,7 @@ class TransientPolicy:
         max_shards: int | None = None,
         interval: str | float = "30s",
         hysteresis: float = 0.1,
+        on_demand: bool = True,
         planner: Planner | None = None,
     ):
         self.deadline_s, budget = check_goal(goal, deadline, budget)
@@ -216,6 +222,10 @@ class TransientPolicy:
             kinds = kinds_from_catalog(
                 cluster.catalog, gpus, zones, cluster.machine_type, spot=cluster.spot
             )
+            if cluster.spot and on_demand and kinds:
+                kinds += kinds_from_catalog(
+                    cluster.catalog, gpus, zones, cluster.machine_type, spot=False
+                )
             if not kinds:
                 raise ValueError(
                     f"None of the GPU types {gpus} is priced in {cluster.zone} by the catalog: "
@@ -231,7 +241,8 @@ class TransientPolicy:
         self._seen = 0
         self._local: dict[str, tuple[float, int]] = {}  # worker -> (time, local_step) last seen
         self._vm: dict[str, dict[str, Any]] = {}
-        self._live: dict[str, tuple[str, str]] = {}  # worker -> (gpu, zone) of those not gone
+        # Worker -> (gpu, zone, spot) of those not gone.
+        self._live: dict[str, tuple[str, str, bool]] = {}
         self._running_since: dict[str, float] = {}
         self._requested_at: dict[str, float] = {}
         self._acted_at: float | None = None
@@ -271,7 +282,11 @@ class TransientPolicy:
             self.planner.ps_zone = str(e["zone"])
         if kind in ("requested", "running") and name and e.get("role") == "worker":
             self._vm[str(name)] = dict(e)
-            self._live[str(name)] = (str(e.get("gpu")), str(e.get("zone")))
+            self._live[str(name)] = (
+                str(e.get("gpu")),
+                str(e.get("zone")),
+                bool(e.get("spot", True)),
+            )
             if kind == "running":
                 self._running_since[str(name)] = t
             else:
@@ -390,25 +405,33 @@ class TransientPolicy:
     # -- what it decides -----------------------------------------------------------------------------
     def current(self) -> Configuration:
         """The cluster's configuration now: its workers asked for, by GPU type, each in the zone
-        its live VMs are in (those still to come: where the cluster places that type first)."""
+        its live VMs are in, Spot or on demand as they run (those still to come: where the
+        cluster places that type first, on demand while the type has fewer on-demand workers
+        than the cluster keeps)."""
         mix = getattr(self.cluster, "mix", None)
         if mix is None:
             mix = {self.cluster.gpu: int(getattr(self.cluster, "_target", 0))}
-        kinds = {(k.gpu, k.zone): k for k in self.planner.kinds}
+        dear = dict(getattr(self.cluster, "on_demand", None) or {})
+        kinds = {(k.gpu, k.zone, k.spot): k for k in self.planner.kinds}
         counts: dict[Kind, int] = {}
         for gpu, n in dict(mix).items():
             n = int(n)
             of_gpu = [k for k in self.planner.kinds if k.gpu == gpu]
             if not n or not of_gpu:
                 continue
-            for g, zone in self._live.values():
-                kind = kinds.get((g, zone))
+            on_demand = int(dear.get(gpu, 0))
+            for g, zone, spot in self._live.values():
+                kind = kinds.get((g, zone, spot)) or kinds.get((g, zone, not spot))
                 if g == gpu and kind is not None and n > 0:
                     counts[kind] = counts.get(kind, 0) + 1
                     n -= 1
-            if n > 0:
-                home = kinds.get((gpu, self._first_zone(gpu)), of_gpu[0])
-                counts[home] = counts.get(home, 0) + n
+                    on_demand -= int(not kind.spot)
+            zone = self._first_zone(gpu)
+            for spot, m in ((False, min(n, max(0, on_demand))), (True, n - max(0, on_demand))):
+                if m > 0:
+                    home = kinds.get((gpu, zone, spot)) or kinds.get((gpu, zone, True))
+                    home = home or next((k for k in of_gpu if k.spot == spot), of_gpu[0])
+                    counts[home] = counts.get(home, 0) + m
         return Configuration.of(counts, self._shards())
 
     def _first_zone(self, gpu: str) -> str:
@@ -498,6 +521,20 @@ class TransientPolicy:
             mix[kind.gpu] = mix.get(kind.gpu, 0) + n
         return mix
 
+    def on_demand_of(self, plan: Plan) -> dict[str, int]:
+        """GPU type -> how many of the plan's workers of that type run on demand (types with
+        none left out): ``cluster.scale``'s ``on_demand``."""
+        dear: dict[str, int] = {}
+        for kind, n in plan.chosen.config.workers:
+            if not kind.spot:
+                dear[kind.gpu] = dear.get(kind.gpu, 0) + n
+        return dear
+
+    def _weighs_on_demand(self) -> bool:
+        return any(not k.spot for k in self.planner.kinds) and bool(
+            getattr(self.cluster, "spot", True)
+        )
+
     def decision_fields(self, plan: Plan, acted: bool) -> dict[str, Any]:
         """The fields of the ``policy-decision`` event of ``plan``."""
         config = plan.chosen.config
@@ -505,6 +542,7 @@ class TransientPolicy:
             **plan_fields(plan),
             "acted": acted,
             "mix": self.mix_of(plan),
+            "on_demand": self.on_demand_of(plan),
             "zones": self.zones_of(plan),
             "remaining_steps": self.remaining_steps(),
             "p_lose_1h": [round(self.planner.p_lose_at_least(config, k), 4) for k in (1, 2, 3)],
@@ -531,7 +569,10 @@ class TransientPolicy:
                 # ones already running stay until they are preempted or given back.
                 for gpu, zone in self.zones_of(plan).items():
                     prefer(gpu, zone)
-            self.cluster.scale(self.mix_of(plan))
+            if self._weighs_on_demand():
+                self.cluster.scale(self.mix_of(plan), on_demand=self.on_demand_of(plan))
+            else:
+                self.cluster.scale(self.mix_of(plan))
             self._acted_at = time.time()
         self.last = plan
         changed = self._changed_view(plan)

@@ -84,11 +84,15 @@ class ReplacementPolicy:
     _stockouts: dict[tuple[str, str, bool], float] = field(default_factory=dict)
     _preemptions: dict[tuple[str, str], list[float]] = field(default_factory=dict)
 
-    def placements(self, gpu: str | None = None) -> Iterator[Placement]:
+    def placements(
+        self, gpu: str | None = None, on_demand_first: bool = False
+    ) -> Iterator[Placement]:
         """Every placement the policy may pick, stocked out or not, in its order of preference.
 
         ``gpu``: the type asked for (a mixed cluster asks for several); default the policy's.
-        Its fallbacks are the same for every type.
+        Its fallbacks are the same for every type. ``on_demand_first``: the worker is one the
+        cluster keeps on demand (:meth:`TransientCluster.scale`'s ``on_demand``): every
+        on-demand placement first, then the Spot ones (better a Spot worker than none).
         """
         first = gpu or self.gpu
         near = self.ps_zone or self.zone
@@ -97,6 +101,8 @@ class ReplacementPolicy:
         zones = list(dict.fromkeys([self.preferred_zones.get(first, self.zone), *fallbacks]))
         gpus = [first, *[g for g in self.fallback_gpus if g != first]]
         modes = [self.spot] + ([False] if self.spot and self.on_demand_fallback else [])
+        if on_demand_first and self.spot:
+            modes = [False, True]
         for spot in modes:
             for gpu in gpus:
                 for zone in zones:
@@ -130,14 +136,23 @@ class ReplacementPolicy:
         else:
             self.preferred_zones[gpu] = zone
 
-    def candidates(self, gpu: str | None = None) -> Iterator[Placement]:
+    def candidates(
+        self, gpu: str | None = None, on_demand_first: bool = False
+    ) -> Iterator[Placement]:
         """Placements to try for a ``gpu`` worker, in order, skipping remembered stock-outs.
 
         Spot placements in a zone that keeps preempting come after all the others.
+        ``on_demand_first``: as :meth:`placements`.
+
+        Examples
+        --------
+        >>> p = ReplacementPolicy("t4", "us-central1-a", True)
+        >>> [c.spot for c in p.candidates("t4", on_demand_first=True)]
+        [False, True]
         """
         now = self.clock()
         later: list[Placement] = []
-        for p in self.placements(gpu):
+        for p in self.placements(gpu, on_demand_first):
             until = self._stockouts.get((p.gpu, p.zone, p.spot))
             if until is not None and until > now:
                 continue

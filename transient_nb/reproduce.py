@@ -228,7 +228,8 @@ def arm_lifetimes(cluster: Any, spec: str) -> None:
         cluster.simulator.model = model
         for name, vm in list(cluster.workers.items()):
             spec_ = getattr(vm, "spec", None)
-            if spec_ is not None and spec_.role == "worker" and not vm.stopped:
+            # Spot workers only: an on-demand one is never revoked.
+            if spec_ is not None and spec_.role == "worker" and spec_.spot and not vm.stopped:
                 cluster.simulator.vm_running(name, spec_.gpu, spec_.zone)
 
     cluster.sync(arm)

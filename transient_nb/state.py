@@ -56,6 +56,7 @@ POLICY_DECISION_FIELDS = (
     "eta_s",
     "expected_cost",
     "mix",
+    "on_demand",
     "p_lose_1h",
     "ps_capacity",
     "ps_bottleneck",
