@@ -246,6 +246,20 @@ def registry_entries():
 
 
 @pytest.mark.slow
+def test_spot_only_keeps_the_policy_from_on_demand_workers():
+    from transient_nb.cli import _parser, _policy_kwargs
+
+    for argv, on_demand in (
+        (["adapt", "c", "deadline:1h", "--spot-only"], {"on_demand": False}),
+        (["adapt", "c", "deadline:1h"], {}),
+        (["run", "--adapt", "cost-per-step", "--spot-only"], {"on_demand": False}),
+    ):
+        args = _parser().parse_args(argv)
+        goal, kwargs = _policy_kwargs(args, args.goal if argv[0] == "adapt" else args.adapt)
+        assert goal in ("deadline", "cost-per-step")
+        assert {k: v for k, v in kwargs.items() if k == "on_demand"} == on_demand
+
+
 def test_adapt_starts_and_stops_the_policy_of_a_detached_cluster(capsys):
     from transient_nb import connect
 

@@ -447,7 +447,16 @@ def test_adapt_turns_the_policy_on_and_off_and_refuses_bad_goals(ip: Interactive
         policy = cluster._policy
         assert policy.goal == "deadline" and policy.deadline_s == 7200
         assert policy.max_workers == 3 and policy.interval_s == 5
-        assert sorted(k.gpu for k in policy.planner.kinds) == ["t4", "v100"]
+        # Each type Spot and on demand (the policy may run some on demand), unless --spot-only.
+        assert sorted((k.gpu, k.spot) for k in policy.planner.kinds) == [
+            ("t4", False),
+            ("t4", True),
+            ("v100", False),
+            ("v100", True),
+        ]
+        with capture_output() as out:
+            magic(ip, "adapt cost-per-step --gpus t4 --spot-only")
+        assert [(k.gpu, k.spot) for k in cluster._policy.planner.kinds] == [("t4", True)]
         with capture_output() as out:
             magic(ip, "adapt off")
         assert "policy off" in out.stdout and cluster._policy is None

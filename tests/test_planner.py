@@ -415,3 +415,30 @@ def test_on_demand_beside_spot_is_a_candidate_of_each_size_for_each_type_and_zon
     assert {(1, 1), (1, 2), (1, 3), (2, 1), (2, 2), (3, 1)} <= pairs
     # Never on demand beside Spot of another zone (the greedy walk may mix Spot zones).
     assert not any(P100_OD in c.counts and other in c.counts for c in mixed)
+
+
+def test_a_change_late_in_a_run_pays_the_start_up_of_the_workers_it_adds():
+    """2,000 steps left for 3 P100 (55 s) and 50 s to the deadline. Alone, 4 P100 would make it
+    (41 s); but a fourth worker joins after a start-up (108 s by the paper's prior), after the
+    three have finished: no change meets the deadline sooner than staying, and staying is the
+    cheapest of the closest."""
+    planner = Planner([P100, P100_OD], 0.19)
+    now = Configuration.of({P100: 3})
+    four = Configuration.of({P100: 4})
+    assert planner.estimate(four, 2_000).eta_s < 50 < planner.estimate(now, 2_000).eta_s
+    late = planner.estimate(four, 2_000, current=now)
+    assert late.eta_s == pytest.approx(planner.estimate(now, 2_000).eta_s)
+    plan = planner.choose(
+        "deadline", 2_000, max_workers=4, max_shards=1, deadline_s=50.0, current=now
+    )
+    assert plan.chosen.config == now and not plan.feasible
+    # Early, the start-up is worth it: 64K steps, 0.45 h, 4 P100 from 3 (the fourth after 108 s).
+    early = planner.estimate(four, 64_000, current=now)
+    alone = planner.estimate(four, 64_000)
+    assert early.eta_s == pytest.approx(
+        planner.startup_s + (64_000 - planner.liveput(now) * planner.startup_s) / alone.liveput
+    )
+    plan = planner.choose(
+        "deadline", 64_000, max_workers=4, max_shards=1, deadline_s=0.45 * 3600, current=now
+    )
+    assert plan.chosen.config == four

@@ -573,15 +573,15 @@ def test_the_ps_capacity_and_the_bottleneck_are_learned_from_the_ps_metrics():
 
 
 def test_a_storm_makes_a_deadline_policy_run_some_workers_on_demand():
-    """Four workers at most, 0.45 h for 64K steps. 24 P100 revoked after 5 minutes each, each
+    """Four workers at most, 0.5 h for 64K steps. 24 P100 revoked after 5 minutes each, each
     joining 300 s after it was asked for: a Spot P100 is up 2/3 of the time and 4 of them miss
-    the deadline. The policy asks the cluster to run 3 of its 4 on demand, says so, and once
-    they run finds the cluster as planned."""
+    the deadline (0.56 h). The policy asks the cluster to run 3 of its 4 on demand (their
+    start-up counted: 0.49 h), says so, and once they run counts them as on demand."""
     p100 = Kind("p100", "us-central1-a", True, 0.43)
     p100_od = Kind("p100", "us-central1-a", False, 1.46)
     cluster = RecordingCluster({"p100": 4})
     policy = TransientPolicy(
-        cluster, "deadline", deadline="0.45h", max_workers=4, planner=Planner([p100, p100_od], 0.19)
+        cluster, "deadline", deadline="0.5h", max_workers=4, planner=Planner([p100, p100_od], 0.19)
     )
     t = time.time() - 24 * 300 - 600
     for i in range(24):
@@ -608,5 +608,4 @@ def test_a_storm_makes_a_deadline_policy_run_some_workers_on_demand():
     policy.observe(cluster.monitor.events)
     again = policy.recommend()
     assert again is not None and again.current is not None
-    assert again.current.config == again.chosen.config
-    assert not policy.worth_changing(again)
+    assert again.current.config.counts == {p100: 1, p100_od: 3}

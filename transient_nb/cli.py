@@ -116,6 +116,12 @@ def _add_goal_options(r: argparse.ArgumentParser, flag: str, help: str) -> None:
     r.add_argument(
         "--policy-max-workers", type=int, default=None, help="largest cluster the policy asks for"
     )
+    r.add_argument(
+        "--spot-only",
+        action="store_true",
+        help="the policy keeps every worker Spot (by default it may run some on demand where "
+        "its goal needs them, e.g. a deadline a storm of revocations makes Spot miss)",
+    )
 
 
 def _policy_kwargs(args: argparse.Namespace, goal_text: str) -> tuple[str | None, dict[str, Any]]:
@@ -126,6 +132,8 @@ def _policy_kwargs(args: argparse.Namespace, goal_text: str) -> tuple[str | None
         kwargs["gpus"] = [g.strip() for g in args.gpus.split(",") if g.strip()]
     if args.policy_max_workers is not None:
         kwargs["max_workers"] = args.policy_max_workers
+    if getattr(args, "spot_only", False) and goal is not None:
+        kwargs["on_demand"] = False
     return goal, kwargs
 
 

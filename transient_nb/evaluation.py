@@ -21,7 +21,8 @@ another). The calm zone is in the PS's region: workers there are as close to it.
 
 What the table says, and what it cannot: each row is one run of one seed; the policy's first
 choice is the planner's expectation, which the static configurations of :data:`STATIC` are not
-(they are the paper's K80 cluster and the P100/V100 clusters of its speed curve). A worker's
+(they are the paper's K80 cluster, the P100/V100 clusters of its speed curve, and the P100 one on
+demand, which no storm revokes; the policy may run some of its workers on demand too). A worker's
 start-up here includes this host's process start-up (seconds of wall time, minutes of simulated
 time at the scaled clock), which replacements pay and the paper's did not.
 """
@@ -54,6 +55,8 @@ STATIC = (
     Setup("8 K80", "k80", 8, True),
     Setup("4 P100", "p100", 4, True),
     Setup("4 V100", "v100", 4, True),
+    # The cluster a storm cannot touch: the cheapest static one, on demand (3.4x the price).
+    Setup("4 P100 on demand", "p100", 4, False),
 )
 #: The reactive cluster: the cheapest static one at the paper's prices, replacing what it loses.
 REACTIVE = Setup("4 P100", "p100", 4, True)
@@ -207,7 +210,8 @@ def run_trial(
     return {
         **row,
         "start": format_types(trial.setup.types),
-        "end": format_types(out["final_mix"]),
+        "end": format_types(out["final_mix"])
+        + "".join(f" ({n} {g} on demand)" for g, n in out.get("final_on_demand", {}).items()),
         "shards": out["ps_hosts"],
         "changes": len(acted),
         "zones": format_zones(out["zones"]),

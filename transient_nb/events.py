@@ -100,6 +100,10 @@ EVENTS: dict[str, tuple[str, ...]] = {
     # The GPU workers the cluster now keeps, in all and per type, and how many of a type on demand.
     "scale": ("workers", "mix", "on_demand"),
     "ps-hosts": ("hosts", "hosts_from"),  # the PS hosts the cluster now keeps (scale_ps)
+    # move_ps: new PS hosts asked for in ``zone``; the old ones (``hosts``) go once the run moved.
+    "ps-move": ("zone_from", "zone", "hosts", "reason"),
+    # A move that could not be made (no PS host could be started in ``zone``): nothing changed.
+    "ps-move-failed": ("zone", "reason"),
     # The owning cluster's answer to a control request (``request`` is the request's id).
     "control": ("action", "ok", "error", "request", "run"),  # ``run``: a head's train/run-stop
     # A control message the monitor refused (e.g. a provider notice not sent by that VM itself).
@@ -182,6 +186,17 @@ EVENTS: dict[str, tuple[str, ...]] = {
         "generation",
         "addresses",
     ),
+    # The run moved its PS to the cluster's new PS hosts (move_ps), from the PS's own state.
+    "ps-moved": (
+        "run",
+        "zone_from",
+        "zone",
+        "step",
+        "steps_lost",
+        "seconds",
+        "generation",
+        "addresses",
+    ),
     "ps-rejoined": ("run", "worker", "generation", "step"),  # a trainer is back after a slow call
     "trainer-ps-lost": ("run", "worker", "step", "error"),  # a trainer lost its PS mid-push
     "gradient-lost": ("run", "worker", "step"),  # a worker died with a gradient in flight
@@ -239,6 +254,8 @@ CLUSTER_EVENTS = (
     "join-timeout",
     "scale",
     "ps-hosts",
+    "ps-move",
+    "ps-move-failed",
     "control",
     "control-refused",
     "limit-reached",
@@ -257,6 +274,7 @@ TRAINING_EVENTS = (
     "ps-lost",
     "ps-recovered",
     "ps-resharded",
+    "ps-moved",
     "ps-rejoined",
     "trainer-ps-lost",
     "gradient-lost",

@@ -204,6 +204,11 @@ def _scale_ps() -> None:
 @argument("--gpus", type=_names, metavar="G1,G2", help="GPU types it may use")
 @argument("--max-workers", type=_whole("workers", 1), metavar="N", help="largest cluster")
 @argument("--interval", metavar="DURATION", help="how often it decides (default 30s)")
+@argument(
+    "--spot-only",
+    action="store_true",
+    help="keep every worker Spot (by default it may run some on demand where the goal needs them)",
+)
 def _adapt() -> None:
     """Let the transient-aware policy choose the GPU mix for a goal (``off`` stops it); its
     decisions, with their reasons, are ``policy-decision`` events."""
@@ -500,6 +505,8 @@ class TransientMagics(Magics):
         with _usage_errors():
             goal, kwargs = parse_goal(args.goal)
             kwargs.update(_kwargs(args, ("gpus", "max_workers", "interval")))
+            if args.spot_only and goal is not None:
+                kwargs["on_demand"] = False
             self.cluster.adapt(goal, **kwargs)
         if goal is None:
             print(f"{self.cluster.name}: policy off; the cluster keeps its workers.")

@@ -370,11 +370,32 @@ class Planner:
         """USD per hour of ``config``, its PS hosts included."""
         return sum(k.hourly * n for k, n in config.workers) + self.ps_hourly * config.shards
 
-    def estimate(self, config: Configuration, remaining_steps: float) -> Estimate:
-        """Liveput, price, and expected time and money to ``remaining_steps`` of ``config``."""
+    def estimate(
+        self, config: Configuration, remaining_steps: float, current: Configuration | None = None
+    ) -> Estimate:
+        """Liveput, price, and expected time and money to ``remaining_steps`` of ``config``.
+
+        ``current``: the configuration the cluster has now. Changing to ``config`` takes time:
+        the workers it adds (of each kind, those beyond the current ones) and a PS shard it
+        adds work only after a start-up, and until then the workers kept train alone. Late in a
+        run no change is worth a start-up it cannot earn back (a storm's deadline policy, round
+        ten, swapped in seven on-demand workers for its last 42 of 640 steps).
+        """
         live = self.liveput(config)
         hourly = self.hourly(config)
         eta = math.inf if live <= 0 else remaining_steps / live
+        if current is not None and live > 0 and config != current:
+            have = current.counts
+            kept = Configuration.of(
+                {k: min(n, have.get(k, 0)) for k, n in config.workers},
+                min(config.shards, current.shards),
+            )
+            kept_live = self.liveput(kept) if kept.size else 0.0
+            wait = self.startup_s
+            if kept != config and kept_live * wait < remaining_steps:
+                eta = wait + (remaining_steps - kept_live * wait) / live
+            elif kept != config:
+                eta = remaining_steps / kept_live  # done before the new workers would join
         return Estimate(config, live, hourly, eta, hourly * eta / HOUR if live > 0 else math.inf)
 
     def revocations_per_h(self, config: Configuration) -> float:
@@ -498,7 +519,7 @@ class Planner:
         configs = list(
             dict.fromkeys([*self.frontier(max_workers, max_shards, min_shards), *extra, *here])
         )
-        estimates = [self.estimate(c, remaining_steps) for c in configs]
+        estimates = [self.estimate(c, remaining_steps, current) for c in configs]
         estimates = [e for e in estimates if e.liveput > 0]
         if not estimates:
             raise ValueError("No configuration trains at all: no kind of worker has a step rate.")

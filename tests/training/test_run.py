@@ -558,3 +558,80 @@ def test_an_explicit_checkpoint_while_an_automatic_one_is_written(tmp_path, monk
     for step in on_storage:
         ck = checkpoint._read_complete(fs, root, step)
         assert ck is not None and ck.step == step and len(ck.shards) == 2
+
+
+def test_the_ps_moves_to_another_region_mid_run_and_the_trainers_follow():
+    """``move_ps``: one K80 worker in us-central1-a with the PS, one in us-east1-c (paced 1.48x
+    slower for the distance). Mid-run the PS moves to us-east1-c from its own state: the run
+    goes on to its steps, each trainer is paced anew for its distance from the PS, and the old
+    PS host is given back once the run has moved."""
+    with TransientCluster(
+        workers=1,
+        gpu="k80",
+        prices="paper-2019",
+        zone="us-central1-a",
+        fallback_zones=["us-east1-c"],
+        provisioning_delay=0,
+        preemption="none",
+        time_scale=10,
+        seed=3,
+    ) as cluster:
+        cluster.policy.prefer_zone("k80", "us-east1-c")
+        cluster.scale(2)
+        cluster.wait_for_workers(2, timeout=120)
+        zones = {n: vm.spec.zone for n, vm in cluster.workers.items()}
+        assert sorted(zones.values()) == ["us-central1-a", "us-central1-a", "us-east1-c"]
+        for bad, words in (
+            ("nowhere-1a", r"not a zone this cluster may use \(us-central1-a, us-east1-c\)"),
+            (3, "not a zone this cluster may use"),
+        ):
+            with pytest.raises(ValueError, match=words):
+                cluster.move_ps(bad)
+        run = train(
+            cluster,
+            model="resnet8",
+            data="digits",
+            steps=600,
+            batch_size=32,
+            emulate="paper,ps=none",
+        )
+        until(lambda: run.step >= 150, what="150 steps before the move")
+        cluster.move_ps("us-east1-c", reason="both workers' region")
+        with pytest.raises(ValueError, match="being moved to us-east1-c already"):
+            cluster.move_ps("us-central1-a")
+        run.wait(timeout=400)
+        summary = run.summary()
+        until(lambda: cluster.ps_move_zone is None, timeout=60, what="the move to end")
+        events = run.events()
+    assert summary["reason"] == "steps" and summary["steps"] >= 600
+    (move,) = [e for e in events if e["kind"] == "ps-move"]
+    (moved,) = [e for e in events if e["kind"] == "ps-moved"]
+    assert (move["zone_from"], move["zone"], move["hosts"]) == (
+        "us-central1-a",
+        "us-east1-c",
+        ["ps-0"],
+    )
+    assert move["reason"] == "both workers' region"
+    assert (moved["zone_from"], moved["zone"]) == ("us-central1-a", "us-east1-c")
+    assert moved["step"] >= 150 and 0 <= moved["steps_lost"] <= 50
+    # A move, not a loss: the PS was never taken for lost, nor restored from a checkpoint.
+    assert not [e for e in events if e["kind"] in ("ps-lost", "ps-recovered")]
+    # The old host goes after the run moved, not before; the new one runs where it was asked.
+    new_ps = [e["worker"] for e in events if e["kind"] == "requested" and e.get("role") == "ps"]
+    assert new_ps == ["ps-0", "ps-1"]
+    assert [e["zone"] for e in events if e["kind"] == "running" and e.get("role") == "ps"] == [
+        "us-central1-a",
+        "us-east1-c",
+    ]
+    i_moved = events.index(moved)
+    i_gone = next(
+        i for i, e in enumerate(events) if e["kind"] == "deleted" and e["worker"] == "ps-0"
+    )
+    assert events.index(move) < i_moved < i_gone
+    assert cluster.policy.ps_zone == "us-east1-c"
+    # Each trainer paced for its distance from the PS, before and after the move.
+    paced: dict[str, list[bool]] = {}
+    for e in events:
+        if e["kind"] == "emulation-paced" and e.get("role") == "worker":
+            paced.setdefault(e["zone"], []).append(e["cross_region"])
+    assert paced == {"us-central1-a": [False, True], "us-east1-c": [True, False]}

@@ -170,6 +170,50 @@ def test_a_new_generation_is_followed(loop, tmp_path):
     thread.join(30 * PATIENCE)
 
 
+def test_a_ps_moved_to_the_trainers_region_paces_it_faster(loop, tmp_path):
+    """The driver moved the PS (a new generation, published with its zone): a paced trainer in
+    us-east1-c, slower while the PS was in us-central1-a, paces anew at its GPU's own speed; a
+    move within a region changes nothing."""
+    hp = HP.with_(steps=10_000, emulate="paper,ps=none", call_timeout_s=10.0 * PATIENCE)
+    old = _double(loop, tmp_path, hp=hp)
+
+    class Zoned(Published):
+        zone = "us-central1-a"
+
+        def __call__(self, timeout):
+            return self.generation, list(self.shards), self.zone
+
+    published = Zoned(old)
+    trainer = _trainer(
+        published, hp=hp, gpu="k80", time_scale=5.0, zone="us-east1-c", ps_zone="us-central1-a"
+    )
+    thread, _ = _start(trainer)
+
+    def paced():
+        return [e for e in trainer.posted if e["kind"] == "emulation-paced"]
+
+    try:
+        _until(lambda: old.ps.version >= 3)
+        assert [e["cross_region"] for e in paced()] == [True]
+        # Within the region: the next generation is followed, the pace is kept.
+        same = _double(loop, tmp_path, generation=1, hp=hp)
+        published.generation, published.shards, published.zone = 1, [same], "us-central1-b"
+        _until(lambda: same.ps.accepted.get("w-0", 0) >= 3)
+        assert trainer.ps_zone == "us-central1-b" and len(paced()) == 1
+        # To the trainer's region: paced at the K80's 4.56 steps/s, no longer 1.48x slower.
+        near = _double(loop, tmp_path, generation=2, hp=hp)
+        published.generation, published.shards, published.zone = 2, [near], "us-east1-a"
+        _until(lambda: near.ps.accepted.get("w-0", 0) >= 3)
+        first, second = paced()
+        assert trainer.ps_zone == "us-east1-a" and second["cross_region"] is False
+        assert second["ps_zone"] == "us-east1-a"
+        assert second["wall_steps_per_s"] == pytest.approx(4.56 * 5.0)
+        assert first["wall_steps_per_s"] == pytest.approx(4.56 * 5.0 / 1.48)
+    finally:
+        asyncio.run(trainer.stop())
+        thread.join(30 * PATIENCE)
+
+
 def test_a_generation_with_more_shards_is_followed_with_the_vector_cut_anew(loop, tmp_path):
     # The PS gained a host (cluster.scale_ps): generation 1 has two shards, made from the first
     # one's state. The trainer, started with one shard's bounds, pushes each its own slice.
@@ -340,10 +384,16 @@ def test_lookup_ps_and_current_generation_read_the_runs_variable():
 
     with Client(processes=False, n_workers=1, threads_per_worker=1, dashboard_address=None):
         Variable("ps-of-r").set(
-            json.dumps({"generation": 3, "shards": [["tcp://a:1", "ps-0"], ["tcp://b:2", "ps-1"]]})
+            json.dumps(
+                {
+                    "generation": 3,
+                    "shards": [["tcp://a:1", "ps-0"], ["tcp://b:2", "ps-1"]],
+                    "ps_zone": "us-east1-c",
+                }
+            )
         )
-        generation, actors = lookup_ps("ps-of-r", timeout=5)
-        assert generation == 3
+        generation, actors, ps_zone = lookup_ps("ps-of-r", timeout=5)
+        assert generation == 3 and ps_zone == "us-east1-c"
         assert [(a._address, a.key, a._cls) for a in actors] == [
             ("tcp://a:1", "ps-0", ParameterServer),
             ("tcp://b:2", "ps-1", ParameterServer),
@@ -1171,7 +1221,8 @@ def test_a_trainer_built_in_a_worker_takes_its_name_hooks_its_drain_and_reads_th
         try:
             assert t.worker is worker and t.name == "tcp-w-7"
             assert t._drain in agent._hooks
-            generation, actors = t._locate(5)
+            generation, actors, ps_zone = t._locate(5)
+            assert ps_zone is None  # published before PS moves were said
             # A look at a Variable nothing was published in ends at its bound (in a thread: a
             # look without one would never end).
             box: dict = {}

@@ -392,6 +392,10 @@ class TrainingRun:
             if self._wants_more_shards():
                 self._reshard(self._ps_host_count())
                 continue
+            hosts = self._ps_move_hosts()
+            if hosts:
+                self._move_ps(hosts)
+                continue
             if self.step >= self._next_eval:
                 self._evaluate()
                 self._next_eval = (self.step // self.hp.eval_interval + 1) * self.hp.eval_interval
@@ -485,6 +489,46 @@ class TrainingRun:
         ]
         return len(joined) >= self._ps_host_count()
 
+    def _ps_move_hosts(self) -> list[str] | None:
+        """The hosts to move the PS to, once the cluster asked for a move
+        (:meth:`~transient_nb.TransientCluster.move_ps`: ``ps_move_zone``) and as many of its new
+        PS hosts there have joined as the PS has shards; None while there is none to make."""
+        zone = getattr(self.cluster, "ps_move_zone", None)
+        if not zone or self._ps_zone == zone:
+            return None
+        hosts = sorted(
+            str(addr)
+            for addr, info in (self._workers() or {}).items()
+            if "ps" in info.get("resources", {})
+            and addr not in self._ps_addresses
+            and self._zone_of(addr) == zone
+        )
+        return hosts if len(hosts) >= min(self.shards, self._ps_host_count()) else None
+
+    def _move_ps(self, hosts: list[str]) -> None:
+        """Move the PS to ``hosts``, from its own state (as :meth:`_reshard`, with the same
+        shards): the trainers follow the new generation, paced for their distance from it."""
+        t0 = time.time()
+        before = self._ps_zone
+        self._abandon_checkpoint()
+        states = self._old_ps_state()
+        if states is None:
+            return  # the PS does not answer: _ps_lost decides, and the next round tries again
+        step = int(states[0]["step"])
+        self._generation += 1
+        self._create_ps(states, step=step, counters=states[0]["counters"], hosts=hosts)
+        self._post(
+            "ps-moved",
+            zone_from=before,
+            zone=self._ps_zone,
+            step=step,
+            steps_lost=max(0, self._known_step - step),
+            seconds=time.time() - t0,
+            generation=self._generation,
+            addresses=list(dict.fromkeys(self._ps_addresses)),
+        )
+        self.step = self._known_step = step
+
     def _reshard(self, shards: int) -> None:
         """Split the PS into ``shards`` shards, one per PS host, from its own state.
 
@@ -558,7 +602,11 @@ class TrainingRun:
         return regroup(_shard_states(ck), self.shards), ck.step, ck.meta.get("counters")
 
     def _create_ps(
-        self, states: list[dict[str, Any]], step: int, counters: dict[str, Any] | None
+        self,
+        states: list[dict[str, Any]],
+        step: int,
+        counters: dict[str, Any] | None,
+        hosts: list[str] | None = None,
     ) -> None:
         try:
             delay = float(getattr(self.cluster, "provisioning_delay", 0) or 0)
@@ -569,7 +617,7 @@ class TrainingRun:
         # host until the next generation.
         recovering = self._generation > 0
         timeout = 120 + 2 * delay
-        hosts = self._wait_for_ps_hosts(
+        hosts = hosts or self._wait_for_ps_hosts(
             set(self._ps_addresses) if self._ps_left else set(),
             want=min(self.shards, self._ps_host_count()),
             timeout=timeout,
@@ -616,6 +664,8 @@ class TrainingRun:
                 {
                     "generation": self._generation,
                     "shards": [[ps._address, ps.key] for ps in self._ps],
+                    # Where the PS runs now: trainers pace for their distance from it.
+                    "ps_zone": self._ps_zone,
                 }
             )
         )

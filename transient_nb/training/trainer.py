@@ -89,15 +89,17 @@ def set_flat(tensors: Sequence[torch.Tensor], flat: np.ndarray) -> None:
 
 
 def _published(variable: str, timeout: float) -> dict[str, Any]:
-    # The driver publishes JSON text (``{"generation": g, "shards": [[address, key], ...]}``).
+    # The driver publishes JSON text (``{"generation": g, "shards": [[address, key], ...],
+    # "ps_zone": zone}``).
     return dict(json.loads(Variable(variable).get(timeout=timeout)))
 
 
-def lookup_ps(variable: str, timeout: float) -> tuple[int, list[Actor]]:
-    """The current PS generation and shard handles, from the run's Dask Variable."""
+def lookup_ps(variable: str, timeout: float) -> tuple[int, list[Actor], str | None]:
+    """The current PS generation, shard handles and zone, from the run's Dask Variable."""
     info = _published(variable, timeout)
     actors = [Actor(ParameterServer, addr, key) for addr, key in info["shards"]]
-    return int(info["generation"]), actors
+    zone = info.get("ps_zone")
+    return int(info["generation"]), actors, None if zone is None else str(zone)
 
 
 def current_generation(variable: str, timeout: float = 5.0) -> int:
@@ -120,8 +122,9 @@ class _Stopped(Exception):
     """The trainer was stopped while it waited for the PS."""
 
 
-#: Locates the current PS: ``locate(timeout) -> (generation, shard handles)``.
-Locator = Callable[[float], tuple[int, list[Any]]]
+#: Locates the current PS: ``locate(timeout) -> (generation, shard handles)``, or with the PS's
+#: zone as a third item (where the driver moved the PS).
+Locator = Callable[[float], tuple[Any, ...]]
 
 
 class Trainer:
@@ -203,6 +206,7 @@ class Trainer:
         self.gpu = gpu or vm_gpu()
         self.zone = zone or vm_zone()
         self.ps_zone = ps_zone
+        self._repace = False  # the PS moved to or from this trainer's region: pace anew
         self._time_scale = time_scale
         self._locate: Locator = locate or (lambda timeout: lookup_ps(self.variable, timeout))
         self._custom_locate = locate is not None
@@ -320,7 +324,7 @@ class Trainer:
     def _newer_generation(self) -> bool:
         if self._custom_locate:
             try:
-                gen, _ = self._locate(1.0)
+                gen = self._locate(1.0)[0]
             except Exception:
                 return False
             return gen > self.generation
@@ -370,7 +374,8 @@ class Trainer:
             if self._stop.is_set():  # stopped, or draining with no PS to push the last gradient to
                 raise _Stopped()
             try:
-                gen, shards = self._locate(min(self.hp.call_timeout_s, 5.0))
+                located = self._locate(min(self.hp.call_timeout_s, 5.0))
+                gen, shards = located[0], located[1]
                 if not shards:
                     raise PSUnavailable("no parameter server published yet")
                 self.generation = gen
@@ -401,6 +406,14 @@ class Trainer:
                 delay = min(delay * 2, REJOIN_MAX_S)
                 continue
             flat.load(pieces, self.bounds, bn)
+            moved_to = located[2] if len(located) > 2 else None
+            if moved_to and moved_to != self.ps_zone:
+                # The driver moved the PS (to the region of most workers): a paced trainer
+                # steps at the speed of its distance from where the PS is now.
+                self._repace = self._repace or cross_region(self.zone, moved_to) != cross_region(
+                    self.zone, self.ps_zone
+                )
+                self.ps_zone = str(moved_to)
             return shards, version
 
     # -- emulation ------------------------------------------------------------------------------------
@@ -479,6 +492,9 @@ class Trainer:
             # per step.
             pending: list[Any] | None = None
             while not self._stopping():
+                if self._repace:
+                    self._repace = False
+                    pacer = self._pacer()
                 if pacer is not None:
                     pacer.begin()
                 x, y = next(stream)
