@@ -43,6 +43,20 @@ def test_the_zonal_storm_rages_only_where_the_clusters_start():
     assert all(evaluation.TRACE_ZONES.get(t, ()) == () for t in ("calm", "paper", "storm"))
 
 
+def test_the_regional_storm_leaves_only_another_region_calm():
+    """Both zones of the PS's region storm; us-east1-c, in another region, is calm, and every
+    zone the trace's clusters may use is named by its model."""
+    from transient_nb.emulation import region_of
+    from transient_nb.preemption import revoked_within
+
+    model = parse_preemption(evaluation.TRACES["regional-storm"])
+    zones = ("us-central1-a", *evaluation.TRACE_ZONES["regional-storm"])
+    stormy = [z for z in zones if revoked_within(model, "p100", 0, zone=z) > 0.99]
+    calm = [z for z in zones if revoked_within(model, "p100", 0, zone=z) < 0.05]
+    assert stormy == ["us-central1-a", "us-central1-b"] and calm == ["us-east1-c"]
+    assert region_of(calm[0]) != region_of("us-central1-a")
+
+
 def test_format_zones_says_joined_and_revoked_per_zone():
     assert evaluation.format_zones({}) == ""
     assert evaluation.format_zones({"a": (3, 2), "b": (1, 0)}) == "a 3/2, b 1/0"

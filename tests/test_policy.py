@@ -379,10 +379,18 @@ def test_it_learns_the_start_up_and_lets_a_change_settle_for_that_long():
     policy = _policy(cluster, "deadline", deadline="1h")
     assert policy.planner.startup_s == pytest.approx(108.5)  # the paper's prior
     now = time.time()
+    _vm(cluster, "w-old", "k80", now - 60)  # asked for before the run: its wait is not one
+    cluster.add("train-started", now - 40, run="r", steps=64_000)
     _vm(cluster, "w-0", "k80", now - 30)
-    cluster.add("joined", now - 3, worker="w-0")  # 27 wall s at time_scale 10: 270 s
-    cluster.add("train-started", now, run="r", steps=64_000)
+    cluster.add("joined", now - 20, worker="w-0")  # joined, but not training yet
+    policy.observe(cluster.monitor.events)
+    assert policy.planner.startup_s == pytest.approx(108.5)
+    # Its trainer's first report, 2 s of training after it started: 27 wall s at time scale
+    # 10 from the request to training, 270 s.
+    cluster.add("worker-metrics", now - 1, worker="w-0", local_step=4, step=4)
+    cluster.add("worker-metrics", now - 1, worker="w-old", local_step=90, step=94)
     plan = asyncio.run(policy.adapt())
+    assert policy.planner._observed_startups == [pytest.approx(270.0)]
     assert policy.planner.startup_s == pytest.approx(270.0)
     assert plan is not None and len(cluster.scaled) == 1  # 1 K80 misses 1 h: it grows
     # Something undoes the change at once (a revocation, a user): the policy waits until a
@@ -584,13 +592,14 @@ def test_a_storm_makes_a_deadline_policy_run_some_workers_on_demand():
         cluster, "deadline", deadline="0.5h", max_workers=4, planner=Planner([p100, p100_od], 0.19)
     )
     t = time.time() - 24 * 300 - 600
+    cluster.add("train-started", t, run="r", steps=64_000)
     for i in range(24):
+        # Each trains 2 s after it started, 300 s after it was asked for (its first report).
         _vm(cluster, f"w-{i}", "p100", t + i * 300)
-        cluster.add("joined", t + i * 300 + 300, worker=f"w-{i}", role="worker")
-        cluster.add("preempted", t + i * 300 + 300, worker=f"w-{i}", role="worker", gpu="p100")
+        cluster.add("worker-metrics", t + i * 300 + 302, worker=f"w-{i}", local_step=0)
+        cluster.add("preempted", t + i * 300 + 302, worker=f"w-{i}", role="worker", gpu="p100")
     for i in range(24, 28):
         _vm(cluster, f"w-{i}", "p100", t + 24 * 300)
-    cluster.add("train-started", t + 24 * 300, run="r", steps=64_000)
     plan = asyncio.run(policy.adapt())
     assert plan is not None and plan.feasible
     assert plan.current is not None and not plan.meets(plan.current)  # 4 Spot P100: too slow
@@ -609,3 +618,62 @@ def test_a_storm_makes_a_deadline_policy_run_some_workers_on_demand():
     again = policy.recommend()
     assert again is not None and again.current is not None
     assert again.current.config.counts == {p100: 1, p100_od: 3}
+
+
+class ZonedCluster(RecordingCluster):
+    """A cluster that may place workers in us-central1-a (its PS's) and us-east1-c."""
+
+    def __init__(self, mix: dict[str, int]):
+        super().__init__(mix)
+        self.ps_move_zone = None
+        self.moves: list[tuple[str, str]] = []
+        self.preferred: dict[str, str] = {}
+        self.policy = SimpleNamespace(
+            zones=lambda: ["us-central1-a", "us-east1-c"],
+            prefer_zone=lambda gpu, zone: self.preferred.__setitem__(gpu, zone),
+        )
+
+    def move_ps(self, zone: str, reason: str = "") -> None:
+        self.moves.append((zone, reason))
+
+
+@pytest.mark.parametrize("storm", [True, False])
+def test_the_ps_moves_to_the_region_where_the_workers_are_worth_running(storm):
+    """A storm in the PS's zone (24 P100 revoked after 5 minutes each): the cheapest steps are
+    P100s in calm us-east1-c, 1.48x slower with the PS in us-central1-a. Moved there, they step
+    at their GPU's speed: the policy moves the PS and says so. Calm, the workers stay by the PS
+    and the PS stays where it is."""
+    here = Kind("p100", "us-central1-a", True, 0.43)
+    there = Kind("p100", "us-east1-c", True, 0.43)
+    cluster = ZonedCluster({"p100": 3})
+    planner = Planner([here, there], 0.19, ps_zone="us-central1-a")
+    policy = TransientPolicy(cluster, "cost-per-step", planner=planner)
+    t = time.time() - 24 * 300 - 600
+    cluster.add("running", t, worker="ps-0", role="ps", zone="us-central1-a")
+    if storm:
+        for i in range(24):
+            _vm(cluster, f"w-{i}", "p100", t + i * 300)
+            cluster.add("preempted", t + i * 300 + 300, worker=f"w-{i}", role="worker")
+    cluster.add("train-started", t + 24 * 300, run="r", steps=64_000)
+    plan = asyncio.run(policy.adapt())
+    assert plan is not None
+    (decision,) = [e for e in cluster.posted if e["kind"] == "policy-decision"]
+    if not storm:
+        assert cluster.moves == [] and decision["ps_zone"] == "us-central1-a"
+        assert all(k.zone == "us-central1-a" for k in plan.chosen.config.counts)
+        return
+    assert [zone for zone, _ in cluster.moves] == ["us-east1-c"]
+    assert cluster.moves[0][1].startswith("PS moved to us-east1-c: ")
+    assert decision["acted"] is True and decision["ps_zone"] == "us-east1-c"
+    assert decision["reason"].startswith("PS moved to us-east1-c: ")
+    assert all(k.zone == "us-east1-c" for k in plan.chosen.config.counts)
+    assert cluster.preferred == {"p100": "us-east1-c"}
+    # The move was worth it: the same workers cost 1.48x less per step by the PS.
+    far = Planner([here, there], 0.19, ps_zone="us-central1-a")
+    assert plan.chosen.cost_per_step < far.estimate(plan.chosen.config, 64_000).cost_per_step / 1.3
+    # Under way, no second move; once the log says it began, the planner plans from there.
+    cluster.ps_move_zone = "us-east1-c"
+    cluster.add("ps-move", time.time(), zone_from="us-central1-a", zone="us-east1-c")
+    policy._acted_at = None
+    asyncio.run(policy.adapt())
+    assert len(cluster.moves) == 1 and policy.planner.ps_zone == "us-east1-c"

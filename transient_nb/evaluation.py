@@ -17,7 +17,12 @@ lifetime curve from the paper), ``storm`` (a mean lifetime of 5 minutes, near a 
 start-up time, in every zone) and ``zonal-storm`` (that storm in the cluster's zone only, a calm
 day in ``us-central1-b``, which every cluster of that trace may use: Spot capacity runs out zone
 by zone, and the paper saw a day's K80 revocations range from 0 of 16 in one zone to 14 of 16 in
-another). The calm zone is in the PS's region: workers there are as close to it. Prices are the paper's (``paper-2019``), so the figures compare with its tables.
+another). The calm zone is in the PS's region: workers there are as close to it.
+``regional-storm``: the storm in both zones of the PS's region (us-central1-a and -b), calm in
+us-east1-c, which is 1.48x slower for workers of a PS left in us-central1 (the paper's
+cross-region measurement): the reactive cluster moves its workers there, the policy may move
+the PS too (:meth:`~transient_nb.TransientCluster.move_ps`). Prices are the paper's
+(``paper-2019``), so the figures compare with its tables.
 
 What the table says, and what it cannot: each row is one run of one seed; the policy's first
 choice is the planner's expectation, which the static configurations of :data:`STATIC` are not
@@ -44,10 +49,16 @@ TRACES = {
     "paper": "paper",
     "storm": "exp:mean=300s",
     "zonal-storm": "zones:us-central1-a=exp:mean=300s;*=exp:mean=24h",
+    "regional-storm": (
+        "zones:us-central1-a=exp:mean=300s;us-central1-b=exp:mean=300s;*=exp:mean=24h"
+    ),
 }
 #: The zones besides us-central1-a that the clusters of a trace may use (the same for every
 #: strategy: the reactive cluster falls back there only when a zone runs out of GPUs).
-TRACE_ZONES: dict[str, tuple[str, ...]] = {"zonal-storm": ("us-central1-b",)}
+TRACE_ZONES: dict[str, tuple[str, ...]] = {
+    "zonal-storm": ("us-central1-b",),
+    "regional-storm": ("us-central1-b", "us-east1-c"),
+}
 
 #: GPU types the policy may use, and the static configurations it is compared with.
 GPUS = ("k80", "p100", "v100")

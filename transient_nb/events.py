@@ -135,6 +135,7 @@ EVENTS: dict[str, tuple[str, ...]] = {
         "p_lose_1h",
         "ps_capacity",  # global steps/s the plan's PS shards serve at most (None: unbounded)
         "ps_bottleneck",  # in the last metrics window the PS served less than was pushed
+        "ps_zone",  # where the plan has the PS (a move says "PS moved to ZONE" in its reason)
     ),
     # -- workers --
     "drained": ("worker", "hooks", "seconds", "errors"),  # drain hooks ran after a notice

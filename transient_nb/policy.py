@@ -55,6 +55,7 @@ from transient_nb.planner import (
     kinds_from_catalog,
     plan_fields,
 )
+from transient_nb.emulation import region_of
 from transient_nb.preemption import HOUR
 from transient_nb.state import event_log
 
@@ -64,6 +65,10 @@ DEFAULT_MAX_SHARDS = 2
 #: A worker whose last ``worker-metrics`` is older than this (wall seconds) is not counted as
 #: pushing to the PS (trainers report every 2 s).
 REPORTING_S = 10.0
+
+#: A trainer's first ``worker-metrics`` comes this long (wall seconds) after it started training:
+#: a worker's start-up is from its request to then, less this.
+FIRST_REPORT_S = 2.0
 
 #: Global steps the PS must have served, with the same workers pushing, before the policy judges
 #: whether it is the bottleneck.
@@ -259,6 +264,7 @@ class TransientPolicy:
         # (shards, workers pushing) -> global steps/s the PS served in windows with that many.
         self._served: dict[tuple[int, int], list[float]] = {}
         self._ps_bottleneck = False  # the last verdict: the PS served less than was pushed
+        self._ps_zone_before: str | None = None  # where the PS was before a move under way
         self._task: asyncio.Task[None] | None = None
         self._posted_eta: float | None = None
         # Simulated seconds per wall second (the local backend's time_scale; 1 on a cloud), and
@@ -280,6 +286,12 @@ class TransientPolicy:
         if kind == "running" and e.get("role") == "ps" and name == "ps-0" and e.get("zone"):
             # Where the PS runs (its host may have fallen back to another zone).
             self.planner.ps_zone = str(e["zone"])
+        elif kind == "ps-move" and e.get("zone"):
+            # Planned from the move on (the run follows within a PS host's start-up).
+            self._ps_zone_before = self.planner.ps_zone
+            self.planner.ps_zone = str(e["zone"])
+        elif kind == "ps-move-failed" and self._ps_zone_before is not None:
+            self.planner.ps_zone = self._ps_zone_before
         if kind in ("requested", "running") and name and e.get("role") == "worker":
             self._vm[str(name)] = dict(e)
             self._live[str(name)] = (
@@ -289,13 +301,8 @@ class TransientPolicy:
             )
             if kind == "running":
                 self._running_since[str(name)] = t
-            else:
-                self._requested_at[str(name)] = t
-        elif kind == "joined" and name in self._requested_at:
-            # How long a worker takes from being asked for to working, on this cluster: what
-            # every revocation costs, and what the planner's availability needs.
-            waited = t - self._requested_at.pop(str(name))
-            self.planner.observe_startup(waited * self.time_scale)
+            elif self._steps is not None:
+                self._requested_at[str(name)] = t  # asked for while a run trains
         elif kind in ("preempted", "deleted") and name in self._vm:
             self._live.pop(str(name), None)
             vm = self._vm[str(name)]
@@ -304,6 +311,14 @@ class TransientPolicy:
             revoked = int(kind == "preempted" and bool(vm.get("spot", True)))
             self.planner.observe_exposure(str(vm.get("gpu")), str(vm.get("zone")), hours, revoked)
         elif kind == "worker-metrics" and name:
+            asked = self._requested_at.pop(str(name), None)
+            if asked is not None:
+                # How long a worker takes from being asked for to training, on this cluster:
+                # what every revocation costs, and what the planner's availability needs. Its
+                # trainer's first report, not its joining: loading the data and the model and
+                # registering with the PS came to a third of the start-up here (round ten).
+                waited = max(0.0, t - FIRST_REPORT_S - asked)
+                self.planner.observe_startup(waited * self.time_scale)
             local = int(e.get("local_step", 0))
             before = self._local.get(str(name))
             self._local[str(name)] = (t, local)
@@ -549,7 +564,50 @@ class TransientPolicy:
             # What the plan assumes of the PS (measured live once it was the bottleneck).
             "ps_capacity": _finite(self.planner.ps_capacity(config.shards)),
             "ps_bottleneck": self._ps_bottleneck,
+            "ps_zone": self.planner.ps_zone,
         }
+
+    def better(self, new: Plan, old: Plan) -> bool:
+        """Whether ``new``'s choice serves the goal enough better than ``old``'s (by the
+        hysteresis): for a deadline, meeting it where ``old`` does not, else cheaper; for a
+        budget, within it where ``old`` is not, else sooner; else less per step."""
+        a, b = new.chosen, old.chosen
+        factor = 1 - self.hysteresis
+        if new.goal == "deadline":
+            if new.meets(a) != old.meets(b):
+                return new.meets(a)
+            return a.cost < b.cost * factor if new.meets(a) else a.eta_s < b.eta_s * factor
+        if new.goal == "budget":
+            if new.meets(a) != old.meets(b):
+                return new.meets(a)
+            return a.eta_s < b.eta_s * factor if new.meets(a) else a.cost < b.cost * factor
+        return a.cost_per_step < b.cost_per_step * factor
+
+    def ps_move(self, plan: Plan, now: float | None = None) -> tuple[str, Plan] | None:
+        """A zone in another region to move the PS to, and the plan made there, where that
+        plan is :meth:`better` than ``plan`` (the workers there then step at their GPU's
+        speed, not 1.48x slower); None when staying is as good, or no zone elsewhere is
+        allowed.
+
+        The planner weighs each other region's first zone the cluster may use as the PS's
+        place. A move costs a PS host's start-up, during which the run goes on where it is.
+        """
+        here = self.planner.ps_zone
+        if here is None or getattr(self.cluster, "ps_move_zone", None) is not None:
+            return None
+        replacement = getattr(self.cluster, "policy", None)
+        zones = list(getattr(replacement, "zones", lambda: [])() or [])
+        others = {region_of(z): z for z in reversed(zones) if region_of(z) != region_of(here)}
+        best: tuple[str, Plan] | None = None
+        try:
+            for zone in others.values():
+                self.planner.ps_zone = zone
+                there = self.recommend(now)
+                if there is not None and self.better(there, best[1] if best else plan):
+                    best = (zone, there)
+        finally:
+            self.planner.ps_zone = here
+        return best
 
     async def adapt(self) -> Plan | None:
         """One round: read the log, decide, and change the cluster when it is worth it."""
@@ -557,7 +615,14 @@ class TransientPolicy:
         plan = self.recommend()
         if plan is None:
             return None
-        act = self.worth_changing(plan) and not self.settling()
+        move = None if self.settling() else self.ps_move(plan)
+        if move is not None:
+            zone, plan = move
+            # Said in the reason, and acted on below as any change (mix, zones, shards).
+            plan.reason = f"PS moved to {zone}: " + plan.reason
+            self.cluster.move_ps(zone, reason=plan.reason)
+            self.planner.ps_zone = zone
+        act = (move is not None or self.worth_changing(plan)) and not self.settling()
         if act:
             shards = plan.chosen.config.shards
             if shards > self._shards():
