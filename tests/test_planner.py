@@ -33,16 +33,12 @@ def test_hazards_come_from_the_papers_first_hour_and_follow_what_is_observed():
     prior = planner.hazard_per_h(K80)
     # 4 revocations in 2 server-hours: (prior * PRIOR_HOURS + 4) / (PRIOR_HOURS + 2 h).
     planner.observe_exposure("k80", "us-central1-a", hours=2.0, revocations=4)
-    assert planner.hazard_per_h(K80) == pytest.approx(
-        (prior * PRIOR_HOURS + 4) / (PRIOR_HOURS + 2)
-    )
+    assert planner.hazard_per_h(K80) == pytest.approx((prior * PRIOR_HOURS + 4) / (PRIOR_HOURS + 2))
     # Another zone keeps the prior; calm hours lower the rate again.
     other = Kind("k80", "us-east1-c", True, 0.256)
     assert planner.hazard_per_h(other) == pytest.approx(prior)
     planner.observe_exposure("k80", "us-east1-c", hours=98.0)
-    assert planner.hazard_per_h(other) == pytest.approx(
-        prior * PRIOR_HOURS / (PRIOR_HOURS + 98)
-    )
+    assert planner.hazard_per_h(other) == pytest.approx(prior * PRIOR_HOURS / (PRIOR_HOURS + 98))
 
 
 def test_step_rates_start_from_the_paper_and_follow_the_workers():

@@ -45,6 +45,7 @@ from typing import Any
 
 from dask.utils import parse_timedelta
 
+from transient_nb.emulation import region_of
 from transient_nb.planner import (
     GOALS,
     SATURATED,
@@ -55,7 +56,6 @@ from transient_nb.planner import (
     kinds_from_catalog,
     plan_fields,
 )
-from transient_nb.emulation import region_of
 from transient_nb.preemption import HOUR
 from transient_nb.state import event_log
 

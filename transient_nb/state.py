@@ -60,6 +60,7 @@ POLICY_DECISION_FIELDS = (
     "p_lose_1h",
     "ps_capacity",
     "ps_bottleneck",
+    "ps_zone",
 )
 
 

@@ -1317,3 +1317,38 @@ def test_a_trainer_created_on_a_worker_revoked_since_holds_the_driver_a_second_a
     (failed,) = posted(run, "trainer-failed")
     assert failed["worker"] == "w-3" and failed["error"] == "TimeoutError: timed out after 1.0 s."
     assert posted(run, "trainer-restarted")[0]["attempt"] == 1
+
+
+def test_the_ps_moves_once_the_new_hosts_in_the_zone_asked_for_have_joined(tmp_path):
+    """``ps_move_zone`` set by the cluster (move_ps): the hosts there that do not hold the PS
+    yet, once as many as the PS has shards have joined; none while the PS is there already,
+    no move is asked, or too few have joined."""
+    ps = {"resources": {"ps": 1}}
+    run = driver(tmp_path, ps_hosts=2)
+    run.shards = 2
+    run._ps_addresses = ["tls://old:1", "tls://old:1"]
+    run._ps_zone = "us-central1-a"
+    run.cluster.zone = "us-central1-a"
+    run.cluster.workers = {
+        name: SimpleNamespace(spec=SimpleNamespace(zone=zone))
+        for name, zone in (
+            ("ps-0", "us-central1-a"),
+            ("ps-1", "us-east1-c"),
+            ("ps-2", "us-east1-c"),
+            ("ps-3", "us-east1-b"),
+        )
+    }
+    run._client.workers = {
+        "tls://old:1": {"name": "ps-0", **ps},
+        "tls://new1:1": {"name": "ps-1", **ps},
+        "tls://far:1": {"name": "ps-3", **ps},  # another zone than the one asked for
+        "tls://w:1": {"name": "w-0", "resources": {"gpu": 1}},
+    }
+    assert run._ps_move_hosts() is None  # no move asked for
+    assert run._client.listings == 0  # and the listing is not even read
+    run.cluster.ps_move_zone = "us-east1-c"
+    assert run._ps_move_hosts() is None  # one of the two new hosts has joined
+    run._client.workers["tls://new2:1"] = {"name": "ps-2", **ps}
+    assert run._ps_move_hosts() == ["tls://new1:1", "tls://new2:1"]
+    run._ps_zone = "us-east1-c"  # moved: nothing more to do until the cluster asks again
+    assert run._ps_move_hosts() is None
