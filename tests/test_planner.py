@@ -254,13 +254,16 @@ def test_a_worker_far_from_the_ps_steps_slower_and_is_chosen_only_for_a_reason()
     # One price, one hazard: the near zone.
     plan = planner.choose("cost-per-step", 64_000, max_workers=4, max_shards=1)
     assert {k.zone for k, _ in plan.chosen.config.workers} == {"us-central1-b"}
-    # A storm at home: with a revocation every 4 minutes per worker a near worker is still up
-    # 69% of the time (a start-up of 108 s), more than a far one's 1/1.48 = 68%: it stays; with
-    # one every 2 minutes (up 53% of the time) the far zone is worth its slowness.
-    planner.observe_exposure("p100", "us-central1-b", hours=2.0, revocations=60)
+    # A storm at home: with a revocation every 5 minutes per worker a near worker is still up
+    # 71% of the time (a boot of 89.5 s, then 19 s of its lifetime loading), more than a far
+    # one's 1/1.48 = 68%: it stays; with one every 2 minutes (up 51% of the time) the far zone
+    # is worth its slowness.
+    planner.observe_exposure("p100", "us-central1-b", hours=2.0, revocations=50)
+    assert planner.availability(near) == pytest.approx(0.714, abs=0.001)
     plan = planner.choose("cost-per-step", 64_000, max_workers=4, max_shards=1)
     assert {k.zone for k, _ in plan.chosen.config.workers} == {"us-central1-b"}
     planner.observe_exposure("p100", "us-central1-b", hours=0.0, revocations=60)
+    assert planner.availability(near) == pytest.approx(0.514, abs=0.001)
     plan = planner.choose("cost-per-step", 64_000, max_workers=4, max_shards=1)
     assert {k.zone for k, _ in plan.chosen.config.workers} == {"us-east1-c"}
     # A far worker's report is kept as a near one's rate.
@@ -443,3 +446,19 @@ def test_a_change_late_in_a_run_pays_the_start_up_of_the_workers_it_adds():
         "deadline", 64_000, max_workers=4, max_shards=1, deadline_s=0.45 * 3600, current=now
     )
     assert plan.chosen.config == four
+
+
+def test_a_storm_takes_the_load_out_of_a_workers_lifetime():
+    """A cycle is a boot and a lifetime; the worker trains from its load on, if it lives that
+    long. 300 s lifetimes, 90 s boots and 210 s of loading: up 300 * exp(-0.7) / 390 = 38% of
+    the time, not 300 / 600 = 50% (the whole start-up taken as down, the whole lifetime up)."""
+    planner = Planner([P100], 0.19)
+    assert planner.load_s == 19.0 and planner.startup_s == pytest.approx(108.5)
+    planner.observe_exposure("p100", "us-central1-a", hours=1000.0, revocations=12_000)
+    planner.observe_startup(300.0, load_s=210.0)
+    assert planner.hazard_per_h(P100) == pytest.approx(12.0, rel=3e-3)
+    assert planner.availability(P100) == pytest.approx(300 * math.exp(-0.7) / 390, rel=3e-3)
+    # Nothing observed of the load: the paper's 19 s, never more than the start-up.
+    assert Planner([P100], 0.19, startup_s=10.0).load_s == 10.0
+    planner.observe_startup(300.0, load_s=400.0)  # more than the start-up: not a load
+    assert planner._observed_loads == [210.0]

@@ -391,6 +391,8 @@ def test_it_learns_the_start_up_and_lets_a_change_settle_for_that_long():
     cluster.add("worker-metrics", now - 1, worker="w-old", local_step=90, step=94)
     plan = asyncio.run(policy.adapt())
     assert policy.planner._observed_startups == [pytest.approx(270.0)]
+    # Its VM ran at once (requested and running together): all of it was loading.
+    assert policy.planner._observed_loads == [pytest.approx(270.0)]
     assert policy.planner.startup_s == pytest.approx(270.0)
     assert plan is not None and len(cluster.scaled) == 1  # 1 K80 misses 1 h: it grows
     # Something undoes the change at once (a revocation, a user): the policy waits until a

@@ -73,6 +73,10 @@ NEAR_EQUAL = 0.02
 #: would push at their GPUs' rates (below it, the workers wait on the PS, not on their GPUs).
 SATURATED = 0.85
 
+#: Seconds from a worker's VM running to its training, by the paper's warm restart (19 s): the
+#: prior of :attr:`Planner.load_s`.
+PAPER_LOAD_S = 19.0
+
 #: Hours of exposure the prior hazard counts as (how fast observed revocations take over).
 PRIOR_HOURS = 2.0
 
@@ -196,8 +200,8 @@ class Planner:
     two_shard_gain
         How much faster two PS shards serve than one (default: the paper's 1.75).
     startup_s
-        Prior seconds from asking for a Spot worker to its joining (default: the paper's 81-98 s
-        boot, midpoint, plus 19 s of warm restart); the median observed replaces it.
+        Prior seconds from asking for a Spot worker to its training (default: the paper's 81-98 s
+        boot, midpoint, plus 19 s of warm restart, the load); the median observed replaces it.
     ps_zone
         Where the PS runs: a worker in another region steps ``cross_region_slowdown`` times
         slower (default: the paper's 1.48). None: placement is not weighed.
@@ -227,10 +231,15 @@ class Planner:
         self.ps_steps_per_s = ps_steps_per_s
         self.two_shard_gain = two_shard_gain
         lo, hi = PAPER_STARTUP_S["spot"]
-        self.prior_startup_s = float((lo + hi) / 2 + 19.0 if startup_s is None else startup_s)
+        self.prior_startup_s = float(
+            (lo + hi) / 2 + PAPER_LOAD_S if startup_s is None else startup_s
+        )
+        # Of which, from the VM running to its worker training: the paper's warm restart.
+        self.prior_load_s = min(PAPER_LOAD_S, self.prior_startup_s)
         self.ps_zone = ps_zone
         self.cross_region_slowdown = float(cross_region_slowdown)
         self._observed_startups: list[float] = []
+        self._observed_loads: list[float] = []
         self._ps_at: list[float] = []  # one PS's capacity, from rounds it was the bottleneck
         self._ps_at_least = 0.0  # one PS's capacity is at least this (it kept up)
         self._observed_rates: dict[str, list[float]] = {}
@@ -259,10 +268,21 @@ class Planner:
         self._exposure_h[key] = self._exposure_h.get(key, 0.0) + max(0.0, hours)
         self._revocations[key] = self._revocations.get(key, 0) + max(0, revocations)
 
-    def observe_startup(self, seconds: float) -> None:
-        """A worker joined ``seconds`` after it was asked for (``requested`` to ``joined``)."""
+    def observe_startup(self, seconds: float, load_s: float | None = None) -> None:
+        """A worker trained ``seconds`` after it was asked for, ``load_s`` of them after its VM
+        was running (starting its process, loading the data and the model, joining the PS):
+        a revocation takes those from the VM's lifetime too."""
         if seconds > 0 and math.isfinite(seconds):
             self._observed_startups.append(float(seconds))
+            if load_s is not None and 0 <= load_s <= seconds:
+                self._observed_loads.append(float(load_s))
+
+    @property
+    def load_s(self) -> float:
+        """Of the start-up, the seconds from the VM running to its worker training: the median
+        observed, else the prior (never more than the start-up)."""
+        seen = sorted(self._observed_loads)
+        return min(seen[len(seen) // 2] if seen else self.prior_load_s, self.startup_s)
 
     @property
     def startup_s(self) -> float:
@@ -348,8 +368,16 @@ class Planner:
         hazard = self.hazard_per_h(kind)
         if hazard <= 0:
             return 1.0
+        # A cycle is a boot (asked for to running) and a lifetime (running to revoked); the
+        # worker trains from ``load_s`` into its lifetime, if it lives that long. With
+        # exponential lifetimes of mean ``mttf``: mttf * exp(-load / mttf) of each cycle's
+        # boot + mttf. Counting the whole start-up as downtime and the whole lifetime as up
+        # took the load twice as up: under a storm whose lifetimes were near the start-up, a
+        # Spot worker trained a third of the time, not the half expected (round ten).
         mttf_s = HOUR / hazard
-        return mttf_s / (mttf_s + self.startup_s)
+        load = self.load_s
+        boot = max(0.0, self.startup_s - load)
+        return mttf_s * math.exp(-load / mttf_s) / (boot + mttf_s)
 
     def liveput(self, config: Configuration) -> float:
         """Expected global steps/s of ``config`` over the preemption scenarios (see module)."""

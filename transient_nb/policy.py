@@ -317,8 +317,14 @@ class TransientPolicy:
                 # what every revocation costs, and what the planner's availability needs. Its
                 # trainer's first report, not its joining: loading the data and the model and
                 # registering with the PS came to a third of the start-up here (round ten).
-                waited = max(0.0, t - FIRST_REPORT_S - asked)
-                self.planner.observe_startup(waited * self.time_scale)
+                # The part after its VM ran is lived out of the VM's lifetime.
+                training = t - FIRST_REPORT_S
+                waited = max(0.0, training - asked)
+                ran = self._running_since.get(str(name))
+                load = None if ran is None else min(waited, max(0.0, training - ran))
+                self.planner.observe_startup(
+                    waited * self.time_scale, None if load is None else load * self.time_scale
+                )
             local = int(e.get("local_step", 0))
             before = self._local.get(str(name))
             self._local[str(name)] = (t, local)
