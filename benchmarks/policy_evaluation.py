@@ -101,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         log(f"    {rows[-1]}")  # a run's figures as soon as it has them
     table = pd.DataFrame(rows)
-    cols = ["trace", "run", "start", "end", "shards", "changes", "zones", "hours", "cost"]
+    cols = ["trace", "run", "start", "end", "shards", "ps_zone", "changes", "zones", "hours"]
+    cols += ["cost"]
     cols += ["steps_per_dollar"]
     cols += ["revocations", "behind", "failed"]
     for c in cols:

@@ -258,7 +258,7 @@ def test_a_worker_far_from_the_ps_steps_slower_and_is_chosen_only_for_a_reason()
     # 71% of the time (a boot of 89.5 s, then 19 s of its lifetime loading), more than a far
     # one's 1/1.48 = 68%: it stays; with one every 2 minutes (up 51% of the time) the far zone
     # is worth its slowness.
-    planner.observe_exposure("p100", "us-central1-b", hours=2.0, revocations=50)
+    planner.observe_exposure("p100", "us-central1-b", hours=4.0 - PRIOR_HOURS, revocations=50)
     assert planner.availability(near) == pytest.approx(0.714, abs=0.001)
     plan = planner.choose("cost-per-step", 64_000, max_workers=4, max_shards=1)
     assert {k.zone for k, _ in plan.chosen.config.workers} == {"us-central1-b"}
@@ -342,7 +342,7 @@ def test_a_storm_in_a_zone_is_expected_of_every_gpu_type_there():
     planner.observe_exposure("p100", "us-central1-a", hours=1.5, revocations=18)
     planner.observe_startup(300.0)
     p100_prior = paper_hazard_per_h("p100")
-    factor = (1 + 18) / (1 + p100_prior * 1.5)
+    factor = (p100_prior * PRIOR_HOURS + 18) / (p100_prior * (PRIOR_HOURS + 1.5))
     assert planner.zone_factor("us-central1-a") == pytest.approx(factor)
     assert planner.zone_factor("us-central1-a", but="p100") == 1.0  # its own data counts once
     for gpu in ("k80", "v100"):
@@ -353,7 +353,7 @@ def test_a_storm_in_a_zone_is_expected_of_every_gpu_type_there():
             paper_hazard_per_h(gpu)
         )
     assert planner.hazard_per_h(by[("p100", "us-central1-a")]) == pytest.approx(
-        (p100_prior * 2 + 18) / (2 + 1.5)
+        (p100_prior * PRIOR_HOURS + 18) / (PRIOR_HOURS + 1.5)
     )
     # In its own zone, no other type is expected to be worth a change (the policy's 10%).
     now = Configuration.of({by[("p100", "us-central1-a")]: 3})
@@ -375,8 +375,9 @@ P100_OD = Kind("p100", "us-central1-a", False, 1.46)
 
 
 def _stormy(planner: Planner) -> Planner:
-    """12 revocations an hour per P100 observed, and 300 s start-ups: a Spot worker up 2/3."""
-    planner.observe_exposure("p100", "us-central1-a", hours=2.0, revocations=24)
+    """12 revocations an hour per P100 observed, and 300 s start-ups (the paper's 19 s of them
+    loading): a Spot worker up 48% of the time."""
+    planner.observe_exposure("p100", "us-central1-a", hours=2.0 - PRIOR_HOURS, revocations=24)
     for _ in range(3):
         planner.observe_startup(300.0)
     return planner
@@ -384,8 +385,8 @@ def _stormy(planner: Planner) -> Planner:
 
 def test_a_deadline_spot_misses_in_a_storm_is_met_with_on_demand_workers_beside_spot():
     """At most 4 workers and 0.45 h for 64K steps. Calm, 4 Spot P100 make it (0.40 h); in a
-    storm they would take 0.55 h, and 4 on demand cost $2.41. The planner keeps one Spot
-    P100 beside three on demand: within the deadline, cheaper than all on demand."""
+    storm they would take 0.76 h, and 4 on demand cost $2.38. The planner keeps one Spot
+    P100 beside three on demand: within the deadline, 8% cheaper than all on demand."""
     deadline = 0.45 * 3600
     calm = Planner([P100, P100_OD], 0.19).choose(
         "deadline", 64_000, max_workers=4, max_shards=1, deadline_s=deadline
@@ -398,7 +399,7 @@ def test_a_deadline_spot_misses_in_a_storm_is_met_with_on_demand_workers_beside_
     plan = storm.choose("deadline", 64_000, max_workers=4, max_shards=1, deadline_s=deadline)
     assert plan.feasible and plan.chosen.eta_s <= deadline
     assert plan.chosen.config.counts == {P100: 1, P100_OD: 3}
-    assert plan.chosen.cost < dear.cost * 0.9
+    assert plan.chosen.cost < dear.cost * 0.93
     assert "3 p100 in us-central1-a (on demand)" in plan.reason
     assert plan_fields(plan)["workers"] == {
         "p100@us-central1-a": 1,

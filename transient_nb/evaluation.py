@@ -224,6 +224,7 @@ def run_trial(
         "end": format_types(out["final_mix"])
         + "".join(f" ({n} {g} on demand)" for g, n in out.get("final_on_demand", {}).items()),
         "shards": out["ps_hosts"],
+        "ps_zone": out.get("ps_zone") or "",  # where the PS ended (the policy may move it)
         "changes": len(acted),
         "zones": format_zones(out["zones"]),
         "hours": out["hours"],

@@ -77,11 +77,12 @@ SATURATED = 0.85
 #: prior of :attr:`Planner.load_s`.
 PAPER_LOAD_S = 19.0
 
-#: Hours of exposure the prior hazard counts as (how fast observed revocations take over).
-PRIOR_HOURS = 2.0
-
-#: Expected revocations the prior of a zone's factor counts as (:meth:`Planner.zone_factor`).
-ZONE_PRIOR_EVENTS = 1.0
+#: Hours of exposure the prior hazard counts as (how fast observed revocations take over). Half
+#: an hour: the paper's hazards are averages over zones and days that it saw range from 0 of 16
+#: K80s revoked in a day to 14 of 16; a zone's own revocations must take over within a run. At
+#: 2 h (round nine) a storm of 12 revocations an hour looked like 2-3 for the first half hour,
+#: and the policy bought Spot workers where only on-demand ones could keep a deadline.
+PRIOR_HOURS = 0.5
 
 
 def paper_hazard_per_h(gpu: str) -> float:
@@ -311,18 +312,21 @@ class Planner:
     def zone_factor(self, zone: str, but: str | None = None) -> float:
         """How many times the paper's hazards a zone revokes, from the other GPU types seen
         there (all but ``but``): their revocations against what their priors expected over
-        their exposure, with ``ZONE_PRIOR_EVENTS`` expected events as the prior weight.
+        their exposure, each prior counting as ``PRIOR_HOURS`` of exposure, as for a type's own
+        hazard (one type seen alone: its own hazard over its prior).
 
         A storm is a zone running out of Spot capacity, not one GPU type's bad luck: a type
         not tried in a stormy zone is expected stormy too (else each untried type looks calm in
         turn, and the mix flapped between them, round nine).
         """
-        seen = expected = 0.0
+        seen = prior = expected = 0.0
         for (gpu, z), hours in self._exposure_h.items():
             if z == zone and gpu != (but or "").lower():
+                rate = paper_hazard_per_h(gpu)
                 seen += self._revocations.get((gpu, z), 0)
-                expected += paper_hazard_per_h(gpu) * hours
-        return (ZONE_PRIOR_EVENTS + seen) / (ZONE_PRIOR_EVENTS + expected)
+                prior += rate * PRIOR_HOURS
+                expected += rate * (PRIOR_HOURS + hours)
+        return (prior + seen) / expected if expected > 0 else 1.0
 
     def _shard_factor(self, shards: int) -> float:
         # Capacity of ``shards`` PS hosts over one's: each host serves its part of the vector

@@ -430,12 +430,14 @@ def run_setup(
         joins = join_delays(run.events(), time_scale) if setup.grow_to else []
         final_mix = {g: n for g, n in cluster.mix.items() if n}
         final_on_demand = dict(getattr(cluster, "on_demand", {}) or {})
+        ps_zone = getattr(getattr(cluster, "policy", None), "ps_zone", None)
         ps_hosts = cluster.ps_hosts
         decisions = [e for e in run.events() if e.get("kind") == "policy-decision"]
         zones = workers_by_zone(event_log(cluster))
     return {
         "final_mix": final_mix,
         "final_on_demand": final_on_demand,
+        "ps_zone": ps_zone,
         "zones": zones,
         "ps_hosts": ps_hosts,
         "decisions": decisions,
