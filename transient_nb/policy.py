@@ -32,6 +32,12 @@ mix expected to stay within the money left) and ``"cost-per-step"``. A new mix i
 it is expected to be better by at least ``hysteresis`` (a fraction) in the goal's measure, so the
 cluster does not flap between near-equal mixes; a mix that no longer meets the goal is always
 replaced.
+
+Besides the mix it decides: PS shards (``cluster.scale_ps``) where one PS is the bottleneck of a
+run that follows new PS hosts; the zone new workers of each type go to first (``prefer_zone``);
+on a Spot cluster, how many of each type run on demand (``scale(..., on_demand=...)``, where the
+goal needs workers no storm revokes); and where the PS runs (``cluster.move_ps``), when the plan
+with the PS in another region is better by the hysteresis.
 """
 
 from __future__ import annotations

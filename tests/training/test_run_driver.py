@@ -510,8 +510,10 @@ def test_an_elastic_run_wants_a_shard_per_ps_host_once_every_host_joined(tmp_pat
 class Recreating(TrainingRun):
     """A driver whose new PS generations are recorded rather than created on a cluster."""
 
-    def _create_ps(self, states, step, counters):
-        self.created = {"states": states, "step": step, "counters": counters}
+    def _create_ps(self, states, step, counters, hosts=None):
+        self.created = {"states": states, "step": step, "counters": counters, "hosts": hosts}
+        if hosts:  # where the PS runs now (the real one reads the cluster's record)
+            self._ps_zone = "us-east1-c"
 
 
 def recreating(tmp_path, **kwargs: Any) -> Recreating:
@@ -555,6 +557,26 @@ def test_a_split_waits_while_the_ps_does_not_answer(loop, tmp_path):
     run._ps_left = True
     run._reshard(2)  # a PS known to be gone is not even asked
     assert double.calls == 1
+
+
+def test_a_move_takes_the_live_ps_state_to_the_new_hosts(loop, tmp_path):
+    run = recreating(tmp_path)
+    w = np.arange(10, dtype=np.float32)
+    double = ps_double(loop, run, version=200, weights=w)
+    run._ps, run._bounds, run._known_step, run.step = [double], [(0, 10)], 204, 204
+    run._inflight = {"step": 200}
+    run._ps_zone, run._ps_addresses = "us-central1-a", ["tls://old:1"]
+    run._move_ps(["tls://new:1"])
+    assert run._inflight is None and run.shards == 1 and run._bounds == [(0, 10)]
+    assert run.created["hosts"] == ["tls://new:1"] and run.created["step"] == 200
+    assert list(run.created["states"][0]["weights"]) == list(w)
+    (moved,) = posted(run, "ps-moved")
+    assert (moved["zone_from"], moved["zone"]) == ("us-central1-a", "us-east1-c")
+    assert moved["step"] == 200 and moved["steps_lost"] == 4 and moved["generation"] == 1
+    assert run.step == run._known_step == 200
+    double.error = ConnectionError("gone")  # a PS that does not answer is not moved
+    run._move_ps(["tls://new:1"])
+    assert len(posted(run, "ps-moved")) == 1 and run._generation == 1
 
 
 # -- recovery -----------------------------------------------------------------------------------------

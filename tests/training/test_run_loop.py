@@ -237,6 +237,7 @@ def test_a_run_starts_its_shards_from_the_seeded_model_and_checkpoints_step_0(
             ["tls://ps-host-0:1", f"ps-{run.id}-s0"],
             ["tls://ps-host-1:1", f"ps-{run.id}-s1"],
         ],
+        "ps_zone": run._ps_zone,  # where shard 0's host is: the trainers pace for it
     }
     # A trainer is asked for on the GPU worker only, and never started here.
     (trainer,) = run._client.trainer_calls()
@@ -517,6 +518,7 @@ def test_a_generation_is_placed_round_robin_and_the_old_one_released(tmp_path, v
     assert json.loads(variables.values[-1][1]) == {
         "generation": 1,
         "shards": [[f"tls://actor-{i}:1", f"ps-{run.id}-g1-s{i}"] for i in range(3)],
+        "ps_zone": None,
     }
 
 

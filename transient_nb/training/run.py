@@ -508,26 +508,10 @@ class TrainingRun:
     def _move_ps(self, hosts: list[str]) -> None:
         """Move the PS to ``hosts``, from its own state (as :meth:`_reshard`, with the same
         shards): the trainers follow the new generation, paced for their distance from it."""
-        t0 = time.time()
         before = self._ps_zone
-        self._abandon_checkpoint()
-        states = self._old_ps_state()
-        if states is None:
-            return  # the PS does not answer: _ps_lost decides, and the next round tries again
-        step = int(states[0]["step"])
-        self._generation += 1
-        self._create_ps(states, step=step, counters=states[0]["counters"], hosts=hosts)
-        self._post(
-            "ps-moved",
-            zone_from=before,
-            zone=self._ps_zone,
-            step=step,
-            steps_lost=max(0, self._known_step - step),
-            seconds=time.time() - t0,
-            generation=self._generation,
-            addresses=list(dict.fromkeys(self._ps_addresses)),
-        )
-        self.step = self._known_step = step
+        done = self._regenerate(self.shards, hosts)
+        if done is not None:
+            self._post("ps-moved", zone_from=before, zone=self._ps_zone, **done)
 
     def _reshard(self, shards: int) -> None:
         """Split the PS into ``shards`` shards, one per PS host, from its own state.
@@ -535,29 +519,37 @@ class TrainingRun:
         The same move as a recovery (a new generation the trainers follow), from the live PS:
         what is lost is at most the pushes that reach the old shards while their state is read.
         """
-        t0 = time.time()
         before = self.shards
+        done = self._regenerate(shards)
+        if done is not None:
+            self._post("ps-resharded", shards_from=before, shards=shards, **done)
+
+    def _regenerate(self, shards: int, hosts: list[str] | None = None) -> dict[str, Any] | None:
+        """A new PS generation of ``shards`` shards (on ``hosts``, else one per PS host) from
+        the live PS's own state; the event's fields, or None when the PS does not answer
+        (:meth:`_ps_lost` decides, and the next round tries again)."""
+        t0 = time.time()
         self._abandon_checkpoint()
         states = self._old_ps_state()
         if states is None:
-            return  # the PS does not answer: _ps_lost decides, and the next round tries again
+            return None
         step = int(states[0]["step"])
-        counters = states[0]["counters"]
-        self.shards = shards
-        self._bounds = shard_bounds(self._bounds[-1][1], shards)
+        if shards != self.shards:
+            self.shards = shards
+            self._bounds = shard_bounds(self._bounds[-1][1], shards)
         self._generation += 1
-        self._create_ps(regroup(states, shards), step=step, counters=counters)
-        self._post(
-            "ps-resharded",
-            shards_from=before,
-            shards=shards,
-            step=step,
-            steps_lost=max(0, self._known_step - step),
-            seconds=time.time() - t0,
-            generation=self._generation,
-            addresses=list(dict.fromkeys(self._ps_addresses)),
+        self._create_ps(
+            regroup(states, shards), step=step, counters=states[0]["counters"], hosts=hosts
         )
+        done = {
+            "step": step,
+            "steps_lost": max(0, self._known_step - step),
+            "seconds": time.time() - t0,
+            "generation": self._generation,
+            "addresses": list(dict.fromkeys(self._ps_addresses)),
+        }
         self.step = self._known_step = step
+        return done
 
     def _wait_for_ps_hosts(
         self, exclude: set[str], want: int, timeout: float, grace: float
