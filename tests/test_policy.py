@@ -165,7 +165,8 @@ def test_a_time_scaled_paced_run_is_planned_on_the_simulated_clock_in_emulated_s
     assert scaled.planner.hazard_per_h(K80) == pytest.approx(plain.planner.hazard_per_h(K80))
     assert scaled.step_scale == 100.0 and scaled.time_scale == 60.0
     assert plan is not None and scaled_plan is not None
-    assert scaled_plan.limit == pytest.approx(plan.limit) == pytest.approx(3600 - 960)
+    # The deadline left, with 10% of it to spare (the margin).
+    assert scaled_plan.limit == pytest.approx(plan.limit) == pytest.approx((3600 - 960) * 0.9)
     assert scaled_plan.chosen.config == plan.chosen.config
     assert scaled_plan.chosen.eta_s == pytest.approx(plan.chosen.eta_s)
 
@@ -189,10 +190,13 @@ def test_a_budget_counts_what_was_spent_already():
         cluster.add("train-started", time.time(), run="r", steps=64_000)
         policy.observe(cluster.monitor.events)
         plans.append(policy.recommend())
-    assert plans[0].limit == pytest.approx(10.0) and plans[1].limit == pytest.approx(0.5)
+    # Planned with 10% of what is left to spare (the margin).
+    assert plans[0].limit == pytest.approx(9.0) and plans[1].limit == pytest.approx(0.45)
     # $10 buy the plateau; the $0.50 left after spending $9.50 buy no way to finish.
-    assert plans[0].feasible and plans[0].chosen.cost <= 10.0
-    assert not plans[1].feasible and plans[1].chosen.cost > 0.5
+    assert plans[0].feasible and plans[0].chosen.cost <= 9.0
+    assert not plans[1].feasible and plans[1].chosen.cost > 0.45
+    with pytest.raises(ValueError, match=r"margin=1\.5 must be a fraction from 0 to below 1"):
+        _policy(rich, "budget", budget=10.0, margin=1.5)
 
 
 V100_OD = Kind("v100", "us-central1-a", False, 2.48)
@@ -214,7 +218,7 @@ def test_a_ps_slower_than_the_papers_gets_a_second_shard_once_measured():
     deadline of 32 steps/s. This PS serves 20: measured, a second host is added."""
     cluster = RecordingCluster({"k80": 8})
     policy = TransientPolicy(
-        cluster, "deadline", deadline=64_000 / 32.0, planner=Planner([K80_OD], 0.19)
+        cluster, "deadline", deadline=64_000 / 32.0 / 0.9, planner=Planner([K80_OD], 0.19)
     )
     now = time.time()
     cluster.add("train-started", now, run="r", steps=64_000, elastic_shards=True)
@@ -596,7 +600,12 @@ def test_a_storm_makes_a_deadline_policy_run_some_workers_on_demand():
     p100_od = Kind("p100", "us-central1-a", False, 1.46)
     cluster = RecordingCluster({"p100": 4})
     policy = TransientPolicy(
-        cluster, "deadline", deadline="0.52h", max_workers=4, planner=Planner([p100, p100_od], 0.19)
+        cluster,
+        "deadline",
+        deadline="0.52h",
+        max_workers=4,
+        margin=0.0,
+        planner=Planner([p100, p100_od], 0.19),
     )
     t = time.time() - 24 * 400 - 600
     cluster.add("train-started", t, run="r", steps=64_000)
