@@ -390,6 +390,10 @@ def test_scale_keeps_a_share_on_demand_that_is_never_revoked(cleanup: None) -> N
             cluster.scale(2, on_demand=1)
         assert cluster.on_demand == {} and cluster.mix == {gpu: 2}
         cluster.limits = unlimited
+        # A type never given a count has none to be brought to (an on_demand_fallback VM of it
+        # stays); once given one, it keeps one, 0 included.
+        assert cluster._scaled_on_demand(None, {gpu: 2}, None) == {}
+        assert cluster._scaled_on_demand({}, {gpu: 2}, None) == {}
 
         start = len(snapshot(cluster))
         cluster.scale(2, on_demand=1)
@@ -423,6 +427,7 @@ def test_scale_keeps_a_share_on_demand_that_is_never_revoked(cleanup: None) -> N
         assert index_of(snapshot(cluster), "scale", back, on_demand={}) >= back
         wait_for_sync(lambda: len(worker_states(cluster)) == 2, timeout=60)
         assert on_demand_held(cluster) == [] and cluster.on_demand == {}
+        assert cluster._on_demand == {gpu: 0}  # asked for once: kept at 0 from now on
 
 
 def test_scale_up_and_down_while_preempting(cleanup: None) -> None:

@@ -1438,16 +1438,20 @@ class TransientCluster(SpecCluster):
     def _scaled_on_demand(
         self, on_demand: int | Mapping[str, int] | None, mix: Mix, gpu: str | None
     ) -> Mix:
-        """The on-demand counts that ``scale(..., on_demand=on_demand)`` asks for, checked."""
+        """The on-demand counts that ``scale(..., on_demand=on_demand)`` asks for, checked.
+
+        Every type ever given a count keeps one (0 included): only those are brought to it, so
+        an ``on_demand_fallback`` VM of a type never given one is left alone.
+        """
         if on_demand is None:
-            return {g: min(n, mix.get(g, 0)) for g, n in self._on_demand.items() if n > 0}
+            return {g: min(n, mix.get(g, 0)) for g, n in self._on_demand.items()}
         if isinstance(on_demand, Mapping):
-            asked = dict(on_demand)
+            asked = {**{g: 0 for g in self._on_demand}, **dict(on_demand)}
         else:
             live = [g for g, c in mix.items() if c > 0]
             key = gpu.strip().lower() if gpu else live[0] if len(live) == 1 else None
             if key is None and on_demand == 0:
-                return {}
+                return {g: 0 for g in self._on_demand}
             if key is None:
                 raise ValueError(
                     f"scale(on_demand={on_demand!r}): this cluster mixes {format_mix(mix)}; give "
@@ -1472,8 +1476,7 @@ class TransientCluster(SpecCluster):
                     f"scale(on_demand={on_demand!r}): this cluster's workers are all on demand "
                     "already (spot=False); on_demand= shares out a Spot cluster's workers."
                 )
-            if count:
-                out[name] = count
+            out[name] = count
         return out
 
     async def _scale_to_target(self) -> None:
@@ -1535,9 +1538,9 @@ class TransientCluster(SpecCluster):
         workers for Spot ones, or the Spot workers most likely to be revoked for on-demand ones
         (each given back, then asked for again: the ask goes on demand while the type is
         short). Returns whether it changed anything."""
-        if not self.spot:
-            return False
-        want = min(self._on_demand.get(gpu, 0), self._mix.get(gpu, 0))
+        if not self.spot or gpu not in self._on_demand:
+            return False  # never given a count: its on-demand fallback VMs are left alone
+        want = min(self._on_demand[gpu], self._mix.get(gpu, 0))
         vms = [
             w
             for w in self.workers.values()

@@ -563,12 +563,17 @@ class TransientPolicy:
 
     def on_demand_of(self, plan: Plan) -> dict[str, int]:
         """GPU type -> how many of the plan's workers of that type run on demand (types with
-        none left out): ``cluster.scale``'s ``on_demand``."""
+        none left out)."""
         dear: dict[str, int] = {}
         for kind, n in plan.chosen.config.workers:
             if not kind.spot:
                 dear[kind.gpu] = dear.get(kind.gpu, 0) + n
         return dear
+
+    def _on_demand_asked(self, plan: Plan) -> dict[str, int]:
+        """:meth:`on_demand_of` with every type the planner may buy (0 for those with none):
+        a type whose on-demand workers the plan drops gets them swapped back for Spot ones."""
+        return {**{k.gpu: 0 for k in self.planner.kinds}, **self.on_demand_of(plan)}
 
     def _weighs_on_demand(self) -> bool:
         return any(not k.spot for k in self.planner.kinds) and bool(
@@ -660,7 +665,7 @@ class TransientPolicy:
                 for gpu, zone in self.zones_of(plan).items():
                     prefer(gpu, zone)
             if self._weighs_on_demand():
-                self.cluster.scale(self.mix_of(plan), on_demand=self.on_demand_of(plan))
+                self.cluster.scale(self.mix_of(plan), on_demand=self._on_demand_asked(plan))
             else:
                 self.cluster.scale(self.mix_of(plan))
             self._acted_at = time.time()
