@@ -278,6 +278,11 @@ class TransientCluster(SpecCluster):
         self.machine_type = str(config.get("machine-type", override_with=machine_type))
         self.ps_machine_type = str(config.get("ps-machine-type", override_with=ps_machine_type))
         self.ps_hosts = _positive_int(config.get("ps-hosts", override_with=ps_hosts), "ps_hosts")
+        #: GPU type -> how many of its workers run on demand (the rest Spot), set by ``scale``
+        #: (the transient-aware policy buys them when Spot cannot meet its goal), and the slots
+        #: being asked for on demand now. Before the limits are checked: they read it.
+        self._on_demand: dict[str, int] = {}
+        self._on_demand_slots: set[int] = set()
         #: The zone the PS is being moved to (move_ps), until its old hosts are gone; else None.
         self.ps_move_zone: str | None = None
         self.catalog = prices if isinstance(prices, PriceCatalog) else PriceCatalog.load(prices)
@@ -417,11 +422,6 @@ class TransientCluster(SpecCluster):
         #: Slot -> the GPU type asked for in it: a replacement asks for the same type (it may
         #: land on a fallback type, but it still fills its slot's type in the mix).
         self._slot_gpu: dict[int, str] = {}
-        #: GPU type -> how many of its workers run on demand (the rest Spot), set by ``scale``
-        #: (the transient-aware policy buys them when Spot cannot meet its goal), and the slots
-        #: being asked for on demand now.
-        self._on_demand: dict[str, int] = {}
-        self._on_demand_slots: set[int] = set()
         self._tasks: set[asyncio.Future[Any]] = set()
         self._closing = False
         #: VMs whose worker joined at least once (a VM lost before that failed to start).
@@ -624,8 +624,8 @@ class TransientCluster(SpecCluster):
         on_demand = self._on_demand if on_demand is None else on_demand
         for gpu, count in mix.items():
             dear = min(count, on_demand.get(gpu, 0))
-            for n, first in ((count - dear, False), (dear, True)):
-                if not n:
+            for share, first in ((count - dear, False), (dear, True)):
+                if not share:
                     continue
                 rates = []
                 for p in self.policy.placements(gpu, on_demand_first=first):
@@ -635,7 +635,7 @@ class TransientCluster(SpecCluster):
                         )
                     except ValueError:
                         continue
-                hourly += n * max(rates)
+                hourly += share * max(rates)
         ps = max(
             self.catalog.machine_price(self.ps_machine_type, z).rate(False) for z in self._zones()
         )
