@@ -722,14 +722,7 @@ class TransientCluster(SpecCluster):
 
     def _on_demand_held(self, gpu: str) -> int:
         """On-demand workers of ``gpu`` live or being asked for."""
-        live = sum(
-            1
-            for w in self.workers.values()
-            if w.spec.role == "worker"
-            and not w.stopped
-            and not w.spec.spot
-            and self._asked_gpu(w) == gpu
-        )
+        live = sum(1 for w in self._worker_vms_of(gpu) if not w.spec.spot)
         asking = sum(
             1
             for s in self._on_demand_slots
@@ -744,16 +737,20 @@ class TransientCluster(SpecCluster):
             return self._slot_gpu[slot]
         return vm.spec.gpu or self.gpu
 
-    def _live_workers(self, gpu: str, exclude: TransientVM | None = None) -> int:
-        """Live worker VMs asked for as ``gpu`` (``exclude``, one at its notice, not counted)."""
-        return sum(
-            1
+    def _worker_vms_of(self, gpu: str, exclude: TransientVM | None = None) -> list[TransientVM]:
+        """Live worker VMs asked for as ``gpu`` (``exclude``, one at its notice, left out)."""
+        return [
+            w
             for w in self.workers.values()
             if w.spec.role == "worker"
             and w is not exclude
             and not w.stopped
             and self._asked_gpu(w) == gpu
-        )
+        ]
+
+    def _live_workers(self, gpu: str, exclude: TransientVM | None = None) -> int:
+        """How many live worker VMs are asked for as ``gpu`` (``exclude`` not counted)."""
+        return len(self._worker_vms_of(gpu, exclude))
 
     def _free_slot(self) -> int:
         used = set(self._slots)
@@ -1496,11 +1493,7 @@ class TransientCluster(SpecCluster):
             # Read now, not before the loop: an earlier pass awaits a scale-down while a later
             # scale() changes the mix, and must not undo what that one asked for.
             want = self._mix.get(gpu, 0)
-            vms = [
-                w
-                for w in self.workers.values()
-                if w.spec.role == "worker" and not w.stopped and self._asked_gpu(w) == gpu
-            ]
+            vms = self._worker_vms_of(gpu)
             pending = sum(
                 1 for s, v in self._slots.items() if v == "" and self._slot_gpu.get(s) == gpu
             )
@@ -1541,11 +1534,7 @@ class TransientCluster(SpecCluster):
         if not self.spot or gpu not in self._on_demand:
             return False  # never given a count: its on-demand fallback VMs are left alone
         want = min(self._on_demand[gpu], self._mix.get(gpu, 0))
-        vms = [
-            w
-            for w in self.workers.values()
-            if w.spec.role == "worker" and not w.stopped and self._asked_gpu(w) == gpu
-        ]
+        vms = self._worker_vms_of(gpu)
         held = self._on_demand_held(gpu)
         if held > want:
             dear = [w for w in vms if not w.spec.spot]
