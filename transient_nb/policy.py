@@ -56,6 +56,7 @@ from transient_nb.planner import (
     GOALS,
     SATURATED,
     Configuration,
+    Estimate,
     Kind,
     Plan,
     Planner,
@@ -531,18 +532,7 @@ class TransientPolicy:
             return False
         if now.liveput <= 0:
             return True
-        if plan.goal == "deadline":
-            # The current mix misses the deadline: change for one that meets it, or, when none
-            # does, for one enough faster (a near-equal miss is no reason to boot and give back
-            # VMs: under a storm that flapped the mix a dozen times). Else only for enough money.
-            if not plan.meets(now):
-                return plan.meets(new) or new.eta_s < now.eta_s * (1 - self.hysteresis)
-            return new.cost < now.cost * (1 - self.hysteresis)
-        if plan.goal == "budget":
-            if not plan.meets(now):
-                return plan.meets(new) or new.cost < now.cost * (1 - self.hysteresis)
-            return new.eta_s < now.eta_s * (1 - self.hysteresis)
-        return new.cost_per_step < now.cost_per_step * (1 - self.hysteresis)
+        return self.better(plan, new, now)
 
     def settling(self, now: float | None = None) -> bool:
         """Whether the last change is still taking effect: its workers take a start-up (the
@@ -597,21 +587,23 @@ class TransientPolicy:
             "ps_zone": self.planner.ps_zone,
         }
 
-    def better(self, new: Plan, old: Plan) -> bool:
-        """Whether ``new``'s choice serves the goal enough better than ``old``'s (by the
-        hysteresis): for a deadline, meeting it where ``old`` does not, else cheaper; for a
-        budget, within it where ``old`` is not, else sooner; else less per step."""
-        a, b = new.chosen, old.chosen
+    def better(self, plan: Plan, new: Estimate, old: Estimate) -> bool:
+        """Whether ``new`` serves ``plan``'s goal enough better than ``old`` (by the hysteresis).
+
+        A deadline: meeting it where ``old`` misses it; both meet it, cheaper; both miss it,
+        enough sooner (a near-equal miss is no reason to boot and give back VMs: under a storm
+        that flapped the mix a dozen times). A budget: within it where ``old`` is not; both
+        within, sooner; both over, cheaper. Cost per step: less per step.
+        """
         factor = 1 - self.hysteresis
-        if new.goal == "deadline":
-            if new.meets(a) != old.meets(b):
-                return new.meets(a)
-            return a.cost < b.cost * factor if new.meets(a) else a.eta_s < b.eta_s * factor
-        if new.goal == "budget":
-            if new.meets(a) != old.meets(b):
-                return new.meets(a)
-            return a.eta_s < b.eta_s * factor if new.meets(a) else a.cost < b.cost * factor
-        return a.cost_per_step < b.cost_per_step * factor
+        if plan.goal == "cost-per-step":
+            return new.cost_per_step < old.cost_per_step * factor
+        if plan.meets(new) != plan.meets(old):
+            return plan.meets(new)
+        cheaper, sooner = new.cost < old.cost * factor, new.eta_s < old.eta_s * factor
+        if plan.goal == "deadline":
+            return cheaper if plan.meets(new) else sooner
+        return sooner if plan.meets(new) else cheaper
 
     def ps_move(self, plan: Plan, now: float | None = None) -> tuple[str, Plan] | None:
         """A zone in another region to move the PS to, and the plan made there, where that
@@ -633,7 +625,8 @@ class TransientPolicy:
             for zone in others.values():
                 self.planner.ps_zone = zone
                 there = self.recommend(now)
-                if there is not None and self.better(there, best[1] if best else plan):
+                rival = best[1] if best else plan
+                if there is not None and self.better(there, there.chosen, rival.chosen):
                     best = (zone, there)
         finally:
             self.planner.ps_zone = here
