@@ -69,6 +69,7 @@ def test_the_runs_of_a_trace_and_the_policys_first_choices():
         "static 4 P100",
         "static 4 V100",
         "static 4 P100 on demand",
+        "static 3 P100 on demand",
         "reactive 4 P100",
         "policy deadline",
         "policy budget",

@@ -411,6 +411,41 @@ def test_a_deadline_spot_misses_in_a_storm_is_met_with_on_demand_workers_beside_
     assert all(k.spot for k in cheap.chosen.config.counts)
 
 
+def test_availability_weighs_what_the_workers_showed_against_the_model():
+    """The model expects a storm's Spot P100 up 48% of the time. Its workers held their places
+    3 h and trained 0.6 h of them (20%): the planner expects what they showed, the model
+    counting as half an hour; on-demand workers, and kinds not observed, keep the model's."""
+    storm = _stormy(Planner([P100, P100_OD], 0.19))
+    model = storm.availability(P100)
+    assert model == pytest.approx(storm.model_availability(P100)) == pytest.approx(0.48, abs=0.01)
+    storm.observe_availability("P100", "us-central1-a", held_h=3.0, trained_h=0.6)
+    expected = (model * PRIOR_HOURS + 0.6) / (PRIOR_HOURS + 3.0)
+    assert storm.availability(P100) == pytest.approx(expected) == pytest.approx(0.24, abs=0.01)
+    assert storm.model_availability(P100) == pytest.approx(model)
+    assert storm.availability(P100_OD) == 1.0
+    assert storm.availability(Kind("p100", "us-east1-c", True, 0.43)) < 1.0
+    # Totals, not increments: the next observation replaces this one; nonsense is ignored.
+    storm.observe_availability("p100", "us-central1-a", held_h=3.0, trained_h=1.5)
+    assert storm.availability(P100) == pytest.approx((model * PRIOR_HOURS + 1.5) / 3.5)
+    for held, trained in ((0.0, 0.0), (math.nan, 1.0), (1.0, math.inf)):
+        storm.observe_availability("p100", "us-central1-a", held_h=held, trained_h=trained)
+    assert storm.availability(P100) == pytest.approx((model * PRIOR_HOURS + 1.5) / 3.5)
+    # Trained more than held (clocks): no more than always up.
+    storm.observe_availability("p100", "us-central1-a", held_h=1.0, trained_h=2.0)
+    assert storm.availability(P100) <= 1.0
+
+
+def test_spot_workers_that_trained_less_than_the_model_expects_make_a_deadline_on_demand():
+    """The deadline of the test above: the model alone keeps one Spot P100 beside three on
+    demand. Where the storm's Spot P100s trained a fifth of their time, a Spot worker adds
+    little: all four on demand."""
+    deadline = 0.45 * 3600
+    storm = _stormy(Planner([P100, P100_OD], 0.19))
+    storm.observe_availability("p100", "us-central1-a", held_h=3.0, trained_h=0.6)
+    plan = storm.choose("deadline", 64_000, max_workers=4, max_shards=1, deadline_s=deadline)
+    assert plan.feasible and plan.chosen.config.counts == {P100_OD: 4}
+
+
 def test_on_demand_beside_spot_is_a_candidate_of_each_size_for_each_type_and_zone():
     other = Kind("p100", "us-east1-c", True, 0.43)
     planner = Planner([P100, P100_OD, other], 0.19)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from transient_nb.planner import PRIOR_HOURS, Kind, Planner
-from transient_nb.policy import TransientPolicy
+from transient_nb.policy import FIRST_REPORT_S, TransientPolicy
 
 K80 = Kind("k80", "us-central1-a", True, 0.256)
 V100 = Kind("v100", "us-central1-a", True, 0.861)
@@ -168,7 +168,9 @@ def test_a_time_scaled_paced_run_is_planned_on_the_simulated_clock_in_emulated_s
     # The deadline left, with 10% of it to spare (the margin).
     assert scaled_plan.limit == pytest.approx(plan.limit) == pytest.approx((3600 - 960) * 0.9)
     assert scaled_plan.chosen.config == plan.chosen.config
-    assert scaled_plan.chosen.eta_s == pytest.approx(plan.chosen.eta_s)
+    # Within 0.1%: a trainer's first report comes 2 wall seconds after it trained, 120
+    # simulated seconds at time_scale=60, which the hours its place was observed include.
+    assert scaled_plan.chosen.eta_s == pytest.approx(plan.chosen.eta_s, rel=1e-3)
 
 
 def test_a_near_equal_mix_is_not_worth_a_change():
@@ -590,12 +592,30 @@ def test_the_ps_capacity_and_the_bottleneck_are_learned_from_the_ps_metrics():
         assert policy._ps_bottleneck == (i == 4)
 
 
-def test_a_storm_makes_a_deadline_policy_run_some_workers_on_demand():
-    """Four workers at most, 0.52 h for 64K steps. 24 P100 revoked 5 minutes after their VM
-    ran, each training 300 s after it was asked for (210 s of them loading): a Spot P100 is up
-    46% of the time and 4 of them miss the deadline (0.79 h). The policy asks the cluster to
-    run 3 of its 4 on demand (their start-up counted: 0.51 h), says so, and once they run
-    counts them as on demand."""
+def _storm_stream(cluster: RecordingCluster, t: float) -> None:
+    """24 P100 revoked 5 minutes after their VM ran, each the replacement of the one before
+    (the first excepted), each training 300 s after it was asked for (210 s of them loading):
+    88 s of training in each 390 s place."""
+    fields = {"role": "worker", "gpu": "p100", "zone": "us-central1-a", "spot": True}
+    cluster.add("train-started", t, run="r", steps=64_000)
+    for i in range(24):
+        # Each runs 90 s after it was asked for, trains 300 s after (its first report comes
+        # 2 s later), and is revoked 300 s after it ran.
+        asked = t + i * 400
+        if i:
+            cluster.add("replacement-requested", asked, worker=f"w-{i - 1}", role="worker")
+        cluster.add("requested", asked, worker=f"w-{i}", **fields)
+        cluster.add("running", asked + 90, worker=f"w-{i}", **fields)
+        cluster.add("worker-metrics", asked + 302, worker=f"w-{i}", local_step=0)
+        cluster.add("preempted", asked + 390, worker=f"w-{i}", **fields)
+
+
+def test_a_storm_makes_a_deadline_policy_run_its_workers_on_demand():
+    """Four workers at most, 0.52 h for 64K steps, under the storm above. The model expects a
+    Spot P100 up 46% of the time (exponential lifetimes); its workers trained 23% of their
+    places' time, and the planner expects 28%: 4 Spot P100 miss the deadline, and one Spot
+    beside three on demand adds too little. The policy asks for all four on demand (their
+    start-up counted), says so with both figures, and once they run counts them on demand."""
     p100 = Kind("p100", "us-central1-a", True, 0.43)
     p100_od = Kind("p100", "us-central1-a", False, 1.46)
     cluster = RecordingCluster({"p100": 4})
@@ -608,36 +628,73 @@ def test_a_storm_makes_a_deadline_policy_run_some_workers_on_demand():
         planner=Planner([p100, p100_od], 0.19),
     )
     t = time.time() - 24 * 400 - 600
-    cluster.add("train-started", t, run="r", steps=64_000)
-    fields = {"role": "worker", "gpu": "p100", "zone": "us-central1-a", "spot": True}
-    for i in range(24):
-        # Each runs 90 s after it was asked for, trains 300 s after (its first report comes
-        # 2 s later), and is revoked 300 s after it ran.
-        asked = t + i * 400
-        cluster.add("requested", asked, worker=f"w-{i}", **fields)
-        cluster.add("running", asked + 90, worker=f"w-{i}", **fields)
-        cluster.add("worker-metrics", asked + 302, worker=f"w-{i}", local_step=0)
-        cluster.add("preempted", asked + 390, worker=f"w-{i}", **fields)
+    _storm_stream(cluster, t)
     for i in range(24, 28):
         _vm(cluster, f"w-{i}", "p100", t + 24 * 400)
     plan = asyncio.run(policy.adapt())
     assert plan is not None and plan.feasible
     assert plan.current is not None and not plan.meets(plan.current)  # 4 Spot P100: too slow
-    assert plan.chosen.config.counts == {p100: 1, p100_od: 3}
-    assert cluster.scaled == [{"p100": 4}] and cluster.on_demand_scaled == [{"p100": 3}]
+    model = policy.planner.model_availability(p100)
+    assert model == pytest.approx(0.46, abs=0.01)
+    # 24 places of 388-390 s, 88 s trained each (the first counted from its training), and
+    # the four placed at the end, which trained from their first report.
+    assert policy.planner.availability(p100) == pytest.approx(0.28, abs=0.02)
+    assert plan.chosen.config.counts == {p100_od: 4}
+    assert cluster.scaled == [{"p100": 4}] and cluster.on_demand_scaled == [{"p100": 4}]
     (decision,) = [e for e in cluster.posted if e["kind"] == "policy-decision"]
-    assert decision["acted"] is True and decision["on_demand"] == {"p100": 3}
-    assert "3 p100 in us-central1-a (on demand)" in decision["reason"]
-    # Three Spot workers given back, three on-demand ones running: as planned.
+    assert decision["acted"] is True and decision["on_demand"] == {"p100": 4}
+    assert "4 p100 in us-central1-a (on demand)" in decision["reason"]
+    observed, by_model = decision["availability"]["p100@us-central1-a"]
+    assert observed == pytest.approx(policy.planner.availability(p100), abs=1e-4)
+    assert by_model == pytest.approx(model, abs=1e-4)
+    # The Spot workers given back, four on-demand ones running: as planned.
     now = time.time()
-    for i in range(25, 28):
+    for i in range(24, 28):
         cluster.add("deleted", now, worker=f"w-{i}", role="worker", gpu="p100")
-    for i in range(28, 31):
+    for i in range(28, 32):
         _vm(cluster, f"w-{i}", "p100", now, spot=False)
     policy.observe(cluster.monitor.events)
     again = policy.recommend()
     assert again is not None and again.current is not None
-    assert again.current.config.counts == {p100: 1, p100_od: 3}
+    assert again.current.config.counts == {p100_od: 4}
+
+
+def test_a_spot_place_counts_from_a_replacement_request_and_from_training_otherwise():
+    """Observed availability, event by event: a replacement's place from its request, another
+    worker's from its training; one given back before it trained is left out; on-demand
+    workers are not counted; places still held count to now."""
+    p100 = Kind("p100", "us-central1-a", True, 0.43)
+    cluster = RecordingCluster({"p100": 2})
+    policy = TransientPolicy(
+        cluster, "cost-per-step", planner=Planner([p100], 0.19), max_workers=2
+    )
+    fields = {"role": "worker", "gpu": "p100", "zone": "us-central1-a", "spot": True}
+    t = 1000.0
+    cluster.add("train-started", t, run="r", steps=64_000)
+    # w-0: there at the start, trains from 100 s, revoked at 500 s: 400 s held, all trained.
+    cluster.add("running", t, worker="w-0", **fields)
+    cluster.add("worker-metrics", t + 100 + FIRST_REPORT_S, worker="w-0", local_step=0)
+    cluster.add("preempted", t + 500, worker="w-0", **fields)
+    # w-1 replaces it at 510 s, trains from 810 s, still up at 1010 s: 500 s held, 200 trained.
+    cluster.add("replacement-requested", t + 510, worker="w-0", role="worker")
+    cluster.add("requested", t + 510, worker="w-1", **fields)
+    cluster.add("running", t + 600, worker="w-1", **fields)
+    cluster.add("worker-metrics", t + 810 + FIRST_REPORT_S, worker="w-1", local_step=0)
+    # w-2, asked for by a scale-up, given back before it trained: left out.
+    cluster.add("requested", t + 520, worker="w-2", **fields)
+    cluster.add("deleted", t + 700, worker="w-2", **fields)
+    # w-3, a replacement revoked while it booted: 100 s held, none trained.
+    cluster.add("replacement-requested", t + 530, worker="w-x", role="worker")
+    cluster.add("requested", t + 530, worker="w-3", **fields)
+    cluster.add("preempted", t + 630, worker="w-3", **fields)
+    # w-4, an on-demand replacement: not counted.
+    cluster.add("replacement-requested", t + 540, worker="w-y", role="worker")
+    cluster.add("requested", t + 540, worker="w-4", **{**fields, "spot": False})
+    policy.observe(cluster.monitor.events)
+    policy.observe_places(now=t + 1010)
+    held, trained = policy.planner._held[("p100", "us-central1-a")]
+    assert held * 3600 == pytest.approx(400 + 500 + 100)
+    assert trained * 3600 == pytest.approx(400 + 200)
 
 
 class ZonedCluster(RecordingCluster):

@@ -136,6 +136,9 @@ EVENTS: dict[str, tuple[str, ...]] = {
         "ps_capacity",  # global steps/s the plan's PS shards serve at most (None: unbounded)
         "ps_bottleneck",  # in the last metrics window the PS served less than was pushed
         "ps_zone",  # where the plan has the PS (a move says "PS moved to ZONE" in its reason)
+        # "gpu@zone" of each Spot kind -> [fraction of the time a worker is expected up, the
+        # model's own figure before what was observed]
+        "availability",
     ),
     # -- workers --
     "drained": ("worker", "hooks", "seconds", "errors"),  # drain hooks ran after a notice

@@ -270,6 +270,14 @@ class TransientPolicy:
         self._running_since: dict[str, float] = {}
         self._requested_at: dict[str, float] = {}
         self._acted_at: float | None = None
+        # Spot workers' places (planner.observe_availability): replacements asked for and not
+        # yet matched with their VM's request; worker -> when its place is held from (a
+        # replacement's request, another's first training) and when it trained from; and the
+        # (gpu, zone) totals of the workers gone, in wall seconds.
+        self._replacing = 0
+        self._held_from: dict[str, float] = {}
+        self._trained_from: dict[str, float] = {}
+        self._held_gone: dict[tuple[str, str], tuple[float, float]] = {}
         self._steps: int | None = None
         self._step = 0
         self._elastic = False  # the run follows new PS hosts (started without shards=)
@@ -311,7 +319,13 @@ class TransientPolicy:
             self.planner.ps_zone = str(e["zone"])
         elif kind == "ps-move-failed" and self._ps_zone_before is not None:
             self.planner.ps_zone = self._ps_zone_before
+        if kind == "replacement-requested" and e.get("role") == "worker":
+            self._replacing += 1
         if kind in ("requested", "running") and name and e.get("role") == "worker":
+            if kind == "requested" and self._replacing > 0:
+                self._replacing -= 1
+                if bool(e.get("spot", True)):
+                    self._held_from[str(name)] = t
             self._vm[str(name)] = dict(e)
             self._live[str(name)] = (
                 str(e.get("gpu")),
@@ -329,7 +343,12 @@ class TransientPolicy:
             hours = 0.0 if started is None else max(0.0, t - started) * self.time_scale / HOUR
             revoked = int(kind == "preempted" and bool(vm.get("spot", True)))
             self.planner.observe_exposure(str(vm.get("gpu")), str(vm.get("zone")), hours, revoked)
+            self._close_place(str(name), vm, t, revoked=bool(revoked))
         elif kind == "worker-metrics" and name:
+            if str(name) not in self._trained_from and str(name) in self._live:
+                training = t - FIRST_REPORT_S
+                self._held_from.setdefault(str(name), training)
+                self._trained_from[str(name)] = max(training, self._held_from[str(name)])
             asked = self._requested_at.pop(str(name), None)
             if asked is not None:
                 # How long a worker takes from being asked for to training, on this cluster:
@@ -371,6 +390,43 @@ class TransientPolicy:
         elif kind == "metrics":
             self._step = max(self._step, int(e.get("step", 0)))
             self._observe_ps(e, t)
+
+    def _close_place(self, name: str, vm: Mapping[str, Any], t: float, revoked: bool) -> None:
+        """A Spot worker's place is over (its worker revoked or given back): into the totals.
+        One given back before it trained is left out (it had no chance to)."""
+        held_from = self._held_from.pop(name, None)
+        trained_from = self._trained_from.pop(name, None)
+        if held_from is None or not bool(vm.get("spot", True)):
+            return
+        if trained_from is None and not revoked:
+            return
+        key = (str(vm.get("gpu")).lower(), str(vm.get("zone")))
+        held, trained = self._held_gone.get(key, (0.0, 0.0))
+        self._held_gone[key] = (
+            held + max(0.0, t - held_from),
+            trained + (0.0 if trained_from is None else max(0.0, t - trained_from)),
+        )
+
+    def observe_places(self, now: float | None = None) -> None:
+        """Tell the planner how much of their places' time the Spot workers of each kind
+        trained so far, the places still held counted to ``now``."""
+        now = time.time() if now is None else now
+        totals = dict(self._held_gone)
+        for name, held_from in self._held_from.items():
+            vm = self._vm.get(name, {})
+            if name not in self._live or not bool(vm.get("spot", True)):
+                continue
+            key = (str(vm.get("gpu")).lower(), str(vm.get("zone")))
+            trained_from = self._trained_from.get(name)
+            held, trained = totals.get(key, (0.0, 0.0))
+            totals[key] = (
+                held + max(0.0, now - held_from),
+                trained + (0.0 if trained_from is None else max(0.0, now - trained_from)),
+            )
+        for (gpu, zone), (held, trained) in totals.items():
+            self.planner.observe_availability(
+                gpu, zone, held * self.time_scale / HOUR, trained * self.time_scale / HOUR
+            )
 
     def _observe_ps(self, e: Mapping[str, Any], t: float) -> None:
         """The PS's service rate against what its workers would push (shard 0's window of
@@ -499,6 +555,7 @@ class TransientPolicy:
         if not remaining:
             return None
         now = time.time() if now is None else now
+        self.observe_places(now)
         kwargs: dict[str, Any] = {}
         if self.goal == "deadline":
             assert self.deadline_s is not None
@@ -581,10 +638,24 @@ class TransientPolicy:
             "zones": self.zones_of(plan),
             "remaining_steps": self.remaining_steps(),
             "p_lose_1h": [round(self.planner.p_lose_at_least(config, k), 4) for k in (1, 2, 3)],
+            # Of each Spot kind the plan or the cluster has: the fraction of the time a worker
+            # is expected up, and the model's own figure (the difference: what was observed).
+            "availability": self._availabilities(plan),
             # What the plan assumes of the PS (measured live once it was the bottleneck).
             "ps_capacity": _finite(self.planner.ps_capacity(config.shards)),
             "ps_bottleneck": self._ps_bottleneck,
             "ps_zone": self.planner.ps_zone,
+        }
+
+    def _availabilities(self, plan: Plan) -> dict[str, list[float]]:
+        configs = [plan.chosen.config] + ([plan.current.config] if plan.current else [])
+        kinds = dict.fromkeys(k for c in configs for k, _ in c.workers if k.spot)
+        return {
+            f"{k.gpu}@{k.zone}": [
+                round(self.planner.availability(k), 4),
+                round(self.planner.model_availability(k), 4),
+            ]
+            for k in kinds
         }
 
     def better(self, plan: Plan, new: Estimate, old: Estimate) -> bool:
