@@ -665,9 +665,7 @@ def test_a_spot_place_counts_from_a_replacement_request_and_from_training_otherw
     workers are not counted; places still held count to now."""
     p100 = Kind("p100", "us-central1-a", True, 0.43)
     cluster = RecordingCluster({"p100": 2})
-    policy = TransientPolicy(
-        cluster, "cost-per-step", planner=Planner([p100], 0.19), max_workers=2
-    )
+    policy = TransientPolicy(cluster, "cost-per-step", planner=Planner([p100], 0.19), max_workers=2)
     fields = {"role": "worker", "gpu": "p100", "zone": "us-central1-a", "spot": True}
     t = 1000.0
     cluster.add("train-started", t, run="r", steps=64_000)
