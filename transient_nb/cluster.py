@@ -285,6 +285,10 @@ class TransientCluster(SpecCluster):
         self._on_demand_slots: set[int] = set()
         #: The zone the PS is being moved to (move_ps), until its old hosts are gone; else None.
         self.ps_move_zone: str | None = None
+        #: The new PS hosts of a move under way, until the run has moved onto them; and those
+        #: of them lost meanwhile (not replaced: the move fails, the PS stays where it is).
+        self._ps_move_hosts: set[str] = set()
+        self._ps_move_lost: list[str] = []
         self.catalog = prices if isinstance(prices, PriceCatalog) else PriceCatalog.load(prices)
         fallback_zones = list(
             config.get("replacement.fallback-zones", override_with=fallback_zones)
@@ -1004,6 +1008,8 @@ class TransientCluster(SpecCluster):
         )
         self._forget(vm)
         await vm.close()
+        if self._lost_in_move(vm):
+            return
         if vm.spec.role == "ps" or self.replace:
             await self._retry_later(vm.spec.role, vm.spec.slot, "its worker never joined")
 
@@ -1021,6 +1027,8 @@ class TransientCluster(SpecCluster):
         if vm.spec.spot and self.backend.name != "local":
             # A cloud Spot VM that stopped by itself was most likely preempted without notice.
             self.policy.record_preemption(vm.spec.gpu, vm.spec.zone)
+        if self._lost_in_move(vm):
+            return
         if vm.name not in self._joined:
             # It died before its worker ever joined: a crash on start. Replacing it at once
             # would crash again and again (and bill each boot): back off instead.
@@ -1039,8 +1047,19 @@ class TransientCluster(SpecCluster):
         if vm.spec.slot is not None and self._slots.get(vm.spec.slot) == vm.name:
             del self._slots[vm.spec.slot]
 
+    def _lost_in_move(self, vm: TransientVM) -> bool:
+        """Whether ``vm`` is a new PS host of a move the run has not made yet (it is not
+        replaced: its successor would start in the old zone, and the move would wait for a
+        host that never comes; the move fails instead, see :meth:`_move_ps`)."""
+        if vm.name not in self._ps_move_hosts:
+            return False
+        self._ps_move_lost.append(vm.name)
+        return True
+
     async def _maybe_replace(self, vm: TransientVM) -> None:
         if self._closing or not (self.replace or vm.spec.role == "ps"):
+            return
+        if self._lost_in_move(vm):
             return
         gpu = None
         if vm.spec.role == "worker":
@@ -1368,19 +1387,52 @@ class TransientCluster(SpecCluster):
             return
         # The run moves its PS once the new hosts have joined (it watches for them); without a
         # run, nothing holds the old hosts once the new ones work.
-        while not self._closing:
-            joined = all(n in self._joined for n in names)
-            moved = any(e.get("kind") == "ps-moved" for e in self.monitor.events[start:])
-            if moved or (joined and not self._run_going()):
-                break
-            await asyncio.sleep(0.1)
+        hosts = [n for n in names if n]
+        self._ps_move_hosts = set(hosts)
+        self._ps_move_lost = [n for n in hosts if n not in self.workers]  # lost as it started
+        try:
+            moved = await self._ps_moved(hosts, start)
+        finally:
+            self._ps_move_hosts = set()
+        lost, self._ps_move_lost = self._ps_move_lost, []
         if self._closing:
+            return
+        if not moved and lost:
+            # A new host was lost before the run moved onto it: the move fails whole (the
+            # other new hosts go), and the PS goes on where it is; a move may be asked again.
+            for name in hosts:
+                self.worker_spec.pop(name, None)
+            await self._correct_state()
+            self.ps_move_zone = None
+            await self._post(
+                "ps-move-failed",
+                zone=zone,
+                reason=f"new PS host {lost[0]} was lost before the run moved onto it; the PS "
+                f"stays in {here}",
+            )
             return
         for vm in old:
             self.worker_spec.pop(vm.name, None)
         self.policy.ps_zone = zone
         await self._correct_state()
         self.ps_move_zone = None
+        for name in lost:
+            # Lost as the run moved onto it: a PS host like any other, replaced near the PS.
+            self._spawn(self._provision("ps"))
+
+    async def _ps_moved(self, names: list[str], start: int) -> bool:
+        """Wait until the run moved its PS onto the new hosts ``names`` (True), or, without a
+        run, until they have joined (True); False once one of them is lost first (or the
+        cluster closes)."""
+        while not self._closing:
+            if any(e.get("kind") == "ps-moved" for e in self.monitor.events[start:]):
+                return True
+            if self._ps_move_lost:
+                return False
+            if all(n in self._joined for n in names) and not self._run_going():
+                return True
+            await asyncio.sleep(0.1)
+        return False
 
     async def _add_ps_hosts(self, before: int, n: int) -> None:
         await self._post("ps-hosts", hosts=n, hosts_from=before)

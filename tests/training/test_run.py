@@ -18,13 +18,13 @@ from transient_nb.training.data import write_cifar10_files
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
-def until(predicate, timeout=240, what="condition"):
+def until(predicate, timeout=240, what="condition", interval=0.05):
     """Wait for a condition of the run (polling its in-memory state; no fixed sleeps)."""
     deadline = time.monotonic() + parse_timedelta(timeout)
     while not predicate():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
+        time.sleep(interval)
 
 
 def kinds(run, kind):
@@ -635,3 +635,68 @@ def test_the_ps_moves_to_another_region_mid_run_and_the_trainers_follow():
         if e["kind"] == "emulation-paced" and e.get("role") == "worker":
             paced.setdefault(e["zone"], []).append(e["cross_region"])
     assert paced == {"us-central1-a": [False, True], "us-east1-c": [True, False]}
+
+
+def test_a_new_ps_host_lost_before_the_run_moved_fails_the_move_and_a_second_one_succeeds():
+    """The new PS host of a move is killed as it starts, before the run could move onto it.
+    Its successor would start in the old zone and the move would wait for a host that never
+    comes (two PS hosts billed, every later move refused): instead the move fails (the reason
+    names the host), nothing replaces it, the PS goes on where it is, and a second move
+    succeeds."""
+    with TransientCluster(
+        workers=1,
+        gpu="k80",
+        prices="paper-2019",
+        zone="us-central1-a",
+        fallback_zones=["us-east1-c"],
+        provisioning_delay=0,
+        preemption="none",
+        time_scale=10,
+        seed=3,
+    ) as cluster:
+        cluster.wait_for_workers(1, timeout=120)
+        run = train(
+            cluster,
+            model="resnet8",
+            data="digits",
+            steps=500,
+            batch_size=32,
+            emulate="paper,ps=none",
+        )
+        until(lambda: run.step >= 100, what="100 steps before the move")
+        cluster.move_ps("us-east1-c", reason="first try")
+
+        def started() -> int | None:
+            vm = cluster.workers.get("ps-1")
+            return vm.pid if vm is not None else None
+
+        until(lambda: started() is not None, timeout=60, interval=0.01, what="ps-1 to start")
+        os.killpg(started(), signal.SIGKILL)
+        until(lambda: cluster.ps_move_zone is None, timeout=60, what="the move to fail")
+        step_at_failure = run.step
+        ps_hosts = sorted(n for n, vm in cluster.workers.items() if vm.spec.role == "ps")
+        assert ps_hosts == ["ps-0"]
+        cluster.move_ps("us-east1-c", reason="second try")
+        run.wait(timeout=400)
+        summary = run.summary()
+        until(lambda: cluster.ps_move_zone is None, timeout=60, what="the second move to end")
+        events = run.events()
+    assert summary["reason"] == "steps" and summary["steps"] >= 500
+    assert step_at_failure < 500
+    kinds = [e["kind"] for e in events if e["kind"].startswith("ps-mov")]
+    assert kinds == ["ps-move", "ps-move-failed", "ps-move", "ps-moved"]
+    (failed,) = [e for e in events if e["kind"] == "ps-move-failed"]
+    assert failed["zone"] == "us-east1-c"
+    assert "ps-1" in failed["reason"] and "stays in us-central1-a" in failed["reason"]
+    # Nothing replaced the lost host; the second move started one of its own there.
+    replaced = [e["worker"] for e in events if e["kind"] == "replacement-requested"]
+    assert "ps-1" not in replaced
+    new_ps = [
+        (e["worker"], e["zone"])
+        for e in events
+        if e["kind"] == "requested" and e.get("role") == "ps"
+    ]
+    assert new_ps == [("ps-0", "us-central1-a"), ("ps-1", "us-east1-c"), ("ps-2", "us-east1-c")]
+    # The run never took its PS for lost: the failed move did not touch it.
+    assert not [e for e in events if e["kind"] in ("ps-lost", "ps-recovered")]
+    assert cluster.policy.ps_zone == "us-east1-c"
