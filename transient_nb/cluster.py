@@ -1416,7 +1416,7 @@ class TransientCluster(SpecCluster):
         self.policy.ps_zone = zone
         await self._correct_state()
         self.ps_move_zone = None
-        for name in lost:
+        for _ in lost:
             # Lost as the run moved onto it: a PS host like any other, replaced near the PS.
             self._spawn(self._provision("ps"))
 
