@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from transient_nb import evaluation
+from transient_nb.policy import DEFAULT_MARGIN
 from transient_nb.preemption import parse_preemption
 
 
@@ -88,10 +89,12 @@ def test_the_runs_of_a_trace_and_the_policys_first_choices():
         e = planner.estimate(
             Configuration.of({kinds[g]: n for g, n in setup.types.items()}), 64_000
         )
+        # With the policy's margin to spare, as its own first round plans (else that round
+        # changes what the cluster was just given).
         if goal == "deadline":
-            assert e.eta_s <= evaluation.DEADLINE_H * 3600
+            assert e.eta_s <= evaluation.DEADLINE_H * 3600 * (1 - DEFAULT_MARGIN)
         if goal == "budget":
-            assert e.cost <= evaluation.BUDGET
+            assert e.cost <= evaluation.BUDGET * (1 - DEFAULT_MARGIN)
         assert setup.spot and setup.workers == sum(setup.types.values()) <= 8
 
 

@@ -446,6 +446,23 @@ def test_spot_workers_that_trained_less_than_the_model_expects_make_a_deadline_o
     assert plan.feasible and plan.chosen.config.counts == {P100_OD: 4}
 
 
+def test_the_first_workers_start_ups_count_until_one_asked_for_later_trains():
+    """The paper's prior (108 s, 19 s loading) until something is seen; the cluster's first
+    workers' start-ups (started together, cold) until a worker asked for during the run
+    trains; then only those."""
+    planner = Planner([P100], 0.19)
+    assert planner.startup_s == pytest.approx(108.5) and planner.load_s == 19.0
+    for seconds, load in ((340.0, 250.0), (350.0, 260.0), (360.0, 270.0)):
+        planner.observe_startup(seconds, load, first=True)
+    assert (planner.startup_s, planner.load_s) == (350.0, 260.0)
+    planner.observe_startup(220.0, 120.0)
+    assert (planner.startup_s, planner.load_s) == (220.0, 120.0)
+    planner.observe_startup(0.0, 0.0)  # nonsense is ignored
+    planner.observe_startup(math.inf)
+    planner.observe_startup(500.0, 600.0, first=True)  # a load longer than its start-up: not
+    assert (planner.startup_s, planner.load_s) == (220.0, 120.0)
+
+
 def test_on_demand_beside_spot_is_a_candidate_of_each_size_for_each_type_and_zone():
     other = Kind("p100", "us-east1-c", True, 0.43)
     planner = Planner([P100, P100_OD, other], 0.19)

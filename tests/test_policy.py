@@ -14,6 +14,7 @@ from transient_nb.policy import FIRST_REPORT_S, TransientPolicy
 
 K80 = Kind("k80", "us-central1-a", True, 0.256)
 V100 = Kind("v100", "us-central1-a", True, 0.861)
+P100 = Kind("p100", "us-central1-a", True, 0.43)
 T0 = 1_000_000.0
 
 
@@ -657,6 +658,39 @@ def test_a_storm_makes_a_deadline_policy_run_its_workers_on_demand():
     again = policy.recommend()
     assert again is not None and again.current is not None
     assert again.current.config.counts == {p100_od: 4}
+
+
+def test_the_first_workers_start_up_is_their_request_to_training_less_their_wait_for_the_run():
+    """Workers asked for before the run: w-0 asked at 0, running at 90, joined at 150, the run
+    started at 400, trained at 480: 90 + 60 + 80 = 230 s of start-up (140 of them loading), not
+    the 250 s it waited for the run. w-1 joined after the run started: all of it counts. Then a
+    worker asked for during the run trains: its start-up is the one that counts."""
+    cluster = RecordingCluster({"p100": 2})
+    policy = TransientPolicy(cluster, "cost-per-step", planner=Planner([P100], 0.19))
+    fields = {"role": "worker", "gpu": "p100", "zone": "us-central1-a", "spot": True}
+    t = 1000.0
+    for name, asked, ran, joined in (("w-0", 0, 90, 150), ("w-1", 0, 300, 420)):
+        cluster.add("requested", t + asked, worker=name, **fields)
+        cluster.add("running", t + ran, worker=name, **fields)
+        cluster.add("joined", t + joined, worker=name, **fields)
+    cluster.add("train-started", t + 400, run="r", steps=64_000)
+    cluster.add("worker-metrics", t + 480 + FIRST_REPORT_S, worker="w-0", local_step=0)
+    policy.observe(cluster.monitor.events)
+    assert (policy.planner.startup_s, policy.planner.load_s) == (230.0, 140.0)
+    cluster.add("worker-metrics", t + 500 + FIRST_REPORT_S, worker="w-1", local_step=0)
+    policy.observe(cluster.monitor.events)
+    # Medians of (230, 500) and (140, 200): the upper ones.
+    assert (policy.planner.startup_s, policy.planner.load_s) == (500.0, 200.0)
+    # A worker asked for during the run, trained 200 s later (120 s after it ran).
+    cluster.add("requested", t + 600, worker="w-2", **fields)
+    cluster.add("running", t + 680, worker="w-2", **fields)
+    cluster.add("worker-metrics", t + 800 + FIRST_REPORT_S, worker="w-2", local_step=0)
+    policy.observe(cluster.monitor.events)
+    assert (policy.planner.startup_s, policy.planner.load_s) == (200.0, 120.0)
+    # A worker's second report is no start-up.
+    cluster.add("worker-metrics", t + 900, worker="w-0", local_step=40)
+    policy.observe(cluster.monitor.events)
+    assert (policy.planner.startup_s, policy.planner.load_s) == (200.0, 120.0)
 
 
 def test_a_spot_place_counts_from_a_replacement_request_and_from_training_otherwise():

@@ -108,17 +108,20 @@ def planner(prices: str = "paper-2019", gpus: Sequence[str] = GPUS) -> Planner:
 
 
 def first_choice(goal: Mapping[str, Any], max_workers: int = 8, **kwargs: Any) -> Setup:
-    """The configuration the policy starts with: its planner's choice for the whole run."""
-    from transient_nb.policy import check_goal
+    """The configuration the policy starts with: its planner's choice for the whole run, with
+    the policy's margin kept in reserve (as its own first round plans; without it, the budget
+    policy gave back a K80 it had just booted at once)."""
+    from transient_nb.policy import DEFAULT_MARGIN, check_goal
 
     deadline_s, budget = check_goal(goal["goal"], goal.get("deadline"), goal.get("budget"))
+    keep = 1 - DEFAULT_MARGIN
     plan = planner(**kwargs).choose(
         goal["goal"],
         PAPER_STEPS,
         max_workers=max_workers,
         max_shards=1,
-        deadline_s=deadline_s,
-        budget=budget,
+        deadline_s=None if deadline_s is None else deadline_s * keep,
+        budget=None if budget is None else budget * keep,
     )
     mix = tuple((k.gpu, n) for k, n in plan.chosen.config.workers)
     return Setup(f"policy {goal['goal']}", mix[0][0], sum(n for _, n in mix), True, mix=mix)

@@ -139,6 +139,8 @@ EVENTS: dict[str, tuple[str, ...]] = {
         # "gpu@zone" of each Spot kind -> [fraction of the time a worker is expected up, the
         # model's own figure before what was observed]
         "availability",
+        "startup_s",  # seconds a new worker is expected to take from its request to training
+        "load_s",  # of them, from its VM running (lived out of a Spot VM's lifetime)
     ),
     # -- workers --
     "drained": ("worker", "hooks", "seconds", "errors"),  # drain hooks ran after a notice

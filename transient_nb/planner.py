@@ -18,8 +18,9 @@ shards (one PS host each). The planner turns the cluster's knowledge into expect
 
 From these it computes a configuration's **liveput** (Parcae's term): the expected global steps/s
 over the likely preemption scenarios, not the rate of the moment. Each worker is up with the
-probability ``mttf / (mttf + startup)`` (a lost worker is replaced after a start-up delay), and
-the cluster serves ``min(sum of the rates of the workers up, PS capacity)``; the expectation is
+probability its kind is (:meth:`Planner.availability`: the model's fraction, a lost worker
+replaced after a start-up, weighed against the fraction of their time its workers were seen to
+train), and the cluster serves ``min(sum of the rates of the workers up, PS capacity)``; the expectation is
 exact, over the joint binomial distribution of workers up per kind. It also computes the
 probability of losing at least ``k`` workers within an hour (the paper's "cluster failure
 probability", from per-server revocation probabilities), the expected time and money to a number
@@ -241,6 +242,8 @@ class Planner:
         self.cross_region_slowdown = float(cross_region_slowdown)
         self._observed_startups: list[float] = []
         self._observed_loads: list[float] = []
+        self._first_startups: list[float] = []  # of the workers the cluster started with
+        self._first_loads: list[float] = []
         self._ps_at: list[float] = []  # one PS's capacity, from rounds it was the bottleneck
         self._ps_at_least = 0.0  # one PS's capacity is at least this (it kept up)
         self._observed_rates: dict[str, list[float]] = {}
@@ -283,27 +286,37 @@ class Planner:
         if math.isfinite(held_h) and math.isfinite(trained_h) and held_h > 0:
             self._held[(gpu.lower(), zone)] = (float(held_h), min(max(0.0, trained_h), held_h))
 
-    def observe_startup(self, seconds: float, load_s: float | None = None) -> None:
+    def observe_startup(
+        self, seconds: float, load_s: float | None = None, *, first: bool = False
+    ) -> None:
         """A worker trained ``seconds`` after it was asked for, ``load_s`` of them after its VM
         was running (starting its process, loading the data and the model, joining the PS):
-        a revocation takes those from the VM's lifetime too."""
+        a revocation takes those from the VM's lifetime too. ``first``: one of the workers
+        the cluster started with, which count only until a worker asked for later trains
+        (those started together, and a cold first start says less of what a change costs)."""
         if seconds > 0 and math.isfinite(seconds):
-            self._observed_startups.append(float(seconds))
+            startups, loads = (
+                (self._first_startups, self._first_loads)
+                if first
+                else (self._observed_startups, self._observed_loads)
+            )
+            startups.append(float(seconds))
             if load_s is not None and 0 <= load_s <= seconds:
-                self._observed_loads.append(float(load_s))
+                loads.append(float(load_s))
 
     @property
     def load_s(self) -> float:
         """Of the start-up, the seconds from the VM running to its worker training: the median
-        observed, else the prior (never more than the start-up)."""
-        seen = sorted(self._observed_loads)
+        observed (as :attr:`startup_s`), else the prior (never more than the start-up)."""
+        seen = sorted(self._observed_loads if self._observed_startups else self._first_loads)
         return min(seen[len(seen) // 2] if seen else self.prior_load_s, self.startup_s)
 
     @property
     def startup_s(self) -> float:
         """Seconds a lost worker is down before its replacement works: the median observed
-        start-up, else the prior (a storm makes it count as much as the lifetimes do)."""
-        seen = sorted(self._observed_startups)
+        start-up (of the workers asked for later, once one trained; else of the first ones),
+        else the prior (a storm makes it count as much as the lifetimes do)."""
+        seen = sorted(self._observed_startups or self._first_startups)
         return seen[len(seen) // 2] if seen else self.prior_startup_s
 
     def rate(self, gpu: str) -> float:

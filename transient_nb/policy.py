@@ -69,6 +69,9 @@ from transient_nb.state import event_log
 #: PS shards the policy may grow a run's PS to (the paper measured two: 1.75x one PS).
 DEFAULT_MAX_SHARDS = 2
 
+#: Fraction of the time or money left that a deadline or a budget keeps in reserve.
+DEFAULT_MARGIN = 0.1
+
 #: A worker whose last ``worker-metrics`` is older than this (wall seconds) is not counted as
 #: pushing to the PS (trainers report every 2 s).
 REPORTING_S = 10.0
@@ -199,7 +202,7 @@ class TransientPolicy:
         max_shards: int | None = None,
         interval: str | float = "30s",
         hysteresis: float = 0.1,
-        margin: float = 0.1,
+        margin: float = DEFAULT_MARGIN,
         on_demand: bool = True,
         planner: Planner | None = None,
     ):
@@ -269,6 +272,11 @@ class TransientPolicy:
         self._live: dict[str, tuple[str, str, bool]] = {}
         self._running_since: dict[str, float] = {}
         self._requested_at: dict[str, float] = {}
+        # Workers asked for before the run started: when, and when they joined (their start-up
+        # less the time they waited for the run is the first evidence of what a change costs).
+        self._asked_before: dict[str, float] = {}
+        self._joined_at: dict[str, float] = {}
+        self._train_started_at: float | None = None
         self._acted_at: float | None = None
         # Spot workers' places (planner.observe_availability): replacements asked for and not
         # yet matched with their VM's request; worker -> when its place is held from (a
@@ -336,6 +344,10 @@ class TransientPolicy:
                 self._running_since[str(name)] = t
             elif self._steps is not None:
                 self._requested_at[str(name)] = t  # asked for while a run trains
+            else:
+                self._asked_before[str(name)] = t
+        elif kind == "joined" and name and e.get("role", "worker") == "worker":
+            self._joined_at.setdefault(str(name), t)
         elif kind in ("preempted", "deleted") and name in self._vm:
             self._live.pop(str(name), None)
             vm = self._vm[str(name)]
@@ -363,6 +375,8 @@ class TransientPolicy:
                 self.planner.observe_startup(
                     waited * self.time_scale, None if load is None else load * self.time_scale
                 )
+            else:
+                self._observe_first_startup(str(name), t - FIRST_REPORT_S)
             local = int(e.get("local_step", 0))
             before = self._local.get(str(name))
             self._local[str(name)] = (t, local)
@@ -380,6 +394,7 @@ class TransientPolicy:
                     (str(gpu), wall_rate * self.step_scale / self.time_scale, vm.get("zone"))
                 )
         elif kind == "train-started":
+            self._train_started_at = t
             self._steps = int(e.get("steps") or 0) or None
             self._step = int(e.get("resumed_step") or 0)
             self.step_scale = _step_scale(e.get("hparams"))
@@ -390,6 +405,27 @@ class TransientPolicy:
         elif kind == "metrics":
             self._step = max(self._step, int(e.get("step", 0)))
             self._observe_ps(e, t)
+
+    def _observe_first_startup(self, name: str, training: float) -> None:
+        """The start-up of a worker asked for before the run: from its request to its training,
+        less the time it waited, joined, for the run to start. Until a change's own workers
+        train, the paper's prior (108 s, 19 s of them loading: a warm restart) was all the
+        policy knew, and three changes were planned on it where a worker took 221 s here
+        (123 s loading): a calm budget ran 10% over (round eleven)."""
+        asked = self._asked_before.pop(name, None)
+        joined, started = self._joined_at.get(name), self._train_started_at
+        if asked is None or joined is None or started is None or training < started:
+            return
+        idle = max(0.0, started - joined)
+        waited = training - asked - idle
+        ran = self._running_since.get(name)
+        load = None if ran is None else min(waited, max(0.0, training - ran - idle))
+        if waited > 0:
+            self.planner.observe_startup(
+                waited * self.time_scale,
+                None if load is None else load * self.time_scale,
+                first=True,
+            )
 
     def _close_place(self, name: str, vm: Mapping[str, Any], t: float, revoked: bool) -> None:
         """A Spot worker's place is over (its worker revoked or given back): into the totals.
@@ -645,6 +681,9 @@ class TransientPolicy:
             "ps_capacity": _finite(self.planner.ps_capacity(config.shards)),
             "ps_bottleneck": self._ps_bottleneck,
             "ps_zone": self.planner.ps_zone,
+            # What a change is expected to wait for its new workers (simulated seconds).
+            "startup_s": round(self.planner.startup_s, 1),
+            "load_s": round(self.planner.load_s, 1),
         }
 
     def _availabilities(self, plan: Plan) -> dict[str, list[float]]:
