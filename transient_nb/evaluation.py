@@ -111,7 +111,7 @@ def first_choice(goal: Mapping[str, Any], max_workers: int = 8, **kwargs: Any) -
     """The configuration the policy starts with: its planner's choice for the whole run, with
     the policy's margin kept in reserve (as its own first round plans; without it, the budget
     policy gave back a K80 it had just booted at once)."""
-    from transient_nb.policy import DEFAULT_MARGIN, check_goal
+    from transient_nb.policy import DEFAULT_MARGIN, DEFAULT_MAX_SHARDS, check_goal
 
     deadline_s, budget = check_goal(goal["goal"], goal.get("deadline"), goal.get("budget"))
     keep = 1 - DEFAULT_MARGIN
@@ -119,12 +119,15 @@ def first_choice(goal: Mapping[str, Any], max_workers: int = 8, **kwargs: Any) -
         goal["goal"],
         PAPER_STEPS,
         max_workers=max_workers,
-        max_shards=1,
+        max_shards=DEFAULT_MAX_SHARDS,
         deadline_s=None if deadline_s is None else deadline_s * keep,
         budget=None if budget is None else budget * keep,
     )
     mix = tuple((k.gpu, n) for k, n in plan.chosen.config.workers)
-    return Setup(f"policy {goal['goal']}", mix[0][0], sum(n for _, n in mix), True, mix=mix)
+    shards = plan.chosen.config.shards
+    return Setup(
+        f"policy {goal['goal']}", mix[0][0], sum(n for _, n in mix), True, shards, mix=mix
+    )
 
 
 def goals(deadline_h: float = DEADLINE_H, budget: float = BUDGET) -> list[dict[str, Any]]:

@@ -377,6 +377,9 @@ def run_setup(
         prices=prices,
         replace=replace,
         fallback_zones=list(fallback_zones),
+        # A policy's first choice may split the PS (one host per shard, as it adds them);
+        # the paper's setups place their shards on its one PS host.
+        ps_hosts=setup.shards if adapt else 1,
     ) as cluster:
         run = train(
             cluster,
