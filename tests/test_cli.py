@@ -148,7 +148,30 @@ def test_workers_take_a_mix_of_gpu_types_and_refuse_bad_ones(tmp_path, capsys):
     assert args.workers == {"k80": 2, "p100": 1, "v100": 1}
     assert _parser().parse_args(["up", "--workers", "3"]).workers == 3
     args = _parser().parse_args(["scale", "demo", "3", "--gpu", "v100"])
-    assert (args.name, args.n, args.gpu) == ("demo", 3, "v100")
+    assert (args.name, args.n, args.gpu, args.on_demand) == ("demo", 3, "v100", None)
+    # --on-demand: a plain number stays a number; TYPE=N pairs parse as the mix does.
+    assert _parser().parse_args(["scale", "demo", "3", "--on-demand", "1"]).on_demand == 1
+    args = _parser().parse_args(["scale", "demo", "k80=2,v100=2", "--on-demand", "k80=1,V100=2"])
+    assert args.on_demand == {"k80": 1, "v100": 2}
+    assert _parser().parse_args(["scale", "demo", "3", "--on-demand", "v100=0"]).on_demand == {}
+    for bad, words in [
+        ("-1", "workers=-1 must be a whole number of at least 0"),
+        ("one", "'one' is not a number"),
+        ("v100=-1", "v100=-1 is not a number of workers"),
+        ("v100=1,v100=2", "'v100' is given twice"),
+    ]:
+        with pytest.raises(SystemExit) as exit_:
+            _parser().parse_args(["scale", "demo", "3", "--on-demand", bad])
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err
+        assert "argument --on-demand" in err and words in err
+    args = _parser().parse_args(["move-ps", "demo", "us-east1-c", "--reason", "closer"])
+    assert (args.command, args.name, args.zone, args.reason) == (
+        "move-ps",
+        "demo",
+        "us-east1-c",
+        "closer",
+    )
     for bad, words in [
         ("k80=-1", "k80=-1 is not a number of workers"),
         ("three", "'three' is not a number"),
@@ -166,13 +189,16 @@ def test_workers_take_a_mix_of_gpu_types_and_refuse_bad_ones(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_a_detached_mixed_cluster_scales_by_type(tmp_path, capsys):
-    from conftest import wait_for_sync
+    import dask
+    from conftest import of_kind, wait_for_sync
 
     from transient_nb import registry
     from transient_nb.connect import connect
 
     argv = ["up", "--name", "cli-mix", "--workers", "k80=1,v100=1", "--prices", "paper-2019"]
-    assert main([*argv, "--preemption", "none", "--provisioning-delay", "0s"]) == 0
+    # A fallback zone in another region, for move-ps (the head takes this process's settings).
+    with dask.config.set({"transient.replacement.fallback-zones": ["us-east1-c"]}):
+        assert main([*argv, "--preemption", "none", "--provisioning-delay", "0s"]) == 0
     capsys.readouterr()
     cluster = connect("cli-mix", prefer_local=False)
     try:
@@ -183,10 +209,25 @@ def test_a_detached_mixed_cluster_scales_by_type(tmp_path, capsys):
             return {str(g): int(n) for g, n in df.groupby("gpu").size().items()}
 
         wait_for_sync(lambda: joined() == {"k80": 1, "v100": 1}, timeout=90)
-        assert main(["scale", "cli-mix", "2", "--gpu", "v100"]) == 0
-        assert "scaling to 2 v100 workers" in capsys.readouterr().out
+        # On-demand counts the head refuses: exit 2, the value named, nothing changed.
+        for on_demand, words in [
+            ("3", "scale(on_demand=3): 3 v100 on demand, but the mix keeps 2 v100"),
+            ("h900=1", "1 h900 on demand, but the mix keeps 0 h900"),
+        ]:
+            assert main(["scale", "cli-mix", "2", "--gpu", "v100", "--on-demand", on_demand]) == 2
+            assert words in capsys.readouterr().err
+        assert cluster.mix == {"k80": 1, "v100": 1}
+        # The new v100 worker runs on demand (the head's on_demand says 1 v100).
+        assert main(["scale", "cli-mix", "2", "--gpu", "v100", "--on-demand", "1"]) == 0
+        assert "scaling to 2 v100 workers, 1 on demand." in capsys.readouterr().out
         wait_for_sync(lambda: joined() == {"k80": 1, "v100": 2}, timeout=90)
         assert cluster.mix == {"k80": 1, "v100": 2}
+        wait_for_sync(
+            lambda: of_kind(cluster.monitor.events, "scale", on_demand={"v100": 1}), timeout=30
+        )
+        vms = cluster.vms()
+        dear = vms[(vms["role"] == "worker") & (vms["state"] == "joined") & vms["spot"].eq(False)]
+        assert list(dear["gpu"]) == ["v100"]
         # A plain number is ambiguous for a mixed cluster: the owner's answer says so.
         assert main(["scale", "cli-mix", "4"]) == 2
         assert "this cluster mixes k80=1,v100=2" in capsys.readouterr().err
@@ -200,6 +241,26 @@ def test_a_detached_mixed_cluster_scales_by_type(tmp_path, capsys):
         wait_for_sync(
             lambda: "ps-1" in set(cluster.vms().query("state == 'joined'").index), timeout=90
         )
+        # The PS hosts move to the fallback zone, asked of the head; a zone it may not use is
+        # refused with the zones it may.
+        assert main(["move-ps", "cli-mix", "europe-west4-a"]) == 2
+        assert (
+            "move_ps('europe-west4-a'): not a zone this cluster may use "
+            "(us-central1-a, us-east1-c)" in capsys.readouterr().err
+        )
+        assert main(["move-ps", "cli-mix", "us-east1-c", "--reason", "cli"]) == 0
+        assert "Cluster cli-mix: moving the PS to us-east1-c." in capsys.readouterr().out
+        wait_for_sync(
+            lambda: of_kind(cluster.monitor.events, "ps-move", zone="us-east1-c", reason="cli"),
+            timeout=30,
+        )
+
+        def ps_zones() -> list[str]:
+            vms = cluster.vms()
+            return sorted(vms[(vms["role"] == "ps") & (vms["state"] == "joined")]["zone"])
+
+        # Both PS hosts anew in us-east1-c, the old ones given back (no run to move first).
+        wait_for_sync(lambda: ps_zones() == ["us-east1-c", "us-east1-c"], timeout=120)
         assert main(["status", "cli-mix"]) == 0
         status = capsys.readouterr().out
         assert "per type" in status and "k80 1 VMs" in status and "v100 2 VMs" in status

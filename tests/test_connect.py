@@ -27,7 +27,14 @@ def test_unknown_and_stale_names() -> None:
 
 @pytest.mark.slow
 def test_remote_handle_reads_and_controls(cleanup: None) -> None:
-    with TransientCluster(workers=1, provisioning_delay=0, notice="1s", name="owned") as cluster:
+    with TransientCluster(
+        workers=1,
+        provisioning_delay=0,
+        notice="1s",
+        zone="us-central1-a",
+        fallback_zones=["us-east1-c"],  # another region, for move_ps
+        name="owned",
+    ) as cluster:
         assert connect("owned") is cluster  # owned by this process: the cluster itself
         remote = connect("owned", prefer_local=False)
         try:
@@ -64,6 +71,45 @@ def test_remote_handle_reads_and_controls(cleanup: None) -> None:
                 remote.scale_ps(1)
             with pytest.raises(ValueError, match="whole number"):
                 remote.scale_ps(0)
+
+            # An on-demand share, through the owner: a bad count is refused (here, or by the
+            # owner) with the value named, before anything changes.
+            gpu = cluster.gpu
+            for bad, words in (
+                (3, rf"on_demand=3\): 3 {gpu} on demand, but the mix keeps 2 {gpu}"),
+                ({"h9000": 1}, "1 h9000 on demand, but the mix keeps 0 h9000"),
+                (-1, r"scale\(on_demand=-1\): give a whole number of workers"),
+                ("v100=-1", r"on_demand='v100=-1'\): workers: v100=-1 is not a number"),
+            ):
+                with pytest.raises(ValueError, match=words):
+                    remote.scale(2, on_demand=bad)
+            assert cluster.on_demand == {} and cluster.mix == {gpu: 2}
+            answer = remote.scale(2, on_demand=1)
+            assert answer["ok"] and answer["action"] == "scale"
+            assert cluster.on_demand == {gpu: 1}
+            wait_for_sync(
+                lambda: of_kind(cluster.monitor.events, "requested", role="worker", spot=False), 30
+            )
+
+            # The PS to the fallback zone, through the owner; a zone it may not use is refused.
+            with pytest.raises(ValueError, match="give a zone name such as 'us-east1-c'"):
+                remote.move_ps("")
+            with pytest.raises(
+                ValueError,
+                match=r"move_ps\('nowhere-1a'\): not a zone this cluster may use "
+                r"\(us-central1-a, us-east1-c\)",
+            ):
+                remote.move_ps("nowhere-1a")
+            answer = remote.move_ps("us-east1-c", reason="remote")
+            assert answer["ok"] and answer["action"] == "move-ps"
+            wait_for_sync(
+                lambda: of_kind(cluster.monitor.events, "ps-move", zone="us-east1-c", reason="remote"),
+                30,
+            )
+            wait_for_sync(lambda: cluster.ps_move_zone is None, 120)
+            assert cluster.policy.ps_zone == "us-east1-c"
+            ps = [vm for vm in cluster.workers.values() if vm.spec.role == "ps" and not vm.stopped]
+            assert {vm.spec.zone for vm in ps} == {"us-east1-c"}
 
             # The panel works on the handle as on a local cluster.
             panel = ClusterPanel(remote)

@@ -87,7 +87,8 @@ def test_the_runs_of_a_trace_and_the_policys_first_choices():
 
         kinds = {k.gpu: k for k in planner.kinds}
         e = planner.estimate(
-            Configuration.of({kinds[g]: n for g, n in setup.types.items()}), 64_000
+            Configuration.of({kinds[g]: n for g, n in setup.types.items()}, setup.shards),
+            64_000,
         )
         # With the policy's margin to spare, as its own first round plans (else that round
         # changes what the cluster was just given).
@@ -96,6 +97,8 @@ def test_the_runs_of_a_trace_and_the_policys_first_choices():
         if goal == "budget":
             assert e.cost <= evaluation.BUDGET * (1 - DEFAULT_MARGIN)
         assert setup.spot and setup.workers == sum(setup.types.values()) <= 8
+    # The budget is met fastest with the PS split in two (the paper's plateau at 4 P100).
+    assert first["budget"].shards == 2 and first["deadline"].shards == 1
 
 
 def _row(trace, strategy, run, hours, cost, failed=""):

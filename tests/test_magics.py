@@ -75,6 +75,11 @@ def widgets_shown(captured: Any) -> list[Any]:
         ("scale -1", "%transient_cluster scale"),
         ("scale-ps 2", "No running cluster for `scale-ps`"),
         ("scale-ps 0", "'0' is not a whole number of PS hosts of at least 1"),
+        ("move-ps us-east1-c", "No running cluster for `move-ps`"),
+        ("move-ps", "the following arguments are required: ZONE"),
+        ("scale 2 --on-demand -1", "argument --on-demand: '-1' is not a whole number of workers"),
+        ("scale 2 --on-demand v100=-1", "v100=-1 is not a number of workers"),
+        ("scale 2 --on-demand v100=1,v100=1", "GPU type 'v100' is given twice"),
         ("connect", "the following arguments are required: NAME"),
         ("connect nope", "No transient cluster named 'nope' is registered"),
         # The API's ValueErrors, re-raised with their message.
@@ -230,7 +235,7 @@ def test_a_cluster_session(ip: InteractiveShell) -> None:
             ip,
             "up --workers 1 --gpu t4 --spot --zone us-central1-a --preemption none "
             "--provisioning-delay 0s --notice 1s --prices gce-2025 --time-scale 2 "
-            "--fallback-zones us-central1-b,us-central1-c --name magic-demo --as c2",
+            "--fallback-zones us-central1-b,us-central1-c,us-east1-c --name magic-demo --as c2",
         )
     assert isinstance(cluster, TransientCluster)
     assert ip.user_ns["c2"] is cluster
@@ -263,6 +268,20 @@ def test_a_cluster_session(ip: InteractiveShell) -> None:
     assert cluster.ps_hosts == 2
     assert of_kind(cluster.monitor.events, "ps-hosts", hosts=2, hosts_from=1)
 
+    # The PS hosts move to the fallback zone in another region; a zone the cluster may not use,
+    # or a second move while one is under way, is refused with what to do.
+    with pytest.raises(UsageError, match=r"move_ps\('nowhere-1a'\): not a zone this cluster may"):
+        magic(ip, "move-ps nowhere-1a")
+    with capture_output() as out:
+        magic(ip, "move-ps us-east1-c --reason 'closer to the workers'")
+    assert "magic-demo: moving the PS to us-east1-c." in out.stdout
+    with pytest.raises(UsageError, match="the PS is being moved to us-east1-c already"):
+        magic(ip, "move-ps us-central1-a")
+    move = wait_for_sync(lambda: of_kind(cluster.monitor.events, "ps-move", zone="us-east1-c"), 30)
+    assert move[0]["zone_from"] == "us-central1-a" and move[0]["reason"] == "closer to the workers"
+    wait_for_sync(lambda: cluster.ps_move_zone is None, 120)
+    assert cluster.policy.ps_zone == "us-east1-c"
+
     with capture_output() as out:
         magic(ip, "preempt w-1 --no-notice")
     assert "preempting w-1 (without notice)" in out.stdout
@@ -276,6 +295,22 @@ def test_a_cluster_session(ip: InteractiveShell) -> None:
         magic(ip, "preempt 1")
     assert "(with the notice)" in out.stdout
     wait_for_sync(lambda: len(of_kind(cluster.monitor.events, "notice")) == 1, 60)
+
+    # An on-demand share: bad counts are refused with the value named, before anything changes.
+    for line, words in (
+        ("scale 2 --on-demand 3", "3 t4 on demand, but the mix keeps 2 t4"),
+        ("scale 2 --on-demand h9000=1", "1 h9000 on demand, but the mix keeps 0 h9000"),
+    ):
+        with pytest.raises(UsageError, match=words):
+            magic(ip, line)
+    assert cluster.on_demand == {} and cluster.mix == {"t4": 2}
+    with capture_output() as out:
+        magic(ip, "scale 2 --on-demand 1")
+    assert "magic-demo: scaling to 2 GPU workers, 1 on demand." in out.stdout
+    assert cluster.on_demand == {"t4": 1}
+    wait_for_sync(
+        lambda: of_kind(cluster.monitor.events, "requested", role="worker", spot=False), 60
+    )
 
     status = magic(ip, "status")
     assert isinstance(status, ClusterStatus)

@@ -48,6 +48,18 @@ def _workers(text: str) -> int | dict[str, int]:
         ) from None
 
 
+def _on_demand(text: str) -> int | dict[str, int]:
+    """``scale --on-demand``: how many of the workers run on demand, a number (of the type N
+    counts) or TYPE=COUNT pairs such as ``v100=1`` (``0``, or every type at 0: none)."""
+    if "=" in text:
+        try:
+            parse_mix(text, "")
+        except ValueError as e:
+            if "asks for no workers" in str(e):
+                return {}
+    return _workers(text)
+
+
 def _add_cluster_options(r: argparse.ArgumentParser) -> None:
     r.add_argument("--name", default=None, help="cluster name (default: a fresh one)")
     r.add_argument(
@@ -214,11 +226,26 @@ def _parser() -> argparse.ArgumentParser:
     sc.add_argument("name")
     sc.add_argument("n", type=_workers, metavar="N|TYPE=N,...")
     sc.add_argument("--gpu", default=None, help="the GPU type N counts (others keep theirs)")
+    sc.add_argument(
+        "--on-demand",
+        dest="on_demand",
+        type=_on_demand,
+        default=None,
+        metavar="N|TYPE=N,...",
+        help="how many of the workers run on demand (a Spot cluster): a number of the type N "
+        "counts, or per type such as v100=1 (types left out: none)",
+    )
     sp = sub.add_parser(
         "scale-ps", help="keep N PS hosts, one PS shard each (only grows; at most 4)"
     )
     sp.add_argument("name")
     sp.add_argument("n", type=int, metavar="N")
+    mp = sub.add_parser(
+        "move-ps", help="move the PS hosts to ZONE (the cluster's zone or a fallback zone)"
+    )
+    mp.add_argument("name")
+    mp.add_argument("zone", metavar="ZONE")
+    mp.add_argument("--reason", default="", help="said in the ps-move event")
     ad = sub.add_parser(
         "adapt", help="let the transient-aware policy choose a cluster's GPU mix for a goal"
     )
@@ -531,17 +558,28 @@ def adapt(args: argparse.Namespace) -> int:
 
 
 def scale(args: argparse.Namespace) -> int:
-    """``scale NAME N [--gpu G]``: ask the owner to keep N workers (of type G), or a mix."""
+    """``scale NAME N [--gpu G] [--on-demand M]``: ask the owner to keep N workers (of type G),
+    or a mix, M of them on demand."""
     cluster = _connect(args.name)
     try:
-        if args.gpu is None:
-            cluster.scale(args.n)
-        else:
-            cluster.scale(args.n, gpu=args.gpu)
+        kwargs: dict[str, Any] = {}
+        if args.gpu is not None:
+            kwargs["gpu"] = args.gpu
+        if args.on_demand is not None:
+            kwargs["on_demand"] = args.on_demand
+        cluster.scale(args.n, **kwargs)
     finally:
         cluster.close()
     what = format_mix(args.n) if isinstance(args.n, dict) else f"{args.n}"
-    print(f"Cluster {args.name}: scaling to {what}{f' {args.gpu}' if args.gpu else ''} workers.")
+    share = ""
+    if args.on_demand is not None:
+        od = args.on_demand
+        text = format_mix(od) if isinstance(od, dict) else str(od or "")
+        share = f", {text or 'none'} on demand"
+    print(
+        f"Cluster {args.name}: scaling to {what}{f' {args.gpu}' if args.gpu else ''} "
+        f"workers{share}."
+    )
     return 0
 
 
@@ -553,6 +591,17 @@ def scale_ps(args: argparse.Namespace) -> int:
     finally:
         cluster.close()
     print(f"Cluster {args.name}: keeping {args.n} PS host(s), one PS shard each.")
+    return 0
+
+
+def move_ps(args: argparse.Namespace) -> int:
+    """``move-ps NAME ZONE``: ask the owner to move its PS hosts to ZONE (a run follows)."""
+    cluster = _connect(args.name)
+    try:
+        cluster.move_ps(args.zone, reason=args.reason)
+    finally:
+        cluster.close()
+    print(f"Cluster {args.name}: moving the PS to {args.zone}.")
     return 0
 
 
@@ -650,6 +699,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "down": down,
             "scale": scale,
             "scale-ps": scale_ps,
+            "move-ps": move_ps,
             "adapt": adapt,
             "sweep": sweep_vms,
         }

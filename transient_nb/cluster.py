@@ -593,10 +593,18 @@ class TransientCluster(SpecCluster):
                 workers = msg["workers"]
                 if isinstance(workers, float):
                     workers = int(workers)
+                # The on-demand share: a number (of the type a number counts, or the one type)
+                # or GPU type -> number; scale checks it (and names a bad value).
+                on_demand = msg.get("on_demand")
+                if isinstance(on_demand, float) and on_demand.is_integer():
+                    on_demand = int(on_demand)
                 # A number, a mix ({"k80": 2} or "k80=2,v100=1"), and the type a number counts.
-                self.scale(workers, gpu=msg.get("gpu") or None)
+                self.scale(workers, gpu=msg.get("gpu") or None, on_demand=on_demand)
             elif action == "scale-ps":
                 self.scale_ps(cast(int, msg.get("hosts")))  # scale_ps names a bad value
+            elif action == "move-ps":
+                # move_ps names a zone the cluster may not use, or a move already under way.
+                self.move_ps(cast(str, msg.get("zone")), reason=str(msg.get("reason") or ""))
             elif action == "preempt":
                 target = msg.get("worker") or int(msg.get("count", 1))
                 await self._preempt(target, notice=bool(msg.get("notice", True)))

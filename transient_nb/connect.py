@@ -47,6 +47,33 @@ POLL_S = 0.05
 READ_TIMEOUT_S = 2.0
 
 
+def _on_demand(on_demand: Any) -> int | dict[str, int]:
+    """``scale(on_demand=...)`` as the control message carries it: a number, or GPU type ->
+    number (text such as ``"v100=1"`` parsed as a mix is). The owning cluster checks the counts
+    against its mix."""
+    if isinstance(on_demand, str) and on_demand.strip().isdigit():
+        on_demand = int(on_demand.strip())
+    if (
+        isinstance(on_demand, bool)
+        or not isinstance(on_demand, (int, str, Mapping))
+        or (isinstance(on_demand, int) and on_demand < 0)
+    ):
+        raise ValueError(
+            f"scale(on_demand={on_demand!r}): give a whole number of workers, 0 or more, or GPU "
+            "type -> number, e.g. on_demand={'v100': 1}."
+        )
+    if isinstance(on_demand, int):
+        return on_demand
+    if isinstance(on_demand, Mapping):
+        return dict(on_demand)
+    try:
+        return parse_mix(on_demand, "")
+    except ValueError as e:
+        if "asks for no workers" in str(e):
+            return {}  # every type named at 0: none on demand
+        raise ValueError(f"scale(on_demand={on_demand!r}): {e}") from None
+
+
 class RemoteEventLog:
     """The owning scheduler's event log, copied here as it grows.
 
@@ -366,12 +393,20 @@ class RemoteCluster:
         runs = self.runs()
         return runs[-1] if runs else None
 
-    def scale(self, n: int | str | Mapping[str, int], *, gpu: str | None = None) -> dict[str, Any]:
+    def scale(
+        self,
+        n: int | str | Mapping[str, int],
+        *,
+        gpu: str | None = None,
+        on_demand: int | str | Mapping[str, int] | None = None,
+    ) -> dict[str, Any]:
         """Ask the owning cluster to keep ``n`` GPU workers; returns its answer.
 
         As :meth:`TransientCluster.scale`: ``n`` of type ``gpu`` (the other types keep
-        theirs), or a whole mix (``{"k80": 2, "v100": 1}`` or ``"k80=2,v100=1"``). The owning
-        cluster checks the types against its catalog and answers with its error if one is wrong.
+        theirs), or a whole mix (``{"k80": 2, "v100": 1}`` or ``"k80=2,v100=1"``); ``on_demand``,
+        how many of them run on demand (a number, or GPU type -> number such as ``{"v100": 1}``
+        or ``"v100=1"``). The owning cluster checks the types against its catalog and the
+        on-demand counts against the mix, and answers with its error if one is wrong.
         """
         if isinstance(n, str) and n.strip().isdigit():
             n = int(n.strip())
@@ -385,6 +420,8 @@ class RemoteCluster:
         msg: dict[str, Any] = {"action": "scale", "workers": workers}
         if gpu is not None:
             msg["gpu"] = gpu
+        if on_demand is not None:
+            msg["on_demand"] = _on_demand(on_demand)
         return self._request(msg)
 
     def scale_ps(self, n: int) -> dict[str, Any]:
@@ -393,6 +430,25 @@ class RemoteCluster:
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"scale_ps: n={n!r} must be a whole number of at least 1.")
         return self._request({"action": "scale-ps", "hosts": n})
+
+    def move_ps(self, zone: str, reason: str = "") -> dict[str, Any]:
+        """Ask the owning cluster to move its PS hosts to ``zone`` (see
+        :meth:`transient_nb.TransientCluster.move_ps`); returns its answer.
+
+        The owning cluster answers with its error for a zone it may not use (neither its own
+        nor one of its ``fallback_zones``) or while a move is under way.
+        """
+        if not isinstance(zone, str) or not zone.strip():
+            raise ValueError(
+                f"move_ps({zone!r}): give a zone name such as 'us-east1-c' (the cluster's zone "
+                "or one of its fallback_zones)."
+            )
+        if not isinstance(reason, str):
+            raise ValueError(f"move_ps({zone!r}, reason={reason!r}): the reason is text.")
+        msg: dict[str, Any] = {"action": "move-ps", "zone": zone.strip()}
+        if reason:
+            msg["reason"] = reason
+        return self._request(msg)
 
     def adapt(self, goal: str | None = None, **kwargs: Any) -> dict[str, Any]:
         """Start (or, with ``goal=None``, stop) the owning cluster's transient-aware policy.

@@ -69,6 +69,21 @@ def _workers(minimum: int) -> Callable[[str], int | dict[str, int]]:
     return parse
 
 
+def _on_demand(text: str) -> int | dict[str, int]:
+    """``scale --on-demand``: a number of workers (of the type N counts) or TYPE=COUNT pairs such
+    as ``v100=1``; ``0``, or every type at 0, is none on demand."""
+    if "=" in text:
+        try:
+            parse_mix(text, "")
+        except ValueError as e:
+            if "asks for no workers" in str(e):
+                return {}
+    return _workers(0)(text)
+
+
+_on_demand.__name__ = "number of workers or TYPE=COUNT,..."
+
+
 def _positive(what: str) -> Callable[[str], float]:
     def parse(text: str) -> float:
         try:
@@ -183,9 +198,18 @@ def _up() -> None:
     help="number of GPU workers to keep (of type --gpu), or a whole mix such as k80=2,v100=1",
 )
 @argument("--gpu", help="the GPU type that N counts (a mixed cluster needs it); others keep theirs")
+@argument(
+    "--on-demand",
+    dest="on_demand",
+    type=_on_demand,
+    metavar="N|TYPE=N,...",
+    help="how many of the workers run on demand (a Spot cluster): a number of the type N counts, "
+    "or per type such as v100=1 (types left out: none)",
+)
 def _scale() -> None:
     """Keep N GPU workers (the PS host is extra): ``scale 3``, ``scale 3 --gpu v100`` (3 of that
-    type, the other types unchanged), or ``scale k80=2,v100=1`` (the whole mix)."""
+    type, the other types unchanged), or ``scale k80=2,v100=1`` (the whole mix);
+    ``--on-demand 1`` runs one of them on demand (never revoked), the rest Spot."""
 
 
 @magic_arguments(name="transient_cluster scale-ps")
@@ -193,6 +217,18 @@ def _scale() -> None:
 def _scale_ps() -> None:
     """Keep N PS hosts, one PS shard each: ``scale-ps 2``. Only grows; a run started without
     ``shards=`` splits its PS onto the new hosts (where fast GPUs saturate one PS)."""
+
+
+@magic_arguments(name="transient_cluster move-ps")
+@argument(
+    "zone",
+    metavar="ZONE",
+    help="zone to move the PS hosts to: the cluster's zone or one of its fallback zones",
+)
+@argument("--reason", default="", help="said in the ps-move event")
+def _move_ps() -> None:
+    """Move the PS hosts to ZONE: ``move-ps us-east1-c``. New PS hosts start there, a run moves
+    its PS onto them from its own state (a ``ps-moved`` event), and the old hosts are given back."""
 
 
 @magic_arguments(name="transient_cluster adapt")
@@ -291,6 +327,7 @@ SUBCOMMANDS: dict[str, Any] = {
     "up": _up,
     "scale": _scale,
     "scale-ps": _scale_ps,
+    "move-ps": _move_ps,
     "adapt": _adapt,
     "preempt": _preempt,
     "status": _status,
@@ -300,7 +337,7 @@ SUBCOMMANDS: dict[str, Any] = {
     "connect": _connect,
 }
 #: Subcommands that act on the current cluster.
-NEEDS_CLUSTER = ("scale", "scale-ps", "adapt", "preempt", "status", "train", "down")
+NEEDS_CLUSTER = ("scale", "scale-ps", "move-ps", "adapt", "preempt", "status", "train", "down")
 
 
 @contextmanager
@@ -404,6 +441,8 @@ class TransientMagics(Magics):
             %transient_cluster up --workers k80=2,p100=1,v100=1 --prices paper-2019 --name mixed
             %transient_cluster scale 3 --gpu v100
             %transient_cluster scale-ps 2
+            %transient_cluster move-ps us-east1-c
+            %transient_cluster scale 3 --gpu v100 --on-demand 1
             %transient_cluster status
             %transient_cluster down
 
@@ -422,8 +461,8 @@ class TransientMagics(Magics):
         command, _, rest = line.strip().partition(" ")
         if not command:
             raise UsageError(
-                "Give a subcommand: %transient_cluster up (or scale, scale-ps, adapt, preempt, status, "
-                "train, down, list, connect); %transient_cluster? shows the help."
+                "Give a subcommand: %transient_cluster up (or scale, scale-ps, move-ps, adapt, "
+                "preempt, status, train, down, list, connect); %transient_cluster? shows the help."
             )
         if command not in SUBCOMMANDS:
             raise UsageError(
@@ -515,22 +554,28 @@ class TransientMagics(Magics):
 
     def _do_scale(self, args: argparse.Namespace) -> None:
         with _usage_errors():
-            if args.gpu is None:
-                self.cluster.scale(args.n)
-            else:
-                self.cluster.scale(args.n, gpu=args.gpu)
+            self.cluster.scale(args.n, **_kwargs(args, ("gpu", "on_demand")))
         if isinstance(args.n, dict):
             what = f"workers {format_mix(args.n)}"
         elif args.gpu:
             what = f"{args.n} {args.gpu.lower()} GPU workers"
         else:
             what = f"{args.n} GPU workers"
+        if args.on_demand is not None:
+            od = args.on_demand
+            text = format_mix(od) if isinstance(od, dict) else str(od or "")
+            what += f", {text or 'none'} on demand"
         print(f"{self.cluster.name}: scaling to {what}.")
 
     def _do_scale_ps(self, args: argparse.Namespace) -> None:
         with _usage_errors():
             self.cluster.scale_ps(args.n)
         print(f"{self.cluster.name}: keeping {args.n} PS host(s), one PS shard each.")
+
+    def _do_move_ps(self, args: argparse.Namespace) -> None:
+        with _usage_errors():
+            self.cluster.move_ps(args.zone, reason=args.reason)
+        print(f"{self.cluster.name}: moving the PS to {args.zone}.")
 
     def _do_preempt(self, args: argparse.Namespace) -> None:
         target: int | str = args.target
