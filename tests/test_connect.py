@@ -103,7 +103,9 @@ def test_remote_handle_reads_and_controls(cleanup: None) -> None:
             answer = remote.move_ps("us-east1-c", reason="remote")
             assert answer["ok"] and answer["action"] == "move-ps"
             wait_for_sync(
-                lambda: of_kind(cluster.monitor.events, "ps-move", zone="us-east1-c", reason="remote"),
+                lambda: of_kind(
+                    cluster.monitor.events, "ps-move", zone="us-east1-c", reason="remote"
+                ),
                 30,
             )
             wait_for_sync(lambda: cluster.ps_move_zone is None, 120)

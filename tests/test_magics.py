@@ -273,12 +273,12 @@ def test_a_cluster_session(ip: InteractiveShell) -> None:
     with pytest.raises(UsageError, match=r"move_ps\('nowhere-1a'\): not a zone this cluster may"):
         magic(ip, "move-ps nowhere-1a")
     with capture_output() as out:
-        magic(ip, "move-ps us-east1-c --reason 'closer to the workers'")
+        magic(ip, "move-ps us-east1-c --reason closer")
     assert "magic-demo: moving the PS to us-east1-c." in out.stdout
     with pytest.raises(UsageError, match="the PS is being moved to us-east1-c already"):
         magic(ip, "move-ps us-central1-a")
     move = wait_for_sync(lambda: of_kind(cluster.monitor.events, "ps-move", zone="us-east1-c"), 30)
-    assert move[0]["zone_from"] == "us-central1-a" and move[0]["reason"] == "closer to the workers"
+    assert move[0]["zone_from"] == "us-central1-a" and move[0]["reason"] == "closer"
     wait_for_sync(lambda: cluster.ps_move_zone is None, 120)
     assert cluster.policy.ps_zone == "us-east1-c"
 
