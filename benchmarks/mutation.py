@@ -47,6 +47,9 @@ MODULES: dict[str, list[str]] = {
     "training/checkpoint": ["tests/training/test_checkpoint.py"],
     # The driver's functions and its loop against in-process doubles (test_run.py takes minutes).
     "training/run": ["tests/training/test_run_driver.py", "tests/training/test_run_loop.py"],
+    # The transient-aware policy's model and its reading of the event log (synthetic streams).
+    "planner": ["tests/test_planner.py"],
+    "policy": ["tests/test_policy.py"],
 }
 DEFAULT = ["cost", "prices", "replacement", "preemption"]
 
