@@ -1009,6 +1009,46 @@ def test_ended_trainers_are_told_apart(tmp_path):
     assert posted(stopping) == []  # stopped because the run stops
 
 
+def test_a_trainer_that_finished_against_an_older_ps_is_asked_for_again(tmp_path):
+    """The PS was moved (generation 1) from a state read at step 637, after which the old PS
+    served the run's 640 steps and the trainer finished there: the run is 3 steps short with
+    no trainer left. It gets a new one (a new key), not a failure; a trainer that finished
+    against the PS of now, a run that has its steps, or one stopping, does not."""
+    run = driver(tmp_path, hp=HP.with_(steps=640))
+    run._generation, run.step = 1, 637
+    old = Done({"state": "finished", "generation": 0})
+    slot = _TrainerSlot("tls://w0:1", future=old, started=True)
+    run._slots["w-0"] = slot
+    run._watch_trainers()
+    assert (slot.future, slot.actor, slot.started, slot.reruns, slot.attempt) == (
+        None,
+        None,
+        False,
+        1,
+        0,
+    )
+    assert old in run._released and posted(run, "trainer-failed") == []
+    (restarted,) = posted(run, "trainer-restarted")
+    assert (restarted["worker"], restarted["attempt"], restarted["delay_s"]) == ("w-0", 0, 0.0)
+    run._submit_trainers()
+    (_, _, kwargs) = run._client.submitted[-1]
+    assert kwargs["key"] == f"trainer-{run.id}-w-0-0-1" and slot.generation == 1
+    # Not again for the same: the new trainer finishing against generation 1 is done.
+    slot.future, slot.started = Done({"state": "finished", "generation": 1}), True
+    run._watch_trainers()
+    assert slot.reruns == 1 and len(posted(run, "trainer-restarted")) == 1
+    for step, stop in ((640, False), (637, True)):
+        other = driver(tmp_path, hp=HP.with_(steps=640))
+        other._generation, other.step = 1, step
+        if stop:
+            other._stop.set()
+        done = _TrainerSlot("tls://w0:1", future=Done({"state": "finished", "generation": 0}))
+        done.started = True
+        other._slots["w-0"] = done
+        other._watch_trainers()
+        assert done.reruns == 0 and done.started and posted(other) == []
+
+
 def test_trainers_are_stopped_and_their_counters_gathered(tmp_path, caplog):
     import threading
 

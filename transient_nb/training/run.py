@@ -19,6 +19,7 @@ import queue
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,6 +98,8 @@ class _TrainerSlot:
     future: Any = None  # of the actor's creation while pending, of ``run()`` once started
     started: bool = False
     not_before: float = 0.0  # monotonic time before which a restart must not be submitted
+    generation: int = 0  # the PS generation when its trainer was asked for
+    reruns: int = 0  # trainers asked for again after one finished against an older PS
 
 
 class TrainingRun:
@@ -822,6 +825,8 @@ class TrainingRun:
         now = time.monotonic()
         for name, slot in self._slots.items():
             if slot.future is None and now >= slot.not_before:
+                slot.generation = self._generation
+                rerun = f"-{slot.reruns}" if slot.reruns else ""
                 slot.future = self._client.submit(
                     Trainer,
                     self.id,
@@ -837,7 +842,7 @@ class TrainingRun:
                     workers=[slot.address],
                     allow_other_workers=False,
                     pure=False,
-                    key=f"trainer-{self.id}-{name}-{slot.attempt}",
+                    key=f"trainer-{self.id}-{name}-{slot.attempt}{rerun}",
                 )
             elif slot.future is not None and not slot.started and slot.future.done():
                 try:
@@ -863,10 +868,25 @@ class TrainingRun:
                 continue
             if result.get("state") == "drained":
                 self._slots.pop(name, None)  # its worker is leaving: the replacement gets one
+            elif result.get("state") == "finished" and self._short_of_steps(slot, result):
+                # It had the run's steps from a PS that a move, a reshard or a recovery has
+                # since replaced with one a few steps short (read before its last pushes): with
+                # no trainer left the run would wait for them forever (a PS moved 3 steps
+                # before the end, round eleven). A new trainer, no failure.
+                self._released.append(slot.future)
+                slot.reruns += 1
+                slot.actor, slot.future, slot.started = None, None, False
+                self._post("trainer-restarted", worker=name, attempt=slot.attempt, delay_s=0.0)
             elif result.get("state") != "finished" and not self._stop.is_set():
                 self._trainer_failed(
                     name, slot, RuntimeError(f"trainer ended early ({result.get('state')})")
                 )
+
+    def _short_of_steps(self, slot: _TrainerSlot, result: Mapping[str, Any]) -> bool:
+        """Whether the run still needs steps from a PS newer than the one ``slot``'s trainer
+        finished against (its counters' ``generation``)."""
+        last = int(result.get("generation", slot.generation))
+        return last < self._generation and self.step < self.hp.steps and not self._stop.is_set()
 
     def _trainer_failed(self, name: str, slot: _TrainerSlot, error: BaseException) -> None:
         text = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]
