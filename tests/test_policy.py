@@ -786,3 +786,42 @@ def test_the_ps_moves_to_the_region_where_the_workers_are_worth_running(storm):
     policy._acted_at = None
     asyncio.run(policy.adapt())
     assert len(cluster.moves) == 1 and policy.planner.ps_zone == "us-east1-c"
+
+
+def _stormy_central(cluster: ZonedCluster, t: float) -> TransientPolicy:
+    """The storm of the test above, the PS in us-central1-a: a move to us-east1-c pays."""
+    here = Kind("p100", "us-central1-a", True, 0.43)
+    there = Kind("p100", "us-east1-c", True, 0.43)
+    planner = Planner([here, there], 0.19, ps_zone="us-central1-a")
+    policy = TransientPolicy(cluster, "cost-per-step", planner=planner)
+    cluster.add("running", t, worker="ps-0", role="ps", zone="us-central1-a")
+    for i in range(24):
+        _vm(cluster, f"w-{i}", "p100", t + i * 300)
+        cluster.add("preempted", t + i * 300 + 300, worker=f"w-{i}", role="worker")
+    cluster.add("train-started", t + 24 * 300, run="r", steps=64_000)
+    return policy
+
+
+def test_no_ps_move_right_after_one_nor_where_the_run_ends_first():
+    """A move that pays (above) is not made within two start-ups of the last one (the workers
+    asked for before it are still landing), nor when the cluster as it is would finish before a
+    new PS host serves a step."""
+    cluster = ZonedCluster({"p100": 3})
+    now = time.time()
+    policy = _stormy_central(cluster, now - 24 * 300 - 600)
+    policy.observe(cluster.monitor.events)
+    plan = policy.recommend(now)
+    assert plan is not None and policy.ps_move(plan, now) is not None
+    startup = policy.planner.startup_s
+    cluster.add("ps-move", now - 1.9 * startup, zone_from="us-east1-c", zone="us-central1-a")
+    cluster.add("ps-moved", now - 1.8 * startup, zone_from="us-east1-c", zone="us-central1-a")
+    policy.observe(cluster.monitor.events)
+    assert policy.ps_move(plan, now) is None
+    assert policy.ps_move(plan, now + 0.2 * startup) is not None
+    # 40 steps left: the three P100s take them in less than a PS host's start-up.
+    cluster.add("metrics", now, run="r", shard=0, step=64_000 - 40)
+    policy.observe(cluster.monitor.events)
+    late = policy.recommend(now + startup)
+    assert late is not None and late.current is not None
+    assert late.current.liveput * startup >= 40
+    assert policy.ps_move(late, now + startup) is None

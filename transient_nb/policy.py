@@ -72,6 +72,12 @@ DEFAULT_MAX_SHARDS = 2
 #: Fraction of the time or money left that a deadline or a budget keeps in reserve.
 DEFAULT_MARGIN = 0.1
 
+#: Start-ups after a PS move before the policy weighs another: the workers already asked for
+#: land where they were asked for, and their successors go near the new PS, within about one;
+#: judged sooner, a cluster in transit looked better served by the PS where it came from, and
+#: the PS moved back and forth three times in a run (round eleven).
+PS_MOVE_SETTLE = 2.0
+
 #: A worker whose last ``worker-metrics`` is older than this (wall seconds) is not counted as
 #: pushing to the PS (trainers report every 2 s).
 REPORTING_S = 10.0
@@ -300,6 +306,7 @@ class TransientPolicy:
         self._served: dict[tuple[int, int], list[float]] = {}
         self._ps_bottleneck = False  # the last verdict: the PS served less than was pushed
         self._ps_zone_before: str | None = None  # where the PS was before a move under way
+        self._ps_moved_at: float | None = None  # when the PS was last asked to move
         self._task: asyncio.Task[None] | None = None
         self._posted_eta: float | None = None
         # Simulated seconds per wall second (the local backend's time_scale; 1 on a cloud), and
@@ -325,6 +332,7 @@ class TransientPolicy:
             # Planned from the move on (the run follows within a PS host's start-up).
             self._ps_zone_before = self.planner.ps_zone
             self.planner.ps_zone = str(e["zone"])
+            self._ps_moved_at = t
         elif kind == "ps-move-failed" and self._ps_zone_before is not None:
             self.planner.ps_zone = self._ps_zone_before
         if kind == "replacement-requested" and e.get("role") == "worker":
@@ -727,6 +735,18 @@ class TransientPolicy:
         here = self.planner.ps_zone
         if here is None or getattr(self.cluster, "ps_move_zone", None) is not None:
             return None
+        now = time.time() if now is None else now
+        startup = self.planner.startup_s
+        if (
+            self._ps_moved_at is not None
+            and (now - self._ps_moved_at) * self.time_scale < PS_MOVE_SETTLE * startup
+        ):
+            return None
+        remaining = (self.remaining_steps() or 0) * self.step_scale
+        if plan.current is not None and plan.current.liveput * startup >= remaining:
+            # Done before a new PS host would serve a step: a PS moved 38 steps before the end
+            # (round eleven) billed a host for nothing.
+            return None
         replacement = getattr(self.cluster, "policy", None)
         zones = list(getattr(replacement, "zones", lambda: [])() or [])
         others = {region_of(z): z for z in reversed(zones) if region_of(z) != region_of(here)}
@@ -755,6 +775,7 @@ class TransientPolicy:
             plan.reason = f"PS moved to {zone}: " + plan.reason
             self.cluster.move_ps(zone, reason=plan.reason)
             self.planner.ps_zone = zone
+            self._ps_moved_at = time.time()
         act = (move is not None or self.worth_changing(plan)) and not self.settling()
         if act:
             shards = plan.chosen.config.shards
