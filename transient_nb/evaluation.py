@@ -125,9 +125,7 @@ def first_choice(goal: Mapping[str, Any], max_workers: int = 8, **kwargs: Any) -
     )
     mix = tuple((k.gpu, n) for k, n in plan.chosen.config.workers)
     shards = plan.chosen.config.shards
-    return Setup(
-        f"policy {goal['goal']}", mix[0][0], sum(n for _, n in mix), True, shards, mix=mix
-    )
+    return Setup(f"policy {goal['goal']}", mix[0][0], sum(n for _, n in mix), True, shards, mix=mix)
 
 
 def goals(deadline_h: float = DEADLINE_H, budget: float = BUDGET) -> list[dict[str, Any]]:
