@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from transient_nb.mix import format_mix, parse_mix
+from transient_nb.mix import format_mix, parse_mix, zero_mix
 
 
 @pytest.mark.parametrize(
@@ -53,3 +53,9 @@ def test_format_mix_round_trips() -> None:
     mix = {"k80": 2, "p100": 1, "v100": 1}
     assert format_mix(mix) == "k80=2,p100=1,v100=1"
     assert parse_mix(format_mix(mix), "t4") == mix
+
+
+def test_zero_mix_is_pairs_that_all_count_nothing():
+    assert zero_mix("v100=0") and zero_mix("k80=0,v100=0")
+    assert not zero_mix("v100=1") and not zero_mix("k80=0,v100=1")
+    assert not zero_mix("0") and not zero_mix("2") and not zero_mix("v100=x")

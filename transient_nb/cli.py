@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from transient_nb import registry
-from transient_nb.mix import format_mix, parse_mix
+from transient_nb.mix import format_mix, parse_mix, zero_mix
 
 #: Defaults of ``run``'s training options (a resumed run keeps its own instead): minutes on 2 cores.
 CLI_DEFAULTS: dict[str, Any] = {
@@ -51,12 +51,8 @@ def _workers(text: str) -> int | dict[str, int]:
 def _on_demand(text: str) -> int | dict[str, int]:
     """``scale --on-demand``: how many of the workers run on demand, a number (of the type N
     counts) or TYPE=COUNT pairs such as ``v100=1`` (``0``, or every type at 0: none)."""
-    if "=" in text:
-        try:
-            parse_mix(text, "")
-        except ValueError as e:
-            if "asks for no workers" in str(e):
-                return {}
+    if zero_mix(text):
+        return {}
     return _workers(text)
 
 

@@ -26,7 +26,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from IPython.display import display
 
 from transient_nb import config, registry
-from transient_nb.mix import format_mix, parse_mix
+from transient_nb.mix import format_mix, parse_mix, zero_mix
 
 #: Execution count at which the magic itself displayed the view of an object (by ``id``): the
 #: same object returned as the cell's result is then not displayed a second time.
@@ -72,12 +72,8 @@ def _workers(minimum: int) -> Callable[[str], int | dict[str, int]]:
 def _on_demand(text: str) -> int | dict[str, int]:
     """``scale --on-demand``: a number of workers (of the type N counts) or TYPE=COUNT pairs such
     as ``v100=1``; ``0``, or every type at 0, is none on demand."""
-    if "=" in text:
-        try:
-            parse_mix(text, "")
-        except ValueError as e:
-            if "asks for no workers" in str(e):
-                return {}
+    if zero_mix(text):
+        return {}
     return _workers(0)(text)
 
 

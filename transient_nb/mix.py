@@ -104,6 +104,18 @@ def parse_mix(workers: int | str | Mapping[str, Any], gpu: str) -> Mix:
     return mix
 
 
+def zero_mix(text: str) -> bool:
+    """Whether ``text`` is TYPE=COUNT pairs that all count 0 (``"v100=0"``): as a mix, one that
+    :func:`parse_mix` refuses (it asks for no workers); as an on-demand share, none."""
+    if "=" not in text:
+        return False
+    try:
+        parse_mix(text, "")
+    except ValueError as e:
+        return "asks for no workers" in str(e)
+    return False
+
+
 def _positive(n: int) -> int:
     if n < 1:
         raise ValueError(f"workers={n!r} must be a whole number of at least 1.")
