@@ -560,22 +560,26 @@ def test_an_explicit_checkpoint_while_an_automatic_one_is_written(tmp_path, monk
         assert ck is not None and ck.step == step and len(ck.shards) == 2
 
 
+#: One K80 worker with its PS in us-central1-a, and a zone in another region to move to.
+TWO_REGIONS = {
+    "workers": 1,
+    "gpu": "k80",
+    "prices": "paper-2019",
+    "zone": "us-central1-a",
+    "fallback_zones": ["us-east1-c"],
+    "provisioning_delay": 0,
+    "preemption": "none",
+    "time_scale": 10,
+    "seed": 3,
+}
+
+
 def test_the_ps_moves_to_another_region_mid_run_and_the_trainers_follow():
     """``move_ps``: one K80 worker in us-central1-a with the PS, one in us-east1-c (paced 1.48x
     slower for the distance). Mid-run the PS moves to us-east1-c from its own state: the run
     goes on to its steps, each trainer is paced anew for its distance from the PS, and the old
     PS host is given back once the run has moved."""
-    with TransientCluster(
-        workers=1,
-        gpu="k80",
-        prices="paper-2019",
-        zone="us-central1-a",
-        fallback_zones=["us-east1-c"],
-        provisioning_delay=0,
-        preemption="none",
-        time_scale=10,
-        seed=3,
-    ) as cluster:
+    with TransientCluster(**TWO_REGIONS) as cluster:
         cluster.policy.prefer_zone("k80", "us-east1-c")
         cluster.scale(2)
         cluster.wait_for_workers(2, timeout=120)
@@ -643,17 +647,7 @@ def test_a_new_ps_host_lost_before_the_run_moved_fails_the_move_and_a_second_one
     comes (two PS hosts billed, every later move refused): instead the move fails (the reason
     names the host), nothing replaces it, the PS goes on where it is, and a second move
     succeeds."""
-    with TransientCluster(
-        workers=1,
-        gpu="k80",
-        prices="paper-2019",
-        zone="us-central1-a",
-        fallback_zones=["us-east1-c"],
-        provisioning_delay=0,
-        preemption="none",
-        time_scale=10,
-        seed=3,
-    ) as cluster:
+    with TransientCluster(**TWO_REGIONS) as cluster:
         cluster.wait_for_workers(1, timeout=120)
         run = train(
             cluster,
