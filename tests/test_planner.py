@@ -463,6 +463,29 @@ def test_the_first_workers_start_ups_count_until_one_asked_for_later_trains():
     assert (planner.startup_s, planner.load_s) == (220.0, 120.0)
 
 
+def test_cost_per_step_counts_the_start_up_of_a_change():
+    """Under the storm, with Spot P100s seen training a fifth of their time, six on demand on
+    two PS shards cost 26% less per step than three Spot ones once they run. A change to them
+    pays their start-up (300 s, billed): with 20,000 steps left it costs more per step than
+    staying, with 640,000 less."""
+    storm = _stormy(Planner([P100, P100_OD], 0.19))
+    storm.observe_availability("p100", "us-central1-a", held_h=3.0, trained_h=0.6)
+    now, dear = Configuration.of({P100: 3}), Configuration.of({P100_OD: 6}, 2)
+    stay = storm.estimate(now, 20_000)
+    steady = storm.estimate(dear, 20_000)
+    assert steady.cost_per_step < 0.75 * stay.cost_per_step
+    assert stay.cost_per_step == pytest.approx(stay.hourly / 3600 / stay.liveput)
+    change = storm.estimate(dear, 20_000, current=now)
+    assert change.cost_per_step == pytest.approx(change.cost / 20_000)
+    assert change.cost_per_step > stay.cost_per_step
+    plan = storm.choose("cost-per-step", 20_000, max_workers=6, max_shards=2, current=now)
+    assert plan.current is not None and plan.chosen.config != dear
+    # Nothing is worth the policy's 10% hysteresis: no change.
+    assert plan.chosen.cost_per_step > 0.9 * plan.current.cost_per_step
+    late = storm.estimate(dear, 640_000, current=now)
+    assert late.cost_per_step < 0.8 * storm.estimate(now, 640_000).cost_per_step
+
+
 def test_on_demand_beside_spot_is_a_candidate_of_each_size_for_each_type_and_zone():
     other = Kind("p100", "us-east1-c", True, 0.43)
     planner = Planner([P100, P100_OD, other], 0.19)
