@@ -1037,6 +1037,18 @@ def test_a_trainer_that_finished_against_an_older_ps_is_asked_for_again(tmp_path
     slot.future, slot.started = Done({"state": "finished", "generation": 1}), True
     run._watch_trainers()
     assert slot.reruns == 1 and len(posted(run, "trainer-restarted")) == 1
+    # Its counters decide, not when it was asked for: one asked for at generation 0 that
+    # followed the PS to generation 1 and finished there is done too.
+    slot.generation = 0
+    slot.future, slot.started = Done({"state": "finished", "generation": 1}), True
+    run._watch_trainers()
+    assert slot.reruns == 1 and slot.started
+    # Another regeneration short of the steps: a second new trainer, its own key.
+    run._generation = 2
+    run._watch_trainers()
+    assert slot.reruns == 2 and not slot.started
+    run._submit_trainers()
+    assert run._client.submitted[-1][2]["key"] == f"trainer-{run.id}-w-0-0-2"
     for step, stop in ((640, False), (637, True)):
         other = driver(tmp_path, hp=HP.with_(steps=640))
         other._generation, other.step = 1, step
