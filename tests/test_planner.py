@@ -486,6 +486,29 @@ def test_cost_per_step_counts_the_start_up_of_a_change():
     assert late.cost_per_step < 0.8 * storm.estimate(now, 640_000).cost_per_step
 
 
+def test_observations_at_their_bounds():
+    """What counts and what does not, at the edges: a start-up must be positive and finite, a
+    load from 0 to the start-up itself; half an hour of places counts; a start-up that is all
+    load leaves no boot, and a Spot worker is then up exp(-load / mttf) of the time."""
+    planner = Planner([P100], 0.19)
+    for bad in (0.0, -1.0, math.inf, math.nan):
+        planner.observe_startup(bad, 0.0)
+    assert planner.startup_s == pytest.approx(108.5) and planner.load_s == 19.0
+    planner.observe_startup(0.5, 0.5)
+    assert (planner.startup_s, planner.load_s) == (0.5, 0.5)
+    for seconds, load in ((200.0, 0.0), (300.0, 300.0)):
+        other = Planner([P100], 0.19)
+        other.observe_startup(seconds, load)
+        assert (other.startup_s, other.load_s) == (seconds, load)
+    whole = Planner([P100], 0.19)
+    whole.observe_startup(200.0, 200.0)
+    mttf = 3600 / whole.hazard_per_h(P100)
+    assert whole.model_availability(P100) == pytest.approx(math.exp(-200.0 / mttf), rel=1e-12)
+    before = whole.availability(P100)
+    whole.observe_availability("p100", "us-central1-a", held_h=0.5, trained_h=0.1)
+    assert whole.availability(P100) == pytest.approx((before * PRIOR_HOURS + 0.1) / 1.0)
+
+
 def test_on_demand_beside_spot_is_a_candidate_of_each_size_for_each_type_and_zone():
     other = Kind("p100", "us-east1-c", True, 0.43)
     planner = Planner([P100, P100_OD, other], 0.19)
