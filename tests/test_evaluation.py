@@ -145,3 +145,17 @@ def test_verdicts_compare_with_the_right_static_run_and_say_better_only_when_it_
     even = table.copy()
     even.loc[even["run"] == "policy budget", "hours"] = 0.4005
     assert evaluation.verdicts(even, budget=1.0)[1].endswith("-> as good (time)")
+
+
+def test_the_plateau_trials_start_the_policy_on_one_ps():
+    """The PS-bottleneck experiment is that the policy finds the plateau and adds a shard: its
+    first choice is on one PS, like the static cluster it is measured against (on two it would
+    start past the plateau, 5 V100 on 2 shards, and show nothing)."""
+    runs = evaluation.plateau_trials()
+    starts = [(r.strategy, r.setup.types, r.setup.shards) for r in runs]
+    assert starts == [
+        ("static", {"v100": 8}, 1),
+        ("policy", {"v100": 8}, 1),
+        ("static", {"k80": 8}, 1),
+        ("policy", {"k80": 8}, 1),
+    ]

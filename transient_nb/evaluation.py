@@ -107,10 +107,13 @@ def planner(prices: str = "paper-2019", gpus: Sequence[str] = GPUS) -> Planner:
     return Planner(kinds, ps_hourly, ps_zone="us-central1-a")
 
 
-def first_choice(goal: Mapping[str, Any], max_workers: int = 8, **kwargs: Any) -> Setup:
+def first_choice(
+    goal: Mapping[str, Any], max_workers: int = 8, max_shards: int | None = None, **kwargs: Any
+) -> Setup:
     """The configuration the policy starts with: its planner's choice for the whole run, with
     the policy's margin kept in reserve (as its own first round plans; without it, the budget
-    policy gave back a K80 it had just booted at once)."""
+    policy gave back a K80 it had just booted at once), on up to ``max_shards`` PS shards
+    (default: as many as the policy may grow to)."""
     from transient_nb.policy import DEFAULT_MARGIN, DEFAULT_MAX_SHARDS, check_goal
 
     deadline_s, budget = check_goal(goal["goal"], goal.get("deadline"), goal.get("budget"))
@@ -119,7 +122,7 @@ def first_choice(goal: Mapping[str, Any], max_workers: int = 8, **kwargs: Any) -
         goal["goal"],
         PAPER_STEPS,
         max_workers=max_workers,
-        max_shards=DEFAULT_MAX_SHARDS,
+        max_shards=DEFAULT_MAX_SHARDS if max_shards is None else max_shards,
         deadline_s=None if deadline_s is None else deadline_s * keep,
         budget=None if budget is None else budget * keep,
     )
@@ -183,7 +186,8 @@ def plateau_trials(v100_deadline_h: float = 0.3, k80_deadline_h: float = 0.55) -
     out = []
     for setup, hours in ((v100, v100_deadline_h), (k80, k80_deadline_h)):
         goal = {"goal": "deadline", "deadline": f"{hours}h"}
-        start = first_choice(goal, gpus=(setup.gpu,))
+        # On one PS, as the static cluster: the point is that the policy finds the plateau.
+        start = first_choice(goal, max_shards=1, gpus=(setup.gpu,))
         out.append(Trial("calm", "static", setup))
         out.append(Trial("calm", "policy", start, goal, gpus=(setup.gpu,)))
     return out
