@@ -376,13 +376,7 @@ class TransientPolicy:
                 # trainer's first report, not its joining: loading the data and the model and
                 # registering with the PS came to a third of the start-up here (round ten).
                 # The part after its VM ran is lived out of the VM's lifetime.
-                training = t - FIRST_REPORT_S
-                waited = max(0.0, training - asked)
-                ran = self._running_since.get(str(name))
-                load = None if ran is None else min(waited, max(0.0, training - ran))
-                self.planner.observe_startup(
-                    waited * self.time_scale, None if load is None else load * self.time_scale
-                )
+                self._observe_startup(str(name), t - FIRST_REPORT_S, asked)
             else:
                 self._observe_first_startup(str(name), t - FIRST_REPORT_S)
             local = int(e.get("local_step", 0))
@@ -424,16 +418,22 @@ class TransientPolicy:
         joined, started = self._joined_at.get(name), self._train_started_at
         if asked is None or joined is None or started is None or training < started:
             return
-        idle = max(0.0, started - joined)
-        waited = training - asked - idle
+        self._observe_startup(name, training, asked, idle=max(0.0, started - joined), first=True)
+
+    def _observe_startup(
+        self, name: str, training: float, asked: float, idle: float = 0.0, first: bool = False
+    ) -> None:
+        """``name`` was asked for at ``asked`` and trained from ``training`` (wall seconds),
+        ``idle`` of them waiting for the run: its start-up, and the part of it after its VM
+        ran (lived out of the VM's lifetime), to the planner in simulated seconds."""
+        waited = max(0.0, training - asked - idle)
         ran = self._running_since.get(name)
         load = None if ran is None else min(waited, max(0.0, training - ran - idle))
-        if waited > 0:
-            self.planner.observe_startup(
-                waited * self.time_scale,
-                None if load is None else load * self.time_scale,
-                first=True,
-            )
+        self.planner.observe_startup(
+            waited * self.time_scale,
+            None if load is None else load * self.time_scale,
+            first=first,
+        )
 
     def _close_place(self, name: str, vm: Mapping[str, Any], t: float, revoked: bool) -> None:
         """A Spot worker's place is over (its worker revoked or given back): into the totals.
@@ -445,11 +445,7 @@ class TransientPolicy:
         if trained_from is None and not revoked:
             return
         key = (str(vm.get("gpu")).lower(), str(vm.get("zone")))
-        held, trained = self._held_gone.get(key, (0.0, 0.0))
-        self._held_gone[key] = (
-            held + max(0.0, t - held_from),
-            trained + (0.0 if trained_from is None else max(0.0, t - trained_from)),
-        )
+        self._held_gone[key] = _add_place(self._held_gone.get(key), held_from, trained_from, t)
 
     def observe_places(self, now: float | None = None) -> None:
         """Tell the planner how much of their places' time the Spot workers of each kind
@@ -461,12 +457,7 @@ class TransientPolicy:
             if name not in self._live or not bool(vm.get("spot", True)):
                 continue
             key = (str(vm.get("gpu")).lower(), str(vm.get("zone")))
-            trained_from = self._trained_from.get(name)
-            held, trained = totals.get(key, (0.0, 0.0))
-            totals[key] = (
-                held + max(0.0, now - held_from),
-                trained + (0.0 if trained_from is None else max(0.0, now - trained_from)),
-            )
+            totals[key] = _add_place(totals.get(key), held_from, self._trained_from.get(name), now)
         for (gpu, zone), (held, trained) in totals.items():
             self.planner.observe_availability(
                 gpu, zone, held * self.time_scale / HOUR, trained * self.time_scale / HOUR
@@ -846,6 +837,18 @@ class TransientPolicy:
             self._task = None
             if announce:
                 self.cluster.loop.add_callback(self._announce, None)
+
+
+def _add_place(
+    totals: tuple[float, float] | None, held_from: float, trained_from: float | None, end: float
+) -> tuple[float, float]:
+    """(held, trained) seconds of a kind's places, with one more place held from ``held_from``
+    and trained from ``trained_from`` (None: never) until ``end``."""
+    held, trained = totals or (0.0, 0.0)
+    return (
+        held + max(0.0, end - held_from),
+        trained + (0.0 if trained_from is None else max(0.0, end - trained_from)),
+    )
 
 
 def _finite(x: float) -> float | None:
