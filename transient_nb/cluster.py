@@ -1382,20 +1382,13 @@ class TransientCluster(SpecCluster):
         names = await asyncio.gather(
             *(self._provision("ps", zone=zone) for _ in range(self.ps_hosts))
         )
-        if not all(names) or self._closing:
+        hosts = [n for n in names if n]
+        if len(hosts) < len(names) or self._closing:
             # No half moves: the hosts that did start go, the PS stays where it is.
-            for name in names:
-                if name:
-                    self.worker_spec.pop(name, None)
-            await self._correct_state()
-            self.ps_move_zone = None
-            await self._post(
-                "ps-move-failed", zone=zone, reason=self._last_failure or "the cluster closed"
-            )
+            await self._fail_move(hosts, zone, self._last_failure or "the cluster closed")
             return
         # The run moves its PS once the new hosts have joined (it watches for them); without a
         # run, nothing holds the old hosts once the new ones work.
-        hosts = [n for n in names if n]
         self._ps_move_hosts = set(hosts)
         self._ps_move_lost = [n for n in hosts if n not in self.workers]  # lost as it started
         try:
@@ -1408,15 +1401,11 @@ class TransientCluster(SpecCluster):
         if not moved and lost:
             # A new host was lost before the run moved onto it: the move fails whole (the
             # other new hosts go), and the PS goes on where it is; a move may be asked again.
-            for name in hosts:
-                self.worker_spec.pop(name, None)
-            await self._correct_state()
-            self.ps_move_zone = None
-            await self._post(
-                "ps-move-failed",
-                zone=zone,
-                reason=f"new PS host {lost[0]} was lost before the run moved onto it; the PS "
-                f"stays in {here}",
+            await self._fail_move(
+                hosts,
+                zone,
+                f"new PS host {lost[0]} was lost before the run moved onto it; the PS stays in "
+                f"{here}",
             )
             return
         for vm in old:
@@ -1427,6 +1416,14 @@ class TransientCluster(SpecCluster):
         for _ in lost:
             # Lost as the run moved onto it: a PS host like any other, replaced near the PS.
             self._spawn(self._provision("ps"))
+
+    async def _fail_move(self, hosts: list[str], zone: str, reason: str) -> None:
+        """A move to ``zone`` that will not be made: its new ``hosts`` go, the PS stays."""
+        for name in hosts:
+            self.worker_spec.pop(name, None)
+        await self._correct_state()
+        self.ps_move_zone = None
+        await self._post("ps-move-failed", zone=zone, reason=reason)
 
     async def _ps_moved(self, names: list[str], start: int) -> bool:
         """Wait until the run moved its PS onto the new hosts ``names`` (True), or, without a
