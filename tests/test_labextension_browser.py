@@ -2,7 +2,8 @@
 
 A kernel (started here with jupyter_client, as any notebook's kernel is) creates a cluster; the
 panel shows it and its workers; a worker is preempted from the panel and its replacement shows
-up; the connect code goes into a notebook; the cluster is stopped from the panel; then a cluster
+up; a worker is added on demand and the PS moved to another zone from the panel; the connect code
+goes into a notebook; the cluster is stopped from the panel; then a cluster
 is created from the panel's form and stopped. Screenshots of each step go to
 ``test-artifacts/labextension/``.
 
@@ -44,7 +45,13 @@ SLOW_MS = 90_000
 
 KERNEL_CODE = """
 from transient_nb import TransientCluster
-c = TransientCluster(workers=2, name="browser-demo", provisioning_delay=0, notice="1s")
+c = TransientCluster(
+    workers=2,
+    name="browser-demo",
+    provisioning_delay=0,
+    notice="1s",
+    fallback_zones=["us-east1-c"],
+)
 c.wait_for_workers(timeout=60)
 """
 
@@ -246,6 +253,34 @@ def test_panel_shows_preempts_connects_stops_and_creates(lab: Lab, kernel_cluste
             expect(card.locator(".tnb-Counts")).to_contain_text("preemptions survived: 1")
             page.screenshot(path=ARTIFACTS / "2-worker-preempted-and-replaced.png")
 
+            # Scale from the panel's form: a third worker, and it runs on demand.
+            card.locator(".tnb-ScaleButton").click()
+            form = page.locator(".jp-Dialog .tnb-ScaleForm")
+            expect(form).to_contain_text("empty to keep them as they are (0 now)")
+            form.locator('input[name="workers"]').fill("3")
+            form.locator('input[name="on_demand"]').fill("1")
+            page.locator(".jp-Dialog .jp-mod-accept").click()
+            added = card.locator('.tnb-Worker[data-worker="w-3"]')
+            expect(added).to_have_attribute("data-state", "joined", timeout=SLOW_MS)
+            expect(added.locator(".tnb-WorkerInfo")).to_contain_text("t4 · on-demand")
+            for spot in ("w-1", "w-2"):
+                info = card.locator(f'.tnb-Worker[data-worker="{spot}"] .tnb-WorkerInfo')
+                expect(info).to_contain_text("t4 · spot")
+
+            # Move the PS to the fallback zone: a new PS host starts there, the old one goes.
+            card.locator(".tnb-MovePsButton").click()
+            dialog = page.locator(".jp-Dialog")
+            expect(dialog).to_contain_text("The PS runs in us-central1-a")
+            dialog.locator("select").select_option("us-east1-c")
+            page.locator(".jp-Dialog .jp-mod-accept").click()
+            new_ps = card.locator('.tnb-Worker[data-worker="ps-1"]')
+            expect(new_ps).to_have_attribute("data-state", "joined", timeout=SLOW_MS)
+            expect(new_ps.locator(".tnb-WorkerInfo")).to_contain_text("us-east1-c")
+            expect(card.locator('.tnb-Worker[data-worker="ps-0"]')).to_have_attribute(
+                "data-state", "deleted", timeout=SLOW_MS
+            )
+            page.screenshot(path=ARTIFACTS / "2b-on-demand-worker-and-ps-moved.png")
+
             # The connect code goes into a new notebook's first cell.
             page.locator('.jp-LauncherCard[data-category="Notebook"]').first.click()
             cell = page.locator(".jp-NotebookPanel .jp-Cell .cm-content").first
@@ -278,6 +313,10 @@ def test_panel_shows_preempts_connects_stops_and_creates(lab: Lab, kernel_cluste
             )
             # Detached: a head process of its own owns it, not the server, not a kernel.
             expect(created.locator(".tnb-Placement")).to_contain_text("head pid")
+            # One zone only: nowhere to move its PS, and the button says why.
+            move = created.locator(".tnb-MovePsButton")
+            expect(move).to_be_disabled()
+            expect(move).to_have_attribute("title", re.compile("start it with fallback zones"))
             # A run on it that no kernel owns (started through the head, from this process):
             # the panel shows it and stops it with its cluster.
             remote = connect("panel-demo")

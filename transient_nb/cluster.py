@@ -482,6 +482,7 @@ class TransientCluster(SpecCluster):
             preemption=self.preemption.spec,
             gpu=self.gpu,
             zone=self.zone,
+            zones=self._zones(),  # where it may go: the panel offers them for a PS move
             spot=self.spot,
             workers=self._target,
             mix=dict(self._mix),

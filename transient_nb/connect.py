@@ -30,7 +30,7 @@ from transient_nb import registry
 from transient_nb.backends.tls import security_from_registry
 from transient_nb.cost import CostReport
 from transient_nb.events import CONTROL_TOPIC, EVENTS_RPC, events_frame
-from transient_nb.mix import parse_mix
+from transient_nb.mix import on_demand_value, parse_mix
 from transient_nb.prices import PriceCatalog
 from transient_nb.state import ClusterState
 from transient_nb.ticker import Ticker
@@ -45,33 +45,6 @@ MAX_FAILURES = 8
 POLL_S = 0.05
 #: Longest wait for one such read.
 READ_TIMEOUT_S = 2.0
-
-
-def _on_demand(on_demand: Any) -> int | dict[str, int]:
-    """``scale(on_demand=...)`` as the control message carries it: a number, or GPU type ->
-    number (text such as ``"v100=1"`` parsed as a mix is). The owning cluster checks the counts
-    against its mix."""
-    if isinstance(on_demand, str) and on_demand.strip().isdigit():
-        on_demand = int(on_demand.strip())
-    if (
-        isinstance(on_demand, bool)
-        or not isinstance(on_demand, (int, str, Mapping))
-        or (isinstance(on_demand, int) and on_demand < 0)
-    ):
-        raise ValueError(
-            f"scale(on_demand={on_demand!r}): give a whole number of workers, 0 or more, or GPU "
-            "type -> number, e.g. on_demand={'v100': 1}."
-        )
-    if isinstance(on_demand, int):
-        return on_demand
-    if isinstance(on_demand, Mapping):
-        return dict(on_demand)
-    try:
-        return parse_mix(on_demand, "")
-    except ValueError as e:
-        if "asks for no workers" in str(e):
-            return {}  # every type named at 0: none on demand
-        raise ValueError(f"scale(on_demand={on_demand!r}): {e}") from None
 
 
 class RemoteEventLog:
@@ -421,7 +394,7 @@ class RemoteCluster:
         if gpu is not None:
             msg["gpu"] = gpu
         if on_demand is not None:
-            msg["on_demand"] = _on_demand(on_demand)
+            msg["on_demand"] = on_demand_value(on_demand)
         return self._request(msg)
 
     def scale_ps(self, n: int) -> dict[str, Any]:

@@ -116,6 +116,39 @@ def zero_mix(text: str) -> bool:
     return False
 
 
+def on_demand_value(on_demand: Any) -> int | dict[str, int]:
+    """``scale(on_demand=...)`` as the control message carries it: a number, or GPU type ->
+    number (text such as ``"v100=1"`` is parsed as a mix is; every type at 0 is none). The
+    owning cluster checks the counts against its mix; this checks only the form.
+
+    Examples
+    --------
+    >>> on_demand_value("2"), on_demand_value("v100=1"), on_demand_value("v100=0")
+    (2, {'v100': 1}, {})
+    """
+    if isinstance(on_demand, str) and on_demand.strip().isdigit():
+        on_demand = int(on_demand.strip())
+    if (
+        isinstance(on_demand, bool)
+        or not isinstance(on_demand, (int, str, Mapping))
+        or (isinstance(on_demand, int) and on_demand < 0)
+    ):
+        raise ValueError(
+            f"scale(on_demand={on_demand!r}): give a whole number of workers, 0 or more, or GPU "
+            "type -> number, e.g. on_demand={'v100': 1}."
+        )
+    if isinstance(on_demand, int):
+        return on_demand
+    if isinstance(on_demand, Mapping):
+        return dict(on_demand)
+    try:
+        return parse_mix(on_demand, "")
+    except ValueError as e:
+        if "asks for no workers" in str(e):
+            return {}  # every type named at 0: none on demand
+        raise ValueError(f"scale(on_demand={on_demand!r}): {e}") from None
+
+
 def _positive(n: int) -> int:
     if n < 1:
         raise ValueError(f"workers={n!r} must be a whole number of at least 1.")

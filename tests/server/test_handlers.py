@@ -69,10 +69,17 @@ def states(model: dict[str, Any]) -> dict[str, str]:
 
 
 @asynccontextmanager
-async def kernel_cluster(name: str, workers: Any = 2) -> AsyncIterator[TransientCluster]:
+async def kernel_cluster(
+    name: str, workers: Any = 2, **kwargs: Any
+) -> AsyncIterator[TransientCluster]:
     """A cluster as a kernel would create it (it registers itself), closed at the end."""
     cluster = await TransientCluster(
-        workers=workers, name=name, provisioning_delay=0, notice="1s", asynchronous=True
+        workers=workers,
+        name=name,
+        provisioning_delay=0,
+        notice="1s",
+        asynchronous=True,
+        **kwargs,
     )
     try:
         await cluster._wait_for_workers(timeout=60)
@@ -266,6 +273,66 @@ async def test_a_mixed_cluster_is_shown_and_scaled_by_type(jp_fetch: Fetch) -> N
 
 
 @pytest.mark.slow
+async def test_workers_on_demand_and_a_ps_move_are_asked_from_the_panel(jp_fetch: Fetch) -> None:
+    """The panel's scale with an on-demand share, and its PS move, reach the owning cluster."""
+    async with kernel_cluster("api-move", workers=1, fallback_zones=["us-east1-c"]) as cluster:
+        models = await wait_model(
+            jp_fetch, lambda m: m.get("api-move", {}).get("counts") == {"joined": 1}
+        )
+        m = models["api-move"]
+        assert m["zones"] == ["us-central1-a", "us-east1-c"]
+        assert m["ps_zone"] == "us-central1-a"
+
+        # One more worker, and it runs on demand; more on demand than workers is refused.
+        code, answer = await call(
+            jp_fetch, "clusters", "api-move", "scale", method="POST",
+            body={"workers": 2, "on_demand": 3},
+        )  # fmt: skip
+        assert code == 400 and "3 t4 on demand, but the mix keeps 2 t4" in answer["message"]
+        code, answer = await call(
+            jp_fetch, "clusters", "api-move", "scale", method="POST",
+            body={"workers": 2, "on_demand": "t4=1"},
+        )  # fmt: skip
+        assert code == 200 and answer["answered"] is True, answer
+        models = await wait_model(jp_fetch, lambda m: m["api-move"]["counts"] == {"joined": 2})
+        pricing = {w["name"]: w["spot"] for w in models["api-move"]["workers"]}
+        assert pricing == {"ps-0": False, "w-0": True, "w-1": False}
+
+        # A zone it may not use is refused, with the ones it may; then the PS moves.
+        code, answer = await call(
+            jp_fetch, "clusters", "api-move", "move-ps", method="POST",
+            body={"zone": "europe-west4-a"},
+        )  # fmt: skip
+        assert code == 400, answer
+        assert "not a zone this cluster may use (us-central1-a, us-east1-c)" in answer["message"]
+        code, answer = await call(
+            jp_fetch, "clusters", "api-move", "move-ps", method="POST",
+            body={"zone": "us-east1-c", "reason": "closer"},
+        )  # fmt: skip
+        assert code == 200 and answer["action"] == "move-ps", answer
+        models = await wait_model(
+            jp_fetch,
+            lambda m: (
+                m["api-move"]["ps_zone"] == "us-east1-c"
+                and states(m["api-move"]).get("ps-0") == "deleted"
+            ),
+        )
+        ps = [w for w in models["api-move"]["workers"] if w["role"] == "ps"]
+        assert [(w["name"], w["zone"], w["state"]) for w in ps] == [
+            ("ps-1", "us-east1-c", "joined"),
+            ("ps-0", "us-central1-a", "deleted"),
+        ]
+        kinds = [e["kind"] for e in cluster.monitor.events if e["kind"].startswith("ps-move")]
+        assert kinds == ["ps-move"]
+        move = next(e for e in cluster.monitor.events if e["kind"] == "ps-move")
+        assert (move["zone_from"], move["zone"], move["reason"]) == (
+            "us-central1-a",
+            "us-east1-c",
+            "closer",
+        )
+
+
+@pytest.mark.slow
 async def test_a_policy_is_turned_on_and_off_and_shown(jp_fetch: Fetch) -> None:
     async with kernel_cluster("api-adapt", workers=1):
         await wait_model(jp_fetch, lambda m: m.get("api-adapt", {}).get("counts") == {"joined": 1})
@@ -384,6 +451,7 @@ async def test_unreachable_scheduler_is_marked_not_fatal(jp_fetch: Fetch) -> Non
         ("POST", ("clusters", "nope", "scale"), {"workers": 1}),
         ("POST", ("clusters", "nope", "preempt"), {"worker": "w-0"}),
         ("POST", ("clusters", "nope", "scale-ps"), {"hosts": 2}),
+        ("POST", ("clusters", "nope", "move-ps"), {"zone": "us-east1-c"}),
     ],
 )
 async def test_unknown_cluster_is_404(
@@ -404,6 +472,9 @@ async def test_unknown_cluster_is_404(
         (("scale",), {"workers": "k80=-1"}, "k80=-1 is not a number of workers"),
         (("scale",), {"workers": {}}, "asks for no workers"),
         (("scale",), {"workers": 2, "gpu": 7}, "give a GPU type"),
+        (("scale",), {"workers": 2, "on_demand": -1}, "on_demand=-1): give a whole number"),
+        (("scale",), {"workers": 2, "on_demand": 1.5}, "on_demand=1.5): give a whole number"),
+        (("scale",), {"workers": 2, "on_demand": "t4=x"}, "t4='x' is not a number of workers"),
         (("scale",), {}, "workers"),
         (("scale",), "{not json", "not valid JSON"),
         (("scale",), "[1, 2]", "JSON object"),
@@ -411,6 +482,10 @@ async def test_unknown_cluster_is_404(
         (("scale-ps",), {"hosts": True}, "whole number of PS hosts"),
         (("scale-ps",), {"hosts": "2"}, "whole number of PS hosts"),
         (("scale-ps",), {}, '{"hosts": n}'),
+        (("move-ps",), {"zone": 3}, "zone=3: give one of the cluster's zones"),
+        (("move-ps",), {"zone": " "}, "zone=' ': give one of the cluster's zones"),
+        (("move-ps",), {"zone": "us-east1-c", "reason": 1}, "reason=1: the reason is text"),
+        (("move-ps",), {}, '{"zone": ZONE}'),
         (("preempt",), {"worker": 3}, "name of a worker"),
         (("preempt",), {"worker": "w-0", "notice": "yes"}, "true or false"),
         (("preempt",), {}, "worker"),

@@ -6,8 +6,10 @@
 ``POST   /transient-nb/clusters``                     start a cluster here (JSON: its parameters)
 ``GET    /transient-nb/clusters/NAME``                one cluster's model
 ``DELETE /transient-nb/clusters/NAME``                stop it (a stale one is just removed)
-``POST   /transient-nb/clusters/NAME/scale``          ``{"workers": n[, "gpu": "v100"]}`` or a mix
+``POST   /transient-nb/clusters/NAME/scale``          ``{"workers": n[, "gpu": "v100"]}`` or a mix;
+                                                      ``"on_demand": m`` (or ``"p100=1"``) of them
 ``POST   /transient-nb/clusters/NAME/scale-ps``       ``{"hosts": n}``: PS hosts, one shard each
+``POST   /transient-nb/clusters/NAME/move-ps``        ``{"zone": "us-east1-c"}``: the PS moves there
 ``POST   /transient-nb/clusters/NAME/preempt``        ``{"worker": "w-0", "notice": true}``
 ``POST   /transient-nb/clusters/NAME/adapt``          ``{"goal": "deadline:2h"}``, ``"off"``...
 ``GET    /transient-nb/options``                      what the "new cluster" form offers
@@ -132,7 +134,8 @@ class ClusterHandler(_BaseHandler):
 
 class ScaleHandler(_BaseHandler):
     """``/transient-nb/clusters/NAME/scale``: ``{"workers": n}``, ``{"workers": n, "gpu": "v100"}``
-    or a whole mix, ``{"workers": "k80=2,v100=1"}``."""
+    or a whole mix, ``{"workers": "k80=2,v100=1"}``; with ``"on_demand": m`` (or ``"p100=1"``),
+    how many of them run on demand."""
 
     @tornado.web.authenticated
     async def post(self, name: str) -> None:
@@ -142,7 +145,9 @@ class ScaleHandler(_BaseHandler):
                 raise ValueError('Send {"workers": n}, the number of GPU workers to keep.')
         except ValueError as e:
             return self.fail(400, str(e))
-        await self.run(self.manager.scale(name, body["workers"], body.get("gpu")))
+        await self.run(
+            self.manager.scale(name, body["workers"], body.get("gpu"), body.get("on_demand"))
+        )
 
 
 class ScalePsHandler(_BaseHandler):
@@ -157,6 +162,20 @@ class ScalePsHandler(_BaseHandler):
         except ValueError as e:
             return self.fail(400, str(e))
         await self.run(self.manager.scale_ps(name, body["hosts"]))
+
+
+class MovePsHandler(_BaseHandler):
+    """``/transient-nb/clusters/NAME/move-ps``: ``{"zone": "us-east1-c"[, "reason": "..."]}``."""
+
+    @tornado.web.authenticated
+    async def post(self, name: str) -> None:
+        try:
+            body = self.body()
+            if "zone" not in body:
+                raise ValueError('Send {"zone": ZONE}, one of the zones the cluster may use.')
+        except ValueError as e:
+            return self.fail(400, str(e))
+        await self.run(self.manager.move_ps(name, body["zone"], body.get("reason", "")))
 
 
 class PreemptHandler(_BaseHandler):
@@ -206,6 +225,7 @@ def handlers(base_url: str = "/") -> list[tuple[str, type[APIHandler]]]:
         (url_path_join(root, "clusters", _NAME), ClusterHandler),
         (url_path_join(root, "clusters", _NAME, "scale"), ScaleHandler),
         (url_path_join(root, "clusters", _NAME, "scale-ps"), ScalePsHandler),
+        (url_path_join(root, "clusters", _NAME, "move-ps"), MovePsHandler),
         (url_path_join(root, "clusters", _NAME, "preempt"), PreemptHandler),
         (url_path_join(root, "clusters", _NAME, "adapt"), AdaptHandler),
         (url_path_join(root, "options"), OptionsHandler),

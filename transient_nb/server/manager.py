@@ -33,9 +33,9 @@ from transient_nb import config, registry
 from transient_nb.backends.tls import security_from_registry
 from transient_nb.events import CONTROL_TOPIC, EVENTS_RPC, read_run_record
 from transient_nb.head import launch_head
-from transient_nb.mix import parse_mix
+from transient_nb.mix import on_demand_value, parse_mix
 from transient_nb.prices import PriceCatalog, shipped_catalogs
-from transient_nb.state import MAX_GONE_ROWS, ClusterState, RunProgress
+from transient_nb.state import GONE_STATES, MAX_GONE_ROWS, ClusterState, RunProgress
 from transient_nb.views.format import policy_text
 
 logger = logging.getLogger(__name__)
@@ -219,6 +219,12 @@ def make_cluster_model(
         "run_record": _plain(entry.get("run_record", started.get("run_record"))),
         "gpu": _plain(entry.get("gpu", started.get("gpu"))),
         "zone": _plain(entry.get("zone", started.get("zone"))),
+        # The zones it may use (its own, then its fallbacks) and where its PS runs now.
+        "zones": [str(z) for z in started.get("zones") or [started.get("zone")] if z],
+        "ps_zone": next(
+            (r["zone"] for r in rows if r["role"] == "ps" and r["state"] not in GONE_STATES),
+            None,
+        ),
         "spot": _plain(entry.get("spot", started.get("spot"))),
         "preemption": _plain(started.get("preemption")),
         "time_scale": _plain(time_scale),
@@ -587,11 +593,15 @@ class ClusterManager:
         # Posted but not answered yet: the owning kernel acts when its loop gets to it.
         return {"request": request, "answered": False, "action": msg["action"]}
 
-    async def scale(self, name: str, workers: Any, gpu: Any = None) -> dict[str, Any]:
+    async def scale(
+        self, name: str, workers: Any, gpu: Any = None, on_demand: Any = None
+    ) -> dict[str, Any]:
         """Ask cluster ``name`` to keep ``workers`` GPU workers (of type ``gpu``), or a mix.
 
         ``workers``: a number (of type ``gpu`` if given; a mixed cluster needs it), or a whole
-        mix, ``{"k80": 2, "v100": 1}`` or ``"k80=2,v100=1"``.
+        mix, ``{"k80": 2, "v100": 1}`` or ``"k80=2,v100=1"``. ``on_demand``: how many of them
+        run on demand (never revoked), a number or a mix such as ``"p100=1"`` (0: none; left
+        out: as before). The owning cluster checks the counts against its mix.
         """
         if gpu is not None and (not isinstance(gpu, str) or not gpu.strip()):
             raise ValueError(f"gpu={gpu!r}: give a GPU type such as 'v100', or leave it out.")
@@ -603,6 +613,23 @@ class ClusterManager:
         msg: dict[str, Any] = {"action": "scale", "workers": workers}
         if gpu:
             msg["gpu"] = gpu.strip().lower()
+        if on_demand is not None:
+            msg["on_demand"] = on_demand_value(on_demand)
+        return await self._control(name, msg)
+
+    async def move_ps(self, name: str, zone: Any, reason: Any = "") -> dict[str, Any]:
+        """Ask cluster ``name`` to move its PS hosts to ``zone`` (one of its ``zones``: its own
+        and its fallback zones); a run moves its PS onto the new hosts from the PS's state."""
+        if not isinstance(zone, str) or not zone.strip():
+            raise ValueError(
+                f"zone={zone!r}: give one of the cluster's zones, e.g. 'us-east1-c' (its own or "
+                "a fallback zone)."
+            )
+        if not isinstance(reason, str):
+            raise ValueError(f"reason={reason!r}: the reason is text.")
+        msg: dict[str, Any] = {"action": "move-ps", "zone": zone.strip()}
+        if reason:
+            msg["reason"] = reason
         return await self._control(name, msg)
 
     async def scale_ps(self, name: str, hosts: Any) -> dict[str, Any]:

@@ -13,6 +13,7 @@ import {
   ICluster,
   IClusterList,
   INewCluster,
+  IScale,
   IOptions,
   IWorker
 } from './types';
@@ -342,6 +343,18 @@ export class TransientSidebar extends Widget {
         'Add parameter-server hosts, one PS shard each, where fast GPUs saturate one PS'
       )
     );
+    const zones = c.zones ?? [];
+    actions.appendChild(
+      button(
+        'Move PS…',
+        'tnb-MovePsButton jp-mod-styled',
+        () => this._movePs(c),
+        !live || zones.length < 2,
+        zones.length < 2
+          ? 'The cluster may use one zone only: start it with fallback zones to move its PS'
+          : 'Move the parameter-server hosts to the zone that holds most workers'
+      )
+    );
     actions.appendChild(
       button(
         'Adapt…',
@@ -424,25 +437,43 @@ export class TransientSidebar extends Widget {
   }
 
   private async _scale(c: ICluster): Promise<void> {
-    const mixed = c.mix ? Object.entries(c.mix).filter(([, n]) => n > 0) : [];
-    const result = await InputDialog.getText({
+    const result = await showDialog({
       title: `Scale ${c.name}`,
-      label:
-        'GPU workers to keep (the PS host comes on top): a number, or a mix such as ' +
-        'k80=2,v100=1',
-      text:
-        mixed.length > 1
-          ? mixed.map(([g, n]) => `${g}=${n}`).join(',')
-          : String(c.target_workers ?? 1)
+      body: new ScaleForm(c),
+      buttons: [Dialog.cancelButton(), Dialog.okButton({ label: 'Scale' })],
+      focusNodeSelector: 'input'
     });
-    if (!result.button.accept || result.value === null) {
+    if (!result.button.accept || !result.value) {
       return;
     }
-    const workers = workersValue(result.value);
+    const value = result.value;
     await this._act(`Scaling ${c.name} failed`, () =>
       requestAPI(`clusters/${encodeURIComponent(c.name)}/scale`, {
         method: 'POST',
-        body: JSON.stringify({ workers })
+        body: JSON.stringify(value)
+      })
+    );
+  }
+
+  private async _movePs(c: ICluster): Promise<void> {
+    const here = c.ps_zone ?? c.zone;
+    const others = c.zones.filter(z => z !== here);
+    const result = await InputDialog.getItem({
+      title: `Move the PS of ${c.name}`,
+      label:
+        `The PS runs in ${here ?? 'no zone yet'}. New PS hosts start in the zone chosen; a ` +
+        'run moves onto them from its PS state, and the old hosts go',
+      items: others.length ? others : c.zones,
+      current: 0
+    });
+    if (!result.button.accept || !result.value) {
+      return;
+    }
+    const zone = result.value;
+    await this._act(`Moving the PS of ${c.name} failed`, () =>
+      requestAPI(`clusters/${encodeURIComponent(c.name)}/move-ps`, {
+        method: 'POST',
+        body: JSON.stringify({ zone, reason: 'asked from the panel' })
       })
     );
   }
@@ -618,6 +649,59 @@ export class NewClusterForm
   private _zone: HTMLSelectElement;
   private _spot: HTMLInputElement;
   private _preemption: HTMLInputElement;
+}
+
+/**
+ * The "Scale" form: the GPU workers to keep, and how many of them run on demand.
+ */
+export class ScaleForm extends Widget implements Dialog.IBodyWidget<IScale> {
+  constructor(c: ICluster) {
+    super();
+    this.addClass('tnb-ScaleForm');
+    const mixed = c.mix ? Object.entries(c.mix).filter(([, n]) => n > 0) : [];
+    this._workers = input(
+      'text',
+      mixed.length > 1
+        ? mixed.map(([g, n]) => `${g}=${n}`).join(',')
+        : String(c.target_workers ?? 1)
+    );
+    this._workers.placeholder = '4, or k80=2,v100=1';
+    this._workers.name = 'workers';
+    this._onDemand = input('text', '');
+    this._onDemand.name = 'on_demand';
+    this._onDemand.placeholder = 'as now';
+    const now = c.workers.filter(
+      w =>
+        w.role === 'worker' &&
+        w.spot === false &&
+        w.state !== 'preempted' &&
+        w.state !== 'deleted'
+    ).length;
+    this.node.append(
+      field('Workers', this._workers),
+      field('Of them on demand', this._onDemand),
+      el(
+        'p',
+        'tnb-Hint',
+        'Workers: a number, or a mix such as k80=2,v100=1 (the PS host comes on top). On ' +
+          'demand: how many of them are never revoked, a number or a mix such as p100=1; 0 ' +
+          `for none, empty to keep them as they are (${now} now).`
+      )
+    );
+  }
+
+  getValue(): IScale {
+    const value: IScale = { workers: workersValue(this._workers.value) };
+    const text = this._onDemand.value.trim();
+    if (text) {
+      // A whole number goes as one; anything else as typed, for the server to name it.
+      value.on_demand = workersValue(text);
+    }
+    return value;
+  }
+
+  private _workers: HTMLInputElement;
+  private _onDemand: HTMLInputElement;
 }
 
 // -- small DOM and formatting helpers -------------------------------------------------------------

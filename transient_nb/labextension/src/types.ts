@@ -51,6 +51,10 @@ export interface ICluster {
   dashboard_link: string | null;
   gpu: string | null;
   zone: string | null;
+  /** The zones it may use (its own, then its fallbacks): where its PS may move. */
+  zones: string[];
+  /** Where its PS hosts run now (null while none is up). */
+  ps_zone: string | null;
   spot: boolean | null;
   preemption: string | null;
   time_scale: number | null;
@@ -115,6 +119,14 @@ export interface IOptions {
   catalog: string;
   preemption_examples: string[];
   workers_examples?: string[];
+}
+
+/** What the "Scale" form sends. */
+export interface IScale {
+  /** A number, or a mix of GPU types such as "k80=2,v100=1". */
+  workers: number | string;
+  /** How many of them run on demand (a number or a mix); left out: as they are. */
+  on_demand?: number | string;
 }
 
 /** What the "new cluster" form sends. */
