@@ -78,6 +78,7 @@ EVENTS: dict[str, tuple[str, ...]] = {
         "preemption",
         "gpu",
         "zone",
+        "zones",  # the zones it may use: its own, then its fallback zones
         "spot",
         "workers",
         "mix",  # GPU type -> workers asked for ({"k80": 2, "v100": 1}); gpu: the main type
