@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from transient_nb.planner import PRIOR_HOURS, Kind, Planner
-from transient_nb.policy import FIRST_REPORT_S, TransientPolicy
+from transient_nb.planner import PRIOR_HOURS, Kind, Plan, Planner
+from transient_nb.policy import FIRST_REPORT_S, PS_MOVE_SETTLE, TransientPolicy
 
 K80 = Kind("k80", "us-central1-a", True, 0.256)
 V100 = Kind("v100", "us-central1-a", True, 0.861)
@@ -730,15 +732,16 @@ def test_a_spot_place_counts_from_a_replacement_request_and_from_training_otherw
 
 
 class ZonedCluster(RecordingCluster):
-    """A cluster that may place workers in us-central1-a (its PS's) and us-east1-c."""
+    """A cluster that may place workers in ``zones``: by default us-central1-a (its PS's) and
+    us-east1-c."""
 
-    def __init__(self, mix: dict[str, int]):
+    def __init__(self, mix: dict[str, int], zones: Sequence[str] = ("us-central1-a", "us-east1-c")):
         super().__init__(mix)
         self.ps_move_zone = None
         self.moves: list[tuple[str, str]] = []
         self.preferred: dict[str, str] = {}
         self.policy = SimpleNamespace(
-            zones=lambda: ["us-central1-a", "us-east1-c"],
+            zones=lambda: list(zones),
             prefer_zone=lambda gpu, zone: self.preferred.__setitem__(gpu, zone),
         )
 
@@ -788,17 +791,27 @@ def test_the_ps_moves_to_the_region_where_the_workers_are_worth_running(storm):
     assert len(cluster.moves) == 1 and policy.planner.ps_zone == "us-east1-c"
 
 
-def _stormy_central(cluster: ZonedCluster, t: float) -> TransientPolicy:
-    """The storm of the test above, the PS in us-central1-a: a move to us-east1-c pays."""
+def _stormy_central(
+    cluster: ZonedCluster,
+    t: float,
+    *far: Kind,
+    goal: str = "cost-per-step",
+    run: dict[str, Any] | None = None,
+    **kw: Any,
+) -> TransientPolicy:
+    """The storm of the test above, the PS in us-central1-a: a move to us-east1-c (or to the
+    zone of a ``far`` kind) pays. On the cluster's clock (its ``time_scale``: simulated seconds
+    per wall second); ``run``: more fields of its ``train-started``."""
     here = Kind("p100", "us-central1-a", True, 0.43)
     there = Kind("p100", "us-east1-c", True, 0.43)
-    planner = Planner([here, there], 0.19, ps_zone="us-central1-a")
-    policy = TransientPolicy(cluster, "cost-per-step", planner=planner)
+    planner = Planner([here, there, *far], 0.19, ps_zone="us-central1-a")
+    policy = TransientPolicy(cluster, goal, planner=planner, **kw)
+    wall = 1 / getattr(cluster, "time_scale", 1.0)  # wall seconds per simulated second
     cluster.add("running", t, worker="ps-0", role="ps", zone="us-central1-a")
     for i in range(24):
-        _vm(cluster, f"w-{i}", "p100", t + i * 300)
-        cluster.add("preempted", t + i * 300 + 300, worker=f"w-{i}", role="worker")
-    cluster.add("train-started", t + 24 * 300, run="r", steps=64_000)
+        _vm(cluster, f"w-{i}", "p100", t + i * 300 * wall)
+        cluster.add("preempted", t + (i * 300 + 300) * wall, worker=f"w-{i}", role="worker")
+    cluster.add("train-started", t + 24 * 300 * wall, run="r", steps=64_000, **(run or {}))
     return policy
 
 
@@ -825,3 +838,226 @@ def test_no_ps_move_right_after_one_nor_where_the_run_ends_first():
     assert late is not None and late.current is not None
     assert late.current.liveput * startup >= 40
     assert policy.ps_move(late, now + startup) is None
+
+
+def _outdone(plan: Plan) -> Plan:
+    """``plan`` with its choice ten times as dear: a plan any other region's would beat."""
+    return replace(plan, chosen=replace(plan.chosen, cost=10 * plan.chosen.cost))
+
+
+def test_no_ps_move_while_one_is_under_way_nor_where_no_other_region_is_allowed():
+    """Even against a plan any move would beat: no second move while the cluster moves its PS
+    (before the log says the move began), and none on a cluster that may place workers in no
+    other region (no replacement policy, or zones of the PS's region only): the PS goes only
+    where its workers may follow."""
+    now = float(int(time.time()))
+    cluster = ZonedCluster({"p100": 3})
+    policy = _stormy_central(cluster, now - 24 * 300 - 600)
+    policy.observe(cluster.monitor.events)
+    plan = policy.recommend(now)
+    assert plan is not None
+    outdone = _outdone(plan)
+    move = policy.ps_move(outdone, now)
+    assert move is not None and move[0] == "us-east1-c"
+    cluster.ps_move_zone = "us-east1-c"  # asked for, no ps-move event yet
+    assert policy.ps_move(outdone, now) is None
+    cluster.ps_move_zone = None
+    cluster.policy = SimpleNamespace(zones=lambda: ["us-central1-a", "us-central1-b"])
+    assert policy.ps_move(outdone, now) is None
+    # A cluster with no replacement policy (its workers go to its own zone only), which knows no
+    # PS moves either.
+    del cluster.policy, cluster.ps_move_zone
+    assert policy.ps_move(outdone, now) is None
+    assert policy.planner.ps_zone == "us-central1-a"  # weighed elsewhere, planned here
+
+
+def test_a_ps_move_waits_its_settle_time_after_the_last_one_on_the_clusters_clock():
+    """``PS_MOVE_SETTLE`` start-ups after the last move, and not a moment sooner, another one
+    may be weighed: on a cluster at time scale 4, the prior's 2 x 108.5 simulated s are 54.25
+    wall s."""
+    now = float(int(time.time()))
+    cluster = ZonedCluster({"p100": 3})
+    cluster.time_scale = 4.0
+    policy = _stormy_central(cluster, now - (24 * 300 + 600) / 4)
+    settle = PS_MOVE_SETTLE * policy.planner.startup_s / 4
+    assert settle == 54.25
+    cluster.add("ps-move", now - settle, zone_from="us-east1-c", zone="us-central1-a")
+    policy.observe(cluster.monitor.events)
+    plan = policy.recommend(now)
+    assert plan is not None
+    assert policy.ps_move(plan, now - 0.25) is None
+    move = policy.ps_move(plan, now)
+    assert move is not None and move[0] == "us-east1-c"
+    later = policy.ps_move(plan)  # at the time of the call, later still
+    assert later is not None and later[0] == "us-east1-c"
+
+
+def test_no_ps_move_where_the_cluster_finishes_within_a_ps_hosts_start_up():
+    """However much better the plan elsewhere, a PS is not moved for steps the cluster as it is
+    trains before a new PS host would serve one: counted in the steps the run stands for. A
+    cluster stepping 4 emulated steps/s trains 434 in the prior's 108.5 s start-up: 217 steps of
+    a run paced 2 emulated steps each are left to it, 218 are not."""
+    now = float(int(time.time()))
+    cluster = ZonedCluster({"p100": 3})
+    hparams = '{"emulate_step_scale": 2}'
+    policy = _stormy_central(cluster, now - 24 * 300 - 600, run={"hparams": hparams})
+    assert policy.planner.startup_s == 108.5
+
+    def outdone_stepping_4_per_s() -> Plan:
+        policy.observe(cluster.monitor.events)
+        plan = policy.recommend(now)
+        assert plan is not None and plan.current is not None
+        return replace(_outdone(plan), current=replace(plan.current, liveput=4.0))
+
+    cluster.add("metrics", now, run="r", shard=0, step=64_000 - 218)
+    move = policy.ps_move(outdone_stepping_4_per_s(), now)
+    assert move is not None and move[0] == "us-east1-c"
+    cluster.add("metrics", now, run="r", shard=0, step=64_000 - 217)
+    assert policy.ps_move(outdone_stepping_4_per_s(), now) is None
+
+
+def test_the_ps_moves_to_the_best_of_two_other_regions_with_a_plan_made_there_for_now():
+    """Two calm regions beside the stormy one, P100s dearer in us-east1-c than in us-west1-b:
+    the PS goes to us-west1-b, though us-east1-c would pay too and the cluster lists it first.
+    The plan made there is for the deadline left at the time asked, as the plan here, and counts
+    the workers left in us-central1-a 1.48x slower."""
+    west = Kind("p100", "us-west1-b", True, 0.38)
+    now = float(int(time.time()))
+    cluster = ZonedCluster({"p100": 3}, zones=["us-central1-a", "us-east1-c", "us-west1-b"])
+    policy = _stormy_central(cluster, now - 24 * 300 - 600, west, goal="deadline", deadline="10h")
+    policy.observe(cluster.monitor.events)
+    later = now + 1800
+    plan = policy.recommend(later)
+    assert plan is not None and plan.current is not None
+    move = policy.ps_move(plan, later)
+    assert move is not None and move[0] == "us-west1-b"
+    there = move[1]
+    assert there.limit == pytest.approx(plan.limit)
+    assert there.current is not None
+    assert there.current.liveput == pytest.approx(plan.current.liveput / 1.48)
+
+
+def _spot_p100_policy(cluster: RecordingCluster) -> TransientPolicy:
+    return TransientPolicy(cluster, "cost-per-step", planner=Planner([P100], 0.19), max_workers=4)
+
+
+def test_a_place_counts_the_fractions_of_a_second_it_was_held_and_trained():
+    """A place is what its worker held and trained, to the fraction of a second, nothing more:
+    one revoked half a second into its training trained half a second, one revoked a quarter of
+    a second after its request held a quarter of one."""
+    cluster = RecordingCluster({"p100": 2})
+    policy = _spot_p100_policy(cluster)
+    fields = {"role": "worker", "gpu": "p100", "zone": "us-central1-a", "spot": True}
+    t = 1000.0
+    cluster.add("train-started", t, run="r", steps=64_000)
+    cluster.add("replacement-requested", t, worker="w-x", role="worker")
+    cluster.add("requested", t, worker="w-0", **fields)
+    cluster.add("running", t + 90, worker="w-0", **fields)
+    cluster.add("worker-metrics", t + 300 + FIRST_REPORT_S, worker="w-0", local_step=0)
+    cluster.add("preempted", t + 300.5, worker="w-0", **fields)
+    cluster.add("replacement-requested", t + 400, worker="w-0", role="worker")
+    cluster.add("requested", t + 400, worker="w-1", **fields)
+    cluster.add("preempted", t + 400.25, worker="w-1", **fields)
+    policy.observe(cluster.monitor.events)
+    policy.observe_places(now=t + 500)
+    held, trained = policy.planner._held[("p100", "us-central1-a")]
+    assert held * 3600 == pytest.approx(300.5 + 0.25)
+    assert trained * 3600 == pytest.approx(0.5)
+
+
+def test_a_place_given_back_counts_once_its_worker_trained():
+    """A worker given back (scaled away) after it trained held its place until then; a
+    replacement given back before it trained is left out, as if it had not been asked for: it had
+    no chance to train, and counting it would read a scale-down as a storm."""
+    cluster = RecordingCluster({"p100": 2})
+    policy = _spot_p100_policy(cluster)
+    fields = {"role": "worker", "gpu": "p100", "zone": "us-central1-a", "spot": True}
+    t = 1000.0
+    cluster.add("train-started", t, run="r", steps=64_000)
+    for name, lost in (("r-0", "w-0"), ("r-1", "w-1")):
+        cluster.add("replacement-requested", t, worker=lost, role="worker")
+        cluster.add("requested", t, worker=name, **fields)
+    # r-0 given back at 100 s before it trained; r-1 trains from 200 s, given back at 500 s.
+    cluster.add("deleted", t + 100, worker="r-0", **fields)
+    cluster.add("running", t + 120, worker="r-1", **fields)
+    cluster.add("worker-metrics", t + 200 + FIRST_REPORT_S, worker="r-1", local_step=0)
+    cluster.add("deleted", t + 500, worker="r-1", **fields)
+    policy.observe(cluster.monitor.events)
+    policy.observe_places(now=t + 600)
+    held, trained = policy.planner._held[("p100", "us-central1-a")]
+    assert (held * 3600, trained * 3600) == (pytest.approx(500), pytest.approx(300))
+
+
+def test_only_spot_workers_hold_places_and_a_vm_not_said_spot_is_spot():
+    """Availability is the Spot workers': an on-demand worker trains all the time it runs and
+    would hide a storm, gone or still running. A VM whose events do not say ``spot`` is a Spot
+    one (the cluster's default). The places still held count to the clock's now."""
+    cluster = RecordingCluster({"p100": 4})
+    policy = _spot_p100_policy(cluster)
+    spot = {"role": "worker", "gpu": "p100", "zone": "us-central1-a"}  # Spot by default
+    dear = {**spot, "spot": False}
+    t = time.time() - 1000
+    cluster.add("train-started", t, run="r", steps=64_000)
+    for name, fields in (("d-0", dear), ("d-1", dear), ("s-0", spot), ("s-1", spot)):
+        cluster.add("running", t, worker=name, **fields)
+    # On demand: both train from 0 s, d-0 is given back at 300 s, d-1 runs on. Spot: s-0
+    # trains from 100 s and is revoked at 400 s; s-1 trains from 200 s and runs on.
+    for name, trains in (("d-0", 0), ("d-1", 0), ("s-0", 100), ("s-1", 200)):
+        cluster.add("worker-metrics", t + trains + FIRST_REPORT_S, worker=name, local_step=0)
+    cluster.add("deleted", t + 300, worker="d-0", **dear)
+    cluster.add("preempted", t + 400, worker="s-0", **spot)
+    policy.observe(cluster.monitor.events)
+    policy.observe_places()
+    held, trained = policy.planner._held[("p100", "us-central1-a")]
+    assert held * 3600 == pytest.approx(300 + 800, abs=5) and trained == held
+
+
+def test_first_start_ups_at_the_runs_start_and_a_start_up_without_its_vms_running():
+    """A worker asked for before the run that trains the moment it starts counts its start-up:
+    asked at 0, running and joined at 90, idle until the run started at 400: 90 s, none of it
+    loading. One whose first report says it trained before the run started (a late
+    ``train-started``) tells nothing. A worker asked for during the run whose VM was not seen
+    running counts its start-up, with no load observed."""
+    cluster = RecordingCluster({"p100": 2})
+    policy = _spot_p100_policy(cluster)
+    fields = {"role": "worker", "gpu": "p100", "zone": "us-central1-a", "spot": True}
+    t = 1000.0
+    for name, ran, joined in (("w-0", 90, 90), ("w-1", 60, 100)):
+        cluster.add("requested", t, worker=name, **fields)
+        cluster.add("running", t + ran, worker=name, **fields)
+        cluster.add("joined", t + joined, worker=name, **fields)
+    cluster.add("train-started", t + 400, run="r", steps=64_000)
+    cluster.add("worker-metrics", t + 399 + FIRST_REPORT_S, worker="w-1", local_step=0)
+    cluster.add("worker-metrics", t + 400 + FIRST_REPORT_S, worker="w-0", local_step=0)
+    policy.observe(cluster.monitor.events)
+    assert (policy.planner.startup_s, policy.planner.load_s) == (90.0, 0.0)
+    cluster.add("requested", t + 600, worker="w-2", **fields)
+    cluster.add("worker-metrics", t + 800 + FIRST_REPORT_S, worker="w-2", local_step=0)
+    policy.observe(cluster.monitor.events)
+    assert policy.planner.startup_s == 200.0
+    assert policy.planner.load_s == policy.planner.prior_load_s == 19.0
+
+
+def test_a_decision_gives_each_spot_kinds_availability_observed_and_modelled_to_4_places():
+    """The ``availability`` of a decision: for each Spot kind of the plan, the fraction of the
+    time a worker is expected up and the model's own, rounded to 4 places; a plan made without
+    the cluster's configuration (the planner's own) gets them for its choice."""
+    cluster = RecordingCluster({"p100": 2})
+    policy = _spot_p100_policy(cluster)
+    _vm(cluster, "w-0", "p100", T0)
+    cluster.add("train-started", T0, run="r", steps=64_000)
+    cluster.add("preempted", T0 + 600, worker="w-0", role="worker", gpu="p100")
+    # Its replacement, asked for at once, still booting: 300 s held, none trained.
+    cluster.add("replacement-requested", T0 + 600, worker="w-0", role="worker")
+    cluster.add("requested", T0 + 600, worker="w-1", role="worker", gpu="p100", zone=P100.zone)
+    policy.observe(cluster.monitor.events)
+    plan = policy.recommend(T0 + 900)
+    assert plan is not None
+    observed = round(policy.planner.availability(P100), 4)
+    by_model = round(policy.planner.model_availability(P100), 4)
+    assert observed < by_model and observed != policy.planner.availability(P100)
+    expected = {"p100@us-central1-a": [observed, by_model]}
+    assert policy.decision_fields(plan, acted=False)["availability"] == expected
+    bare = policy.planner.choose("cost-per-step", 64_000, max_workers=4)
+    assert bare.current is None
+    assert policy.decision_fields(bare, acted=False)["availability"] == expected
