@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import math
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -11,8 +13,14 @@ from typing import Any
 
 import pytest
 
-from transient_nb.planner import PRIOR_HOURS, Kind, Plan, Planner
-from transient_nb.policy import FIRST_REPORT_S, PS_MOVE_SETTLE, TransientPolicy
+from transient_nb.planner import PRIOR_HOURS, Configuration, Estimate, Kind, Plan, Planner
+from transient_nb.policy import (
+    FIRST_REPORT_S,
+    PS_MOVE_SETTLE,
+    TransientPolicy,
+    check_goal,
+    parse_goal,
+)
 
 K80 = Kind("k80", "us-central1-a", True, 0.256)
 V100 = Kind("v100", "us-central1-a", True, 0.861)
@@ -1053,6 +1061,8 @@ def test_a_decision_gives_each_spot_kinds_availability_observed_and_modelled_to_
     policy.observe(cluster.monitor.events)
     plan = policy.recommend(T0 + 900)
     assert plan is not None
+    held, trained = policy.planner._held[("p100", P100.zone)]  # counted to the time asked
+    assert (held * 3600, trained) == (pytest.approx(300.0), 0.0)
     observed = round(policy.planner.availability(P100), 4)
     by_model = round(policy.planner.model_availability(P100), 4)
     assert observed < by_model and observed != policy.planner.availability(P100)
@@ -1061,3 +1071,664 @@ def test_a_decision_gives_each_spot_kinds_availability_observed_and_modelled_to_
     bare = policy.planner.choose("cost-per-step", 64_000, max_workers=4)
     assert bare.current is None
     assert policy.decision_fields(bare, acted=False)["availability"] == expected
+
+
+# -- round twelve: the whole module's mutation survivors -------------------------------------
+
+
+def test_goal_limits_are_accepted_down_to_the_smallest_positive_value():
+    """A deadline of one second and a budget of a dollar or less are goals, a budget of $0 is
+    not; and a goal gives only its own limit back."""
+    assert check_goal("deadline", deadline=1) == (1, None)
+    assert check_goal("budget", budget=1) == (None, 1.0)
+    assert check_goal("budget", budget=0.5) == (None, 0.5)
+    assert check_goal("cost-per-step") == (None, None)
+    with pytest.raises(ValueError, match="needs budget= a positive number of dollars, not 0"):
+        check_goal("budget", budget=0)
+
+
+def test_the_policys_options_default_to_the_clusters_and_bad_ones_are_refused():
+    """Unset, the largest cluster is the cluster's own limit, the interval 30 s and the clock the
+    wall's; the smallest allowed values are taken; a bad one is refused with what to give."""
+    cluster = RecordingCluster({"k80": 1})
+    cluster.limits = SimpleNamespace(max_workers=5)
+    policy = _policy(cluster, "cost-per-step")
+    assert (policy.max_workers, policy.max_shards, policy.interval_s) == (5, 2, 30.0)
+    assert policy.time_scale == 1.0 and policy.last is None
+    smallest = _policy(cluster, "cost-per-step", max_workers=1, max_shards=1, interval=5)
+    assert (smallest.max_workers, smallest.max_shards, smallest.interval_s) == (1, 1, 5.0)
+    assert _policy(cluster, "cost-per-step", interval="2m").interval_s == 120.0
+    assert _policy(cluster, "cost-per-step", interval=0).interval_s == 30.0
+    with pytest.raises(ValueError, match=r"max_workers=-1 must be at least 1\."):
+        _policy(cluster, "cost-per-step", max_workers=-1)
+    advice = (
+        "must be a fraction from 0 to below 1 (e.g. 0.1: plan to meet the goal with 10% of the "
+        "time or money to spare)."
+    )
+    for margin in (1, False):
+        with pytest.raises(ValueError, match=re.escape(f"margin={margin!r} {advice}")):
+            _policy(cluster, "budget", budget=10.0, margin=margin)
+
+
+def test_by_default_it_weighs_every_zone_the_cluster_may_use_and_prices_its_ps_on_demand():
+    """A cluster with no mix, no fallback types and no limit: its own type in its zone and each
+    fallback zone; its PS host billed on demand; up to 8 workers; one PS shard, the one a
+    cluster that says none has; its workers asked for (``_target``) where it places them."""
+    from transient_nb.prices import PriceCatalog
+
+    catalog = PriceCatalog.load("paper-2019")
+    cluster = SimpleNamespace(
+        gpu="k80",
+        policy=SimpleNamespace(fallback_zones=["us-east1-c"]),
+        catalog=catalog,
+        zone="us-central1-a",
+        machine_type="n1-standard-4",
+        ps_machine_type="n1-standard-4",
+        spot=True,
+    )
+    policy = TransientPolicy(cluster, "cost-per-step", on_demand=False)
+    kinds = policy.planner.kinds
+    assert [(k.gpu, k.zone, k.spot) for k in kinds] == [
+        ("k80", "us-central1-a", True),
+        ("k80", "us-east1-c", True),
+    ]
+    ps = catalog.machine_price("n1-standard-4", "us-central1-a")
+    assert policy.planner.ps_hourly == ps.rate(False) != ps.rate(True)
+    assert policy.max_workers == 8
+    assert policy.current() == Configuration.of({})
+    cluster._target = 2
+    assert policy.current() == Configuration.of({kinds[0]: 2}, 1)
+    with pytest.raises(ValueError, match=r"by the catalog: give gpus= types the catalog knows\."):
+        TransientPolicy(cluster, "cost-per-step", gpus=["tpu"])
+
+
+def _od_vm(cluster: RecordingCluster, name: str, gpu: str, t: float, **fields: Any) -> None:
+    """A worker's VM asked for and running, with ``fields`` (zone, spot) as its events give."""
+    for kind in ("requested", "running"):
+        cluster.add(kind, t, worker=name, role="worker", gpu=gpu, **fields)
+
+
+def test_the_current_configuration_counts_live_vms_then_those_to_come_spot_or_on_demand():
+    """Six P100 asked for, three of them on demand, one on demand and two Spot running (one
+    whose events do not say Spot: the default): two more on demand and one Spot to come. A type
+    the planner cannot buy is left out, one with no on-demand workers asked for is Spot, the
+    PS shards are the cluster's, and VMs beyond what the mix asks for do not count."""
+    p100_od, k80_od = Kind("p100", P100.zone, False, 1.46), Kind("k80", K80.zone, False, 0.45)
+    cluster = RecordingCluster({"t4": 2, "p100": 6, "k80": 1})
+    cluster.on_demand = {"p100": 3}
+    cluster.ps_hosts = 2
+    policy = TransientPolicy(
+        cluster, "cost-per-step", planner=Planner([P100, p100_od, K80, k80_od], 0.19)
+    )
+    _od_vm(cluster, "w-0", "p100", T0, zone=P100.zone, spot=False)
+    _od_vm(cluster, "w-1", "p100", T0, zone=P100.zone)
+    _od_vm(cluster, "w-2", "p100", T0, zone=P100.zone, spot=True)
+    policy.observe(cluster.monitor.events)
+    assert policy.current() == Configuration.of({p100_od: 3, P100: 3, K80: 1}, 2)
+    cluster.mix = {"p100": 2}  # scaled down: the VMs given back are not gone yet
+    assert policy.current() == Configuration.of({p100_od: 1, P100: 1}, 2)
+
+
+def test_workers_to_come_go_where_the_cluster_places_their_type_first():
+    """New workers go to the cluster's zone, or the zone its replacement policy prefers for
+    the type; as the kind there that runs as asked (Spot or on demand), else the type's Spot kind
+    there, else the type's first kind that runs as asked. A live VM counts as the kind of its
+    zone, Spot or not."""
+    kc, ke = K80, Kind("k80", "us-east1-c", True, 0.256)
+    pc, pwo = P100, Kind("p100", "us-west1-b", False, 1.46)
+    cluster = RecordingCluster({"k80": 3, "p100": 1})
+    cluster.zone = "us-east1-c"
+    cluster.policy = SimpleNamespace(preferred_zones={"p100": "us-west1-b"})
+    cluster.on_demand = {"k80": 1}
+    policy = TransientPolicy(cluster, "cost-per-step", planner=Planner([kc, ke, pc, pwo], 0.19))
+    _od_vm(cluster, "w-0", "k80", T0, zone=kc.zone, spot=False)
+    policy.observe(cluster.monitor.events)
+    assert policy.current().counts == {kc: 1, ke: 2, pc: 1}
+
+
+def test_a_decision_says_the_steps_left_the_odds_of_losses_the_start_up_and_the_ps():
+    """The fields of a decision as the panel shows them: the steps left, the odds of losing 1, 2
+    or 3 workers in the hour to 4 places, the start-up and its load to 0.1 s, the PS's capacity
+    to 0.01 steps/s (None where no PS limits the run), and no bottleneck before any verdict."""
+    cluster = RecordingCluster({"k80": 3})
+    planner = Planner([K80], 0.143, ps_steps_per_s=45.4567)
+    planner.observe_startup(123.456, 45.678)
+    policy = TransientPolicy(cluster, "cost-per-step", planner=planner)
+    cluster.add("train-started", T0, run="r", steps=64_000)
+    cluster.add("metrics", T0 + 5, run="r", step=4_000, shard=0)
+    policy.observe(cluster.monitor.events)
+    plan = policy.recommend(T0 + 5)
+    assert plan is not None
+    fields = policy.decision_fields(plan, acted=False)
+    config = plan.chosen.config
+    p_lose = [planner.p_lose_at_least(config, k) for k in (1, 2, 3)]
+    assert fields["p_lose_1h"] == [round(p, 4) for p in p_lose] != [round(p, 5) for p in p_lose]
+    assert fields["remaining_steps"] == 60_000
+    assert (fields["startup_s"], fields["load_s"]) == (123.5, 45.7)
+    assert fields["ps_capacity"] == round(planner.ps_capacity(config.shards), 2)
+    assert fields["ps_capacity"] != round(planner.ps_capacity(config.shards), 3)
+    assert fields["ps_bottleneck"] is False
+    unlimited = TransientPolicy(
+        cluster, "cost-per-step", planner=Planner([K80], 0.143, ps_steps_per_s=None)
+    )
+    unlimited.observe(cluster.monitor.events)
+    free = unlimited.recommend(T0 + 5)
+    assert free is not None and unlimited.decision_fields(free, acted=False)["ps_capacity"] is None
+
+
+@pytest.mark.parametrize(
+    "hparams, step_scale",
+    [
+        ({"emulate_step_scale": 4}, 4.0),
+        ('{"emulate_step_scale": 0.5}', 0.5),
+        ('{"emulate_step_scale": 0}', 1.0),
+        ('{"emulate_step_scale": -2}', 1.0),
+        ({"emulate_step_scale": math.inf}, 1.0),
+        ('{"emulate_step_scale": "fast"}', 1.0),
+        ("not json", 1.0),
+        (None, 1.0),
+    ],
+)
+def test_a_runs_pace_is_its_emulated_steps_per_step_when_it_is_a_positive_number(
+    hparams: Any, step_scale: float
+):
+    """``emulate_step_scale`` of the run's hparams (a JSON text or a mapping) where it is a
+    positive finite number; else each step stands for one."""
+    cluster = RecordingCluster({"k80": 1})
+    policy = _policy(cluster, "cost-per-step")
+    cluster.add("train-started", T0, run="r", steps=64_000, hparams=hparams)
+    policy.observe(cluster.monitor.events)
+    assert policy.step_scale == step_scale
+
+
+def test_a_runs_start_tells_its_steps_left_and_its_ps_shards():
+    """A resumed run has its steps less the step it resumed from left; a run started with no
+    steps has none to plan; a ``metrics`` event without a step, or any event without a time,
+    changes nothing; the PS shards the run started with (then was resharded to) are the ones
+    a PS window measures."""
+    cluster = RecordingCluster({"k80": 1})
+    policy = _policy(cluster, "cost-per-step")
+    cluster.monitor.events.append({"kind": "train-started", "run": "r", "steps": 64_000})
+    cluster.add("metrics", T0, run="r", shard=0)
+    policy.observe(cluster.monitor.events)
+    assert policy.remaining_steps() == 64_000
+    cluster.add("train-started", T0, run="r", steps=64_000, resumed_step=4_000, shards=2)
+    policy.observe(cluster.monitor.events)
+    assert policy.remaining_steps() == 60_000
+    cluster.add("ps-resharded", T0, run="r", shards=3)
+    cluster.add("ps-resharded", T0, run="r")
+    policy.observe(cluster.monitor.events)
+    assert policy._run_shards == 3
+    cluster.add("train-started", T0, run="r2")
+    policy.observe(cluster.monitor.events)
+    assert policy.remaining_steps() is None and policy.recommend(T0) is None
+
+
+def _estimate(n: int, eta_s: float, cost: float, liveput: float = 1.0) -> Estimate:
+    return Estimate(Configuration.of({K80: n}), liveput, 1.0, eta_s, cost, steps=100.0)
+
+
+def test_better_compares_the_goals_own_measure_and_a_tie_is_no_gain():
+    """Without hysteresis: a tie in the goal's measure is no reason to change; a deadline both
+    meet is about money, not time; a budget both keep is about time, one both exceed about
+    money."""
+    policy = _policy(RecordingCluster({"k80": 1}), "cost-per-step", hysteresis=0.0)
+    old = _estimate(1, 500.0, 5.0)
+
+    def better(goal: str, new: Estimate, limit: float | None = None) -> bool:
+        return policy.better(Plan(goal, new, old, "", limit=limit), new, old)
+
+    assert not better("cost-per-step", _estimate(2, 400.0, 5.0))
+    assert better("cost-per-step", _estimate(2, 400.0, 4.9))
+    assert not better("deadline", _estimate(2, 400.0, 5.0), limit=1000.0)  # sooner, as dear
+    assert better("deadline", _estimate(2, 600.0, 4.9), limit=1000.0)
+    assert not better("deadline", _estimate(2, 500.0, 1.0), limit=100.0)  # both miss: as late
+    assert better("budget", _estimate(2, 400.0, 6.0), limit=10.0)  # both keep it: sooner
+    assert not better("budget", _estimate(2, 500.0, 4.0), limit=10.0)
+    assert better("budget", _estimate(2, 600.0, 4.9), limit=1.0)  # both over: cheaper
+    assert not better("budget", _estimate(2, 400.0, 5.0), limit=1.0)
+
+
+def test_a_change_is_worth_it_from_a_cluster_that_trains_nothing_not_from_a_slow_one():
+    """A plan with no current configuration is no change; from a cluster whose workers train
+    nothing any other mix is one; from one that trains a little, only a better one."""
+    policy = _policy(RecordingCluster({"k80": 1}), "deadline", deadline="1h")
+    new = _estimate(2, 5000.0, 5.0)
+
+    def plan(now: Estimate | None) -> Plan:
+        return Plan("deadline", new, now, "", feasible=False, limit=3600.0)
+
+    assert policy.worth_changing(plan(None)) is False
+    assert policy.worth_changing(plan(_estimate(1, 5000.0, 5.0, liveput=0.0))) is True
+    assert policy.worth_changing(plan(_estimate(1, 5000.0, 5.0, liveput=0.5))) is False
+
+
+def test_a_change_settles_for_exactly_a_start_up_and_a_decision_is_posted_on_a_new_eta():
+    """Settling lasts a start-up on the cluster's clock, not a moment more. A decision is
+    posted first, then when the expected finish moves by over 10% (10% exactly is not), and
+    after an ETA of never."""
+    policy = _policy(RecordingCluster({"k80": 1}), "cost-per-step")
+    policy._acted_at = 1000.0
+    assert policy.settling(1000.0 + 100) and not policy.settling(1000.0 + 108.5)
+
+    def changed(eta_s: float) -> bool:
+        new = _estimate(1, eta_s, 1.0)
+        return policy._changed_view(Plan("cost-per-step", new, None, ""))
+
+    views = [changed(eta) for eta in (100.0, 110.0, 125.0, math.inf, 100.0)]
+    assert views == [True, False, True, True, True]
+
+
+def test_a_plans_mix_zones_and_on_demand_workers_add_up_each_type_over_its_zones():
+    """Two zones of one type: the mix is their sum, as are its on-demand workers; the type's
+    zone is the one with most of it, the earlier kind on a tie."""
+    ke = Kind("k80", "us-east1-c", True, 0.256)
+    kco, keo = Kind("k80", K80.zone, False, 0.45), Kind("k80", ke.zone, False, 0.45)
+    policy = TransientPolicy(
+        RecordingCluster({"k80": 1}), "cost-per-step", planner=Planner([K80, ke, kco, keo], 0.19)
+    )
+
+    def plan(counts: dict[Kind, int]) -> Plan:
+        chosen = Estimate(Configuration.of(counts), 1.0, 1.0, 1.0, 1.0)
+        return Plan("cost-per-step", chosen, None, "")
+
+    tie = plan({K80: 2, ke: 2})
+    assert policy.mix_of(tie) == {"k80": 4} and policy.zones_of(tie) == {"k80": K80.zone}
+    dear = plan({kco: 1, keo: 2, K80: 1})
+    assert policy.on_demand_of(dear) == {"k80": 3} and policy.zones_of(dear) == {"k80": ke.zone}
+
+
+@pytest.mark.parametrize(
+    "spot, on_demand_kinds, asked",
+    [
+        (True, True, [{"k80": 0}]),  # a Spot cluster that may buy on demand: none this time
+        (None, True, [{"k80": 0}]),  # a cluster that does not say: Spot
+        (True, False, []),  # no on-demand kind to buy
+        (False, True, []),  # an on-demand cluster: all its workers are
+    ],
+    ids=["spot", "spot-by-default", "spot-only", "on-demand-cluster"],
+)
+def test_a_change_says_how_many_run_on_demand_only_where_the_cluster_weighs_it(
+    spot: bool | None, on_demand_kinds: bool, asked: list[dict[str, int]]
+):
+    """A Spot cluster whose planner may buy on-demand workers is told how many of each type run
+    on demand (0 for a type with none, its on-demand workers swapped back for Spot ones); any
+    other cluster is scaled by its mix alone."""
+    cluster = RecordingCluster({"k80": 1})
+    if spot is None:
+        del cluster.spot
+    else:
+        cluster.spot = spot
+    kinds = [K80, Kind("k80", K80.zone, False, 0.45)] if on_demand_kinds else [K80]
+    policy = TransientPolicy(cluster, "deadline", deadline="1h", planner=Planner(kinds, 0.143))
+    cluster.add("train-started", time.time(), run="r", steps=64_000)
+    plan = asyncio.run(policy.adapt())
+    assert plan is not None and len(cluster.scaled) == 1
+    assert policy.on_demand_of(plan) == {}
+    assert cluster.on_demand_scaled == asked
+
+
+def test_a_deadline_left_is_a_second_at_least_and_a_ps_shard_is_never_given_back():
+    """Past its deadline a run is planned to finish within a second; a cluster with two PS
+    shards is planned with two at least."""
+    cluster = RecordingCluster({"k80": 8})
+    cluster.ps_hosts = 2
+    policy = _policy(cluster, "deadline", deadline="1h")
+    policy.started_at = T0
+    cluster.add("train-started", T0, run="r", steps=64_000, elastic_shards=True)
+    policy.observe(cluster.monitor.events)
+    plan = policy.recommend(T0 + 7200)
+    assert plan is not None and plan.limit == 1.0
+    assert plan.candidates and all(c.config.shards >= 2 for c in plan.candidates)
+
+
+def test_no_ps_move_while_a_change_settles_nor_within_the_settle_time_of_the_policys_own():
+    """The storm that makes a PS move pay: no move while the last change settles; once the
+    policy moved the PS, no other move (even against a plan any move beats) for two
+    start-ups."""
+    cluster = ZonedCluster({"p100": 3})
+    policy = _stormy_central(cluster, time.time() - 24 * 300 - 600)
+    policy._acted_at = time.time()
+    asyncio.run(policy.adapt())
+    assert cluster.moves == []
+    policy._acted_at = None
+    plan = asyncio.run(policy.adapt())
+    assert plan is not None and [zone for zone, _ in cluster.moves] == ["us-east1-c"]
+    assert policy.ps_move(_outdone(plan)) is None
+
+
+def _reporting(cluster: RecordingCluster, name: str, gpu: str, steps: Sequence[tuple[float, int]]):
+    """A worker's VM running from the first report's time, and its reports (time, local step)."""
+    _od_vm(cluster, name, gpu, steps[0][0], zone=K80.zone)
+    for t, local in steps:
+        cluster.add("worker-metrics", t, worker=name, local_step=local)
+
+
+def _k80_run() -> tuple[RecordingCluster, TransientPolicy]:
+    cluster = RecordingCluster({"k80": 2})
+    policy = _policy(cluster, "cost-per-step")
+    cluster.add("train-started", T0, run="r", steps=64_000)
+    return cluster, policy
+
+
+def test_no_verdict_from_other_shards_idle_windows_or_spans_under_40_steps():
+    """Shard 1's windows, a window that served nothing and one that does not say how many
+    steps it served are not the PS's measure; 39 steps are not a span, one more is: then the
+    rates the worker reported meanwhile count (it kept up)."""
+    cluster, policy = _k80_run()
+    _reporting(cluster, "w-0", "k80", [(T0, 0), (T0 + 10, 60)])  # 6 steps/s
+    cluster.add("metrics", T0 + 10, run="r", shard=1, step=0, updates=40, steps_per_s=1.0)
+    _ps_window(cluster, T0 + 10, step=0, updates=40, steps_per_s=0.0)
+    _ps_window(cluster, T0 + 10, step=0, steps_per_s=6.0)
+    _ps_window(cluster, T0 + 10, step=0, updates=39, steps_per_s=6.0)
+    policy.observe(cluster.monitor.events)
+    assert policy.planner.rate("k80") == 4.56 and policy.planner.ps_capacity(1) == 45.0
+    _ps_window(cluster, T0 + 10, step=0, updates=1, steps_per_s=6.0)
+    policy.observe(cluster.monitor.events)
+    assert policy.planner.rate("k80") == 6.0 and not policy._ps_bottleneck
+
+
+def test_a_ps_serving_under_a_step_a_second_is_measured():
+    """A PS that serves half a step a second to a K80 (4.56 steps/s) is the bottleneck, with
+    that capacity."""
+    cluster, policy = _k80_run()
+    _reporting(cluster, "w-0", "k80", [(T0, 0), (T0 + 10, 6)])
+    _ps_window(cluster, T0 + 10, step=0, updates=40, steps_per_s=0.5)
+    policy.observe(cluster.monitor.events)
+    assert policy._ps_bottleneck and policy.planner.ps_capacity(1) == 0.5
+
+
+def test_no_verdict_where_the_ps_served_more_than_its_workers_said_they_pushed():
+    """One worker pushing 6 steps/s and one with a single report (pushing nothing yet) cannot
+    have been served 7.5; nor can a worker whose last report shows no progress have been served
+    6; on a cluster at time scale 4, 6 wall steps/s are 1.5 simulated ones, less than the 2.5
+    of 10 served a wall second. No verdict, no capacity, and the rates wait."""
+    cluster, policy = _k80_run()
+    _reporting(cluster, "w-0", "k80", [(T0, 0), (T0 + 10, 60)])
+    _reporting(cluster, "w-1", "k80", [(T0 + 10, 0)])
+    _ps_window(cluster, T0 + 10, step=0, updates=40, steps_per_s=7.5)
+    policy.observe(cluster.monitor.events)
+    assert policy.planner.rate("k80") == 4.56 and policy.planner.ps_capacity(1) == 45.0
+    stalled, policy = _k80_run()
+    _reporting(stalled, "w-0", "k80", [(T0, 0), (T0 + 10, 60), (T0 + 15, 60)])
+    _ps_window(stalled, T0 + 15, step=0, updates=40, steps_per_s=6.0)
+    policy.observe(stalled.monitor.events)
+    assert policy.planner.rate("k80") == 4.56 and policy.planner.ps_capacity(1) == 45.0
+    scaled, policy = _k80_run()
+    scaled.time_scale = policy.time_scale = 4.0
+    _reporting(scaled, "w-0", "k80", [(T0, 0), (T0 + 10, 60)])
+    _ps_window(scaled, T0 + 10, step=0, updates=40, steps_per_s=10.0)
+    policy.observe(scaled.monitor.events)
+    assert policy.planner.rate("k80") == 4.56 and policy.planner.ps_capacity(1) == 45.0
+
+
+def test_the_workers_pushing_are_those_reporting_within_10_s_and_still_there():
+    """A worker gone before the window is not counted, one whose last report is exactly 10 s
+    old is; where none reported within 10 s there is no verdict and the rates wait."""
+    cluster, policy = _k80_run()
+    _reporting(cluster, "w-1", "k80", [(T0, 0), (T0 + 10, 60)])
+    cluster.add("preempted", T0 + 12, worker="w-1", role="worker")
+    _reporting(cluster, "w-0", "k80", [(T0, 0), (T0 + 10, 60)])
+    _ps_window(cluster, T0 + 20, step=0, updates=40, steps_per_s=6.0)
+    policy.observe(cluster.monitor.events)
+    assert policy.planner.rate("k80") == 6.0 and policy.planner.ps_capacity(1) == 45.0
+    stale, policy = _k80_run()
+    _reporting(stale, "w-0", "k80", [(T0, 0), (T0 + 10, 60)])
+    _ps_window(stale, T0 + 30, step=0, updates=40, steps_per_s=6.0)
+    policy.observe(stale.monitor.events)
+    assert policy.planner.rate("k80") == 4.56
+
+
+def test_a_span_is_40_steps_with_the_same_workers_each_span_measured_alone():
+    """Two bottleneck spans of one K80, at 1 and 3 steps/s: the PS's capacity is the upper
+    median, 3, each span's rate its own steps over its own seconds. 30 steps with one worker
+    and 20 with two are no span."""
+    cluster, policy = _k80_run()
+    _reporting(cluster, "w-0", "k80", [(T0, 0), (T0 + 10, 30)])  # 3 steps/s
+    _ps_window(cluster, T0 + 10, step=0, updates=40, steps_per_s=1.0)
+    _ps_window(cluster, T0 + 10, step=0, updates=40, steps_per_s=3.0)
+    policy.observe(cluster.monitor.events)
+    assert policy._ps_bottleneck and policy.planner.ps_capacity(1) == 3.0
+    two, policy = _k80_run()
+    _reporting(two, "w-0", "k80", [(T0, 0), (T0 + 10, 60)])
+    _ps_window(two, T0 + 10, step=0, updates=30, steps_per_s=6.0)
+    _reporting(two, "w-1", "k80", [(T0 + 10, 0)])
+    _ps_window(two, T0 + 10, step=0, updates=20, steps_per_s=6.0)
+    policy.observe(two.monitor.events)
+    assert policy.planner.ps_capacity(1) == 45.0 and policy._served == {}
+
+
+def test_a_worker_in_a_zone_the_planner_does_not_price_pushes_its_types_rate():
+    """A K80 in a zone the planner cannot buy in would push its type's 4.56 steps/s: served
+    2, the PS is the bottleneck."""
+    cluster, policy = _k80_run()
+    _od_vm(cluster, "w-0", "k80", T0, zone="europe-west4-a")
+    for t, local in ((T0, 0), (T0 + 10, 20)):
+        cluster.add("worker-metrics", t, worker="w-0", local_step=local)
+    _ps_window(cluster, T0 + 10, step=0, updates=40, steps_per_s=2.0)
+    policy.observe(cluster.monitor.events)
+    assert policy._ps_bottleneck and policy.planner.ps_capacity(1) == 2.0
+
+
+def test_the_ps_is_judged_against_fewer_workers_served_grown_in_proportion():
+    """Two K80s were served 10 and 11 steps/s (the upper median, 11, counts): four workers
+    (two of them P100s priced at 1 step/s) would be served 22. Served 18 and 17, the PS is the
+    bottleneck; 20 is within 15% of 22. The windows of four do not make the measure of four
+    fewer: their rate is still judged against two's."""
+    cluster = RecordingCluster({"k80": 2, "p100": 2})
+    planner = Planner([K80, P100], 0.19, steps_per_s={"k80": 1.0, "p100": 1.0})
+    policy = TransientPolicy(cluster, "cost-per-step", planner=planner)
+    cluster.add("train-started", T0, run="r", steps=64_000)
+    for name in ("w-0", "w-1"):
+        _od_vm(cluster, name, "k80", T0, zone=K80.zone)
+    for name in ("w-2", "w-3"):
+        _od_vm(cluster, name, "p100", T0 + 20, zone=P100.zone)
+    for name in ("w-0", "w-1"):
+        cluster.add("worker-metrics", T0, worker=name, local_step=0)
+    local = dict.fromkeys(["w-0", "w-1", "w-2", "w-3"], 0)
+    verdicts = []
+    for t, pushing, served in (
+        (T0 + 10, 5.0, 10.0),
+        (T0 + 20, 5.5, 11.0),
+        (T0 + 30, 4.5, 18.0),  # the P100s pushing too, from their first reports at T0 + 20
+        (T0 + 40, 4.5, 17.0),
+        (T0 + 50, 5.0, 20.0),
+    ):
+        for name in ("w-0", "w-1", "w-2", "w-3") if t > T0 + 20 else ("w-0", "w-1"):
+            local[name] += round(pushing * 10)
+            cluster.add("worker-metrics", t, worker=name, local_step=local[name])
+        _ps_window(cluster, t, step=0, updates=40, steps_per_s=served)
+        if t == T0 + 20:
+            for name in ("w-2", "w-3"):
+                cluster.add("worker-metrics", t, worker=name, local_step=0)
+        policy.observe(cluster.monitor.events)
+        verdicts.append(policy._ps_bottleneck)
+    assert verdicts == [False, False, True, True, False]
+
+
+def test_revocations_count_spot_vms_only_and_exposure_the_time_they_ran():
+    """A VM revoked while it booted is a revocation with no exposure and tells no start-up; one
+    whose events do not say Spot is Spot; one revoked half a second after it ran was exposed
+    half a second; an on-demand VM stopped is no revocation; a VM deleted after its revocation
+    counts nothing more."""
+    cluster, policy = _k80_run()
+    prior = policy.planner.hazard_per_h(K80)
+    cluster.add("requested", T0, worker="w-0", role="worker", gpu="k80", zone=K80.zone)
+    cluster.add("preempted", T0 + 50, worker="w-0", role="worker")
+    cluster.add("replacement-requested", T0 + 50, worker="w-0", role="worker")
+    _od_vm(cluster, "w-1", "k80", T0, zone=K80.zone)
+    cluster.add("preempted", T0 + 0.5, worker="w-1", role="worker")
+    cluster.add("deleted", T0 + 1, worker="w-1", role="worker")
+    _od_vm(cluster, "w-2", "k80", T0, zone=K80.zone, spot=False)
+    cluster.add("preempted", T0, worker="w-2", role="worker")
+    policy.observe(cluster.monitor.events)
+    expected = (prior * PRIOR_HOURS + 2) / (PRIOR_HOURS + 0.5 / 3600)
+    assert policy.planner.hazard_per_h(K80) == pytest.approx(expected, rel=1e-12)
+    assert policy.planner.startup_s == policy.planner.prior_startup_s
+
+
+def test_a_workers_reports_its_first_trains_it_from_and_later_ones_give_its_rate():
+    """A first report without a local step is step 0; the next, 10 s and 100 steps later,
+    pushes 10 steps/s. A report at the same time as the last and one from a worker the log
+    never showed are harmless. The worker's place trained from its first report, not its last."""
+    cluster, policy = _k80_run()
+    t = T0 + 100
+    _od_vm(cluster, "w-0", "k80", T0, zone=K80.zone)
+    cluster.add("worker-metrics", t + FIRST_REPORT_S, worker="w-0")
+    cluster.add("worker-metrics", t + 10 + FIRST_REPORT_S, worker="w-0", local_step=100)
+    _ps_window(cluster, t + 10 + FIRST_REPORT_S, step=0, updates=40, steps_per_s=10.0)
+    cluster.add("worker-metrics", t + 10 + FIRST_REPORT_S, worker="w-0", local_step=120)
+    cluster.add("worker-metrics", t + 20, worker="w-9", local_step=5)
+    policy.observe(cluster.monitor.events)
+    assert policy.planner.rate("k80") == 10.0
+    policy.observe_places(now=t + 200)
+    assert policy.planner._held[("k80", K80.zone)] == (
+        pytest.approx(200 / 3600),
+        pytest.approx(200 / 3600),
+    )
+
+
+def test_replacements_asked_for_together_each_hold_a_place_from_their_request():
+    """Two replacements asked for before either VM's request: both places are held from
+    their requests (200 s in all, none trained, both revoked while booting)."""
+    cluster, policy = _k80_run()
+    for lost in ("w-0", "w-1"):
+        cluster.add("replacement-requested", T0, worker=lost, role="worker")
+    for name in ("r-0", "r-1"):
+        cluster.add("requested", T0, worker=name, role="worker", gpu="k80", zone=K80.zone)
+        cluster.add("preempted", T0 + 100, worker=name, role="worker")
+    policy.observe(cluster.monitor.events)
+    policy.observe_places(now=T0 + 300)
+    held, trained = policy.planner._held[("k80", K80.zone)]
+    assert (held * 3600, trained) == (pytest.approx(200.0), 0.0)
+
+
+def test_a_first_workers_joined_event_without_a_role_is_a_workers():
+    """The start-up of a worker asked for before the run counts from its ``joined`` event,
+    which may not say its role: asked at 0, joined at 90, trained when the run started: 90 s."""
+    cluster = RecordingCluster({"k80": 1})
+    policy = _policy(cluster, "cost-per-step")
+    fields = {"role": "worker", "gpu": "k80", "zone": K80.zone}
+    cluster.add("requested", T0, worker="w-0", **fields)
+    cluster.add("running", T0 + 60, worker="w-0", **fields)
+    cluster.add("joined", T0 + 90, worker="w-0")
+    cluster.add("train-started", T0 + 400, run="r", steps=64_000)
+    cluster.add("worker-metrics", T0 + 400 + FIRST_REPORT_S, worker="w-0", local_step=0)
+    policy.observe(cluster.monitor.events)
+    assert policy.planner.startup_s == 90.0
+
+
+def test_the_ps_is_planned_where_a_move_takes_it_and_back_where_the_move_failed():
+    """A failed move with none under way changes nothing; once a move began, the PS is planned
+    in its new zone whatever comes next, and back in its old one if the move failed."""
+    cluster = RecordingCluster({"p100": 1})
+    planner = Planner([P100], 0.19, ps_zone="us-central1-a")
+    policy = TransientPolicy(cluster, "cost-per-step", planner=planner)
+    cluster.add("ps-move-failed", T0, zone="us-east1-c")
+    policy.observe(cluster.monitor.events)
+    assert planner.ps_zone == "us-central1-a"
+    cluster.add("ps-move", T0, zone_from="us-central1-a", zone="us-east1-c")
+    cluster.add("train-started", T0, run="r", steps=64_000)
+    policy.observe(cluster.monitor.events)
+    assert planner.ps_zone == "us-east1-c"
+    cluster.add("ps-move-failed", T0 + 60, zone="us-east1-c")
+    policy.observe(cluster.monitor.events)
+    assert planner.ps_zone == "us-central1-a"
+
+
+@pytest.mark.parametrize(
+    "text, goal",
+    [
+        ("deadline:2h", ("deadline", {"deadline": "2h"})),
+        (" Budget: 20 ", ("budget", {"budget": 20.0})),
+        ("cost-per-step", ("cost-per-step", {})),
+        ("OFF", (None, {})),
+        ("none", (None, {})),
+        ("stop", (None, {})),
+    ],
+)
+def test_a_goal_is_read_as_typed(text: str, goal: tuple[str | None, dict[str, Any]]):
+    """``GOAL[:VALUE]`` as the magic and the CLI take it, any case, spaces around."""
+    assert parse_goal(text) == goal
+
+
+@pytest.mark.parametrize("text", ["deadline", "budget:lots", "budget", "cost-per-step:1", "fast"])
+def test_a_goal_typed_wrong_is_refused_with_how_to_write_one(text: str):
+    """A goal without its value, with a bad one, or unknown: the user is told what to write."""
+    advice = (
+        f"goal {text!r}: write deadline:DURATION (e.g. deadline:2h), budget:DOLLARS (e.g. "
+        "budget:20), cost-per-step, or off."
+    )
+    with pytest.raises(ValueError, match=re.escape(advice)):
+        parse_goal(text)
+
+
+class _Loop:
+    """The cluster's event loop as the policy uses it: callbacks, kept to be run by the test."""
+
+    def __init__(self) -> None:
+        self.callbacks: list[tuple[Any, tuple[Any, ...]]] = []
+
+    def add_callback(self, f: Any, *args: Any) -> None:
+        self.callbacks.append((f, args))
+
+
+def test_a_started_policy_announces_its_goal_and_decides_each_round_even_after_a_bad_one():
+    """Started, the policy says its goal in the log, then decides every interval: a round that
+    fails is logged and the next one runs. Stopped, it cancels its rounds and says no goal is
+    on; stopped quietly, it says nothing; a policy never started has nothing to stop."""
+    cluster = RecordingCluster({"k80": 1})
+    cluster.loop = _Loop()
+    policy = _policy(cluster, "deadline", deadline="1h", interval=0.001)
+    policy.stop()
+    assert cluster.loop.callbacks == []
+    cluster.add("train-started", time.time(), run="r", steps=64_000)
+    rounds: list[Any] = []
+    adapt = policy.adapt
+
+    async def flaky() -> Plan | None:
+        rounds.append(None)
+        if len(rounds) == 1:
+            raise RuntimeError("a bad round")
+        return await adapt()
+
+    policy.adapt = flaky  # type: ignore[method-assign]
+    policy.start()
+    ((start, args),) = cluster.loop.callbacks
+
+    async def run() -> None:
+        await start(*args)
+        for _ in range(1000):
+            if len(rounds) >= 2:
+                break
+            await asyncio.sleep(0.001)
+        policy.stop()
+        (cancel, _), (announce, off) = cluster.loop.callbacks[1:]
+        cancel()
+        await announce(*off)
+
+    asyncio.run(run())
+    assert len(rounds) >= 2
+    announced, decided, stopped = (cluster.posted[0], cluster.posted[1], cluster.posted[-1])
+    assert announced == {"kind": "policy", "goal": "deadline", "deadline_s": 3600, "budget": None}
+    assert decided["kind"] == "policy-decision" and decided["acted"] is True
+    assert stopped == {"kind": "policy", "goal": None, "deadline_s": None, "budget": None}
+    assert policy._task is None
+    quiet = _policy(cluster, "cost-per-step")
+    task = SimpleNamespace(cancel=lambda: None)
+    quiet._task = task  # type: ignore[assignment]
+    cluster.loop.callbacks.clear()
+    quiet.stop(announce=False)
+    assert cluster.loop.callbacks == [(task.cancel, ())] and quiet._task is None
+
+
+def test_a_policy_announced_on_a_closing_cluster_goes_on():
+    """The scheduler may be closing with the cluster: the policy's announcement failing is no
+    error."""
+
+    class Closing(RecordingCluster):
+        async def _post(self, kind: str, **fields: Any) -> None:
+            raise OSError("closing")
+
+    policy = _policy(Closing({"k80": 1}), "budget", budget=5.0)
+    asyncio.run(policy._announce("budget"))
