@@ -1157,6 +1157,7 @@ def test_the_current_configuration_counts_live_vms_then_those_to_come_spot_or_on
     cluster = RecordingCluster({"t4": 2, "p100": 6, "k80": 1})
     cluster.on_demand = {"p100": 3}
     cluster.ps_hosts = 2
+    cluster.zone = P100.zone
     policy = TransientPolicy(
         cluster, "cost-per-step", planner=Planner([P100, p100_od, K80, k80_od], 0.19)
     )
@@ -1254,7 +1255,7 @@ def test_a_runs_start_tells_its_steps_left_and_its_ps_shards():
     assert policy.remaining_steps() == 64_000
     cluster.add("train-started", T0, run="r", steps=64_000, resumed_step=4_000, shards=2)
     policy.observe(cluster.monitor.events)
-    assert policy.remaining_steps() == 60_000
+    assert policy.remaining_steps() == 60_000 and policy._run_shards == 2
     cluster.add("ps-resharded", T0, run="r", shards=3)
     cluster.add("ps-resharded", T0, run="r")
     policy.observe(cluster.monitor.events)
@@ -1462,6 +1463,16 @@ def test_no_verdict_where_the_ps_served_more_than_its_workers_said_they_pushed()
     assert policy.planner.rate("k80") == 4.56 and policy.planner.ps_capacity(1) == 45.0
 
 
+def test_a_ps_that_served_its_workers_push_less_15_percent_is_judged():
+    """At the bound: one K80 pushing 8.5 steps/s served 10 (8.5 is 85% of 10) is a verdict,
+    and it kept up: its rate counts."""
+    cluster, policy = _k80_run()
+    _reporting(cluster, "w-0", "k80", [(T0, 0), (T0 + 10, 85)])
+    _ps_window(cluster, T0 + 10, step=0, updates=40, steps_per_s=10.0)
+    policy.observe(cluster.monitor.events)
+    assert policy.planner.rate("k80") == 8.5 and not policy._ps_bottleneck
+
+
 def test_the_workers_pushing_are_those_reporting_within_10_s_and_still_there():
     """A worker gone before the window is not counted, one whose last report is exactly 10 s
     old is; where none reported within 10 s there is no verdict and the rates wait."""
@@ -1618,6 +1629,19 @@ def test_a_first_workers_joined_event_without_a_role_is_a_workers():
     assert policy.planner.startup_s == 90.0
 
 
+def test_a_first_report_before_the_log_says_the_run_started_tells_no_start_up():
+    """A worker asked for and joined before the run whose trainer reports before the log's
+    ``train-started`` (a late one) tells nothing of what a start-up takes."""
+    cluster = RecordingCluster({"k80": 1})
+    policy = _policy(cluster, "cost-per-step")
+    _od_vm(cluster, "w-0", "k80", T0, zone=K80.zone)
+    cluster.add("joined", T0 + 90, worker="w-0", role="worker")
+    cluster.add("worker-metrics", T0 + 400, worker="w-0", local_step=0)
+    cluster.add("train-started", T0 + 401, run="r", steps=64_000)
+    policy.observe(cluster.monitor.events)
+    assert policy.planner.startup_s == policy.planner.prior_startup_s
+
+
 def test_the_ps_is_planned_where_a_move_takes_it_and_back_where_the_move_failed():
     """A failed move with none under way changes nothing; once a move began, the PS is planned
     in its new zone whatever comes next, and back in its old one if the move failed."""
@@ -1673,12 +1697,16 @@ class _Loop:
         self.callbacks.append((f, args))
 
 
-def test_a_started_policy_announces_its_goal_and_decides_each_round_even_after_a_bad_one():
+def test_a_started_policy_announces_its_goal_and_decides_each_round_even_after_a_bad_one(
+    caplog: pytest.LogCaptureFixture,
+):
     """Started, the policy says its goal in the log, then decides every interval: a round that
-    fails is logged and the next one runs. Stopped, it cancels its rounds and says no goal is
-    on; stopped quietly, it says nothing; a policy never started has nothing to stop."""
+    fails is logged, with the cluster's name, and the next one runs. Stopped, it cancels its
+    rounds and says no goal is on; stopped quietly, it says nothing; a policy never started has
+    nothing to stop."""
     cluster = RecordingCluster({"k80": 1})
     cluster.loop = _Loop()
+    cluster.name = "c-1"
     policy = _policy(cluster, "deadline", deadline="1h", interval=0.001)
     policy.stop()
     assert cluster.loop.callbacks == []
@@ -1707,8 +1735,11 @@ def test_a_started_policy_announces_its_goal_and_decides_each_round_even_after_a
         cancel()
         await announce(*off)
 
-    asyncio.run(run())
+    with caplog.at_level("ERROR", logger="transient_nb.policy"):
+        asyncio.run(run())
     assert len(rounds) >= 2
+    (failed,) = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert failed.getMessage() == "Policy round of c-1 failed" and failed.exc_info is not None
     announced, decided, stopped = (cluster.posted[0], cluster.posted[1], cluster.posted[-1])
     assert announced == {"kind": "policy", "goal": "deadline", "deadline_s": 3600, "budget": None}
     assert decided["kind"] == "policy-decision" and decided["acted"] is True
@@ -1732,3 +1763,15 @@ def test_a_policy_announced_on_a_closing_cluster_goes_on():
 
     policy = _policy(Closing({"k80": 1}), "budget", budget=5.0)
     asyncio.run(policy._announce("budget"))
+
+
+def test_a_budget_policy_announces_its_budget_and_none_once_stopped():
+    """The views show the budget that is on, and none once the policy stopped."""
+    cluster = RecordingCluster({"k80": 1})
+    policy = _policy(cluster, "budget", budget=5.0)
+    asyncio.run(policy._announce("budget"))
+    asyncio.run(policy._announce(None))
+    assert cluster.posted == [
+        {"kind": "policy", "goal": "budget", "deadline_s": None, "budget": 5.0},
+        {"kind": "policy", "goal": None, "deadline_s": None, "budget": None},
+    ]
