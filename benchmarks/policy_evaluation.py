@@ -66,6 +66,12 @@ def main(argv: list[str] | None = None) -> int:
         help="only the PS bottleneck: 8 V100 (and 8 K80) on one PS against a policy that may "
         "add a PS shard",
     )
+    parser.add_argument(
+        "--history",
+        default=None,
+        help="the policy's history file: it plans its first configuration and its rounds from "
+        "what earlier runs (of this script or any other) saw, and adds what it sees",
+    )
     args = parser.parse_args(argv)
     quiet()
     os.environ.setdefault("TRANSIENT_NB_STRICT_EVENTS", "1")
@@ -82,7 +88,9 @@ def main(argv: list[str] | None = None) -> int:
         # One static run to compare with, and the two goals test_policy.py does not run for
         # real (it runs a deadline): every goal has a real run in CI.
         static, reactive, goals = static[1:2], (), goals[1:]
-    trials = evaluation.trials(args.traces, static=static, reactive=reactive, policy_goals=goals)
+    trials = evaluation.trials(
+        args.traces, static=static, reactive=reactive, policy_goals=goals, history=args.history
+    )
     if args.dynamic:
         trials = evaluation.dynamic_trials()
     if args.plateau:

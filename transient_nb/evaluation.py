@@ -40,6 +40,7 @@ from typing import Any
 
 import pandas as pd
 
+from transient_nb.history import Observations, PolicyHistory
 from transient_nb.planner import Planner, kinds_from_catalog
 from transient_nb.reproduce import PAPER_STEPS, Setup, format_types, run_setup
 
@@ -89,6 +90,7 @@ class Trial:
     goal: dict[str, Any] = field(default_factory=dict)
     gpus: tuple[str, ...] = GPUS  # what the policy may buy
     max_workers: int = 8
+    history: str | None = None  # the policy's history file (what earlier runs saw)
 
     @property
     def label(self) -> str:
@@ -108,17 +110,25 @@ def planner(prices: str = "paper-2019", gpus: Sequence[str] = GPUS) -> Planner:
 
 
 def first_choice(
-    goal: Mapping[str, Any], max_workers: int = 8, max_shards: int | None = None, **kwargs: Any
+    goal: Mapping[str, Any],
+    max_workers: int = 8,
+    max_shards: int | None = None,
+    past: Observations | None = None,
+    **kwargs: Any,
 ) -> Setup:
     """The configuration the policy starts with: its planner's choice for the whole run, with
     the policy's margin kept in reserve (as its own first round plans; without it, the budget
     policy gave back a K80 it had just booted at once), on up to ``max_shards`` PS shards
-    (default: as many as the policy may grow to)."""
+    (default: as many as the policy may grow to); from what earlier runs saw, ``past``, where
+    the policy keeps a history."""
     from transient_nb.policy import DEFAULT_MARGIN, DEFAULT_MAX_SHARDS, check_goal
 
     deadline_s, budget = check_goal(goal["goal"], goal.get("deadline"), goal.get("budget"))
     keep = 1 - DEFAULT_MARGIN
-    plan = planner(**kwargs).choose(
+    chooser = planner(**kwargs)
+    if past:
+        chooser.remember(past)
+    plan = chooser.choose(
         goal["goal"],
         PAPER_STEPS,
         max_workers=max_workers,
@@ -146,8 +156,10 @@ def trials(
     static: Sequence[Setup] = STATIC,
     reactive: Sequence[Setup] = (REACTIVE,),
     policy_goals: Sequence[Mapping[str, Any]] | None = None,
+    history: str | None = None,
 ) -> list[Trial]:
-    """Every run of the evaluation, trace by trace."""
+    """Every run of the evaluation, trace by trace; ``history``: the policy's history file
+    (its first configuration planned from it too, as it stands now)."""
     from transient_nb.preemption import parse_preemption
 
     out = []
@@ -159,8 +171,10 @@ def trials(
     for trace in traces:
         out += [Trial(trace, "static", s) for s in static]
         out += [Trial(trace, "reactive", s) for s in reactive]
+        past = PolicyHistory(history, "local").load() if history else None
         for goal in goals() if policy_goals is None else policy_goals:
-            out.append(Trial(trace, "policy", first_choice(goal), dict(goal)))
+            start = first_choice(goal, past=past)
+            out.append(Trial(trace, "policy", start, dict(goal), history=history))
     return out
 
 
@@ -211,6 +225,8 @@ def run_trial(
             "gpus": list(trial.gpus),
             "max_workers": trial.max_workers,
             "interval": interval,
+            # None: the configured policy.history; a trial without one keeps none.
+            "history": trial.history or False,
         }
     row: dict[str, Any] = {"trace": trial.trace, "strategy": trial.strategy, "run": trial.label}
     try:

@@ -53,6 +53,7 @@ from transient_nb.emulation import (
     cross_region,
     parse_emulation,
 )
+from transient_nb.history import Observations
 from transient_nb.preemption import HOUR, PAPER_LIFETIME_CDF, PAPER_STARTUP_S
 
 #: The goals :meth:`Planner.choose` understands.
@@ -262,8 +263,37 @@ class Planner:
         self._exposure_h: dict[tuple[str, str], float] = {}
         # (gpu, zone) -> (hours Spot workers held their places, hours they trained of those).
         self._held: dict[tuple[str, str], tuple[float, float]] = {}
+        # What earlier runs saw (remember): added to this run's own observations.
+        self._past = Observations()
 
     # -- what it knows --------------------------------------------------------------------------
+    def remember(self, past: Observations) -> None:
+        """Start from what earlier runs saw (:class:`~transient_nb.history.PolicyHistory`):
+        their revocations and hours add to this run's for the hazards, their places' hours to
+        the availability, and their start-ups stand until a worker asked for in this run
+        trains (before this run's first workers, whose cold start says less of a change)."""
+        self._past = past
+
+    def observations(self) -> Observations:
+        """What this run saw (not what :meth:`remember` gave): per Spot kind, revocations,
+        exposure and places' hours; the start-ups of the workers asked for during the run."""
+        keys = set(self._exposure_h) | set(self._revocations) | set(self._held)
+        return Observations(
+            {
+                key: (
+                    float(self._revocations.get(key, 0)),
+                    self._exposure_h.get(key, 0.0),
+                    *self._held.get(key, (0.0, 0.0)),
+                )
+                for key in sorted(keys)
+            },
+            tuple(self._observed_startups),
+            tuple(self._observed_loads),
+        )
+
+    def _past_kind(self, key: tuple[str, str]) -> tuple[float, float, float, float]:
+        return tuple(self._past.kinds.get(key, (0.0, 0.0, 0.0, 0.0)))  # type: ignore[return-value]
+
     def observe_rate(self, gpu: str, steps_per_s: float, zone: str | None = None) -> None:
         """A worker of type ``gpu`` in ``zone`` reported this many steps/s (``worker-metrics``);
         kept as the rate of one in the PS's region (a worker farther away is slower for that)."""
@@ -319,15 +349,22 @@ class Planner:
     def load_s(self) -> float:
         """Of the start-up, the seconds from the VM running to its worker training: the median
         observed (as :attr:`startup_s`), else the prior (never more than the start-up)."""
-        seen = sorted(self._observed_loads if self._observed_startups else self._first_loads)
+        seen = sorted(
+            self._observed_loads
+            if self._observed_startups
+            else self._past.loads
+            if self._past.startups
+            else self._first_loads
+        )
         return min(seen[len(seen) // 2] if seen else self.prior_load_s, self.startup_s)
 
     @property
     def startup_s(self) -> float:
         """Seconds a lost worker is down before its replacement works: the median observed
-        start-up (of the workers asked for later, once one trained; else of the first ones),
-        else the prior (a storm makes it count as much as the lifetimes do)."""
-        seen = sorted(self._observed_startups or self._first_startups)
+        start-up (of the workers asked for later, once one trained; else those of earlier runs;
+        else of the first ones), else the prior (a storm makes it count as much as the
+        lifetimes do)."""
+        seen = sorted(self._observed_startups or self._past.startups or self._first_startups)
         return seen[len(seen) // 2] if seen else self.prior_startup_s
 
     def rate(self, gpu: str) -> float:
@@ -343,8 +380,9 @@ class Planner:
             return 0.0
         key = (kind.gpu.lower(), kind.zone)
         prior = paper_hazard_per_h(kind.gpu) * self.zone_factor(kind.zone, but=kind.gpu)
-        events = self._revocations.get(key, 0)
-        exposed = self._exposure_h.get(key, 0.0)
+        past_events, past_exposed, _, _ = self._past_kind(key)
+        events = self._revocations.get(key, 0) + past_events
+        exposed = self._exposure_h.get(key, 0.0) + past_exposed
         return (prior * PRIOR_HOURS + events) / (PRIOR_HOURS + exposed)
 
     def zone_factor(self, zone: str, but: str | None = None) -> float:
@@ -358,10 +396,12 @@ class Planner:
         turn, and the mix flapped between them, round nine).
         """
         seen = prior = expected = 0.0
-        for (gpu, z), hours in self._exposure_h.items():
+        for gpu, z in dict.fromkeys([*self._exposure_h, *self._past.kinds]):
             if z == zone and gpu != (but or "").lower():
                 rate = paper_hazard_per_h(gpu)
-                seen += self._revocations.get((gpu, z), 0)
+                past_events, past_hours, _, _ = self._past_kind((gpu, z))
+                hours = self._exposure_h.get((gpu, z), 0.0) + past_hours
+                seen += self._revocations.get((gpu, z), 0) + past_events
                 prior += rate * PRIOR_HOURS
                 expected += rate * (PRIOR_HOURS + hours)
         return (prior + seen) / expected if expected > 0 else 1.0
@@ -435,8 +475,10 @@ class Planner:
         model = self.model_availability(kind)
         if not kind.spot:
             return model
-        held, trained = self._held.get((kind.gpu.lower(), kind.zone), (0.0, 0.0))
-        return (model * PRIOR_HOURS + trained) / (PRIOR_HOURS + held)
+        key = (kind.gpu.lower(), kind.zone)
+        held, trained = self._held.get(key, (0.0, 0.0))
+        _, _, past_held, past_trained = self._past_kind(key)
+        return (model * PRIOR_HOURS + trained + past_trained) / (PRIOR_HOURS + held + past_held)
 
     def liveput(self, config: Configuration) -> float:
         """Expected global steps/s of ``config`` over the preemption scenarios (see module)."""

@@ -45,13 +45,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from dask.utils import parse_timedelta
 
+from transient_nb import config
 from transient_nb.emulation import region_of
+from transient_nb.history import Observations, PolicyHistory
 from transient_nb.planner import (
     GOALS,
     SATURATED,
@@ -71,6 +74,8 @@ DEFAULT_MAX_SHARDS = 2
 
 #: Fraction of the time or money left that a deadline or a budget keeps in reserve.
 DEFAULT_MARGIN = 0.1
+#: The history file of ``history=True`` where the configuration names none.
+DEFAULT_HISTORY = "~/.transient_nb/policy-history.json"
 
 #: Start-ups after a PS move before the policy weighs another: the workers already asked for
 #: land where they were asked for, and their successors go near the new PS, within about one;
@@ -211,6 +216,7 @@ class TransientPolicy:
         margin: float = DEFAULT_MARGIN,
         on_demand: bool = True,
         planner: Planner | None = None,
+        history: str | os.PathLike[str] | bool | None = None,
     ):
         self.deadline_s, budget = check_goal(goal, deadline, budget)
         self.cluster = cluster
@@ -269,6 +275,11 @@ class TransientPolicy:
             )
             planner = Planner(kinds, ps_hourly, ps_zone=cluster.zone)
         self.planner = planner
+        # What earlier runs saw, read (and a file that is not a history refused) before the
+        # policy changes anything.
+        self.history = _history(cluster, history)
+        if self.history is not None:
+            self.planner.remember(self.history.load())
         self.started_at = time.time()
         self.last: Plan | None = None
         self._seen = 0
@@ -756,6 +767,7 @@ class TransientPolicy:
     async def adapt(self) -> Plan | None:
         """One round: read the log, decide, and change the cluster when it is worth it."""
         self.observe(list(event_log(self.cluster)))
+        self.save_history()
         plan = self.recommend()
         if plan is None:
             return None
@@ -789,6 +801,32 @@ class TransientPolicy:
         if act or changed:
             await self.cluster._post("policy-decision", **self.decision_fields(plan, act))
         return plan
+
+    def observations(self, now: float | None = None) -> Observations:
+        """What this run saw (the planner's, see :meth:`Planner.observations`), the hours of
+        the Spot workers still running counted to ``now``: what the next run starts from."""
+        now = time.time() if now is None else now
+        self.observe_places(now)
+        seen = self.planner.observations()
+        running: dict[tuple[str, str], tuple[float, float, float, float]] = {}
+        for name, since in self._running_since.items():
+            gpu, zone, spot = self._live.get(name, ("", "", False))
+            if spot:
+                key = (gpu.lower(), zone)
+                hours = max(0.0, now - since) * self.time_scale / HOUR
+                running[key] = (0.0, running.get(key, (0.0, 0.0))[1] + hours, 0.0, 0.0)
+        return seen + Observations(running)
+
+    def save_history(self, now: float | None = None) -> None:
+        """Keep what this run saw in the policy's history file (when it has one)."""
+        if self.history is None:
+            return
+        seen = self.observations(now)
+        if seen:
+            try:
+                self.history.save(seen, now)
+            except OSError:  # a full disk must not stop the policy: the next round tries again
+                logger.warning("Could not save the policy's history to %s", self.history.path)
 
     def _changed_view(self, plan: Plan) -> bool:
         # Post the first decision, and one whenever the expected finish moves by over 10%.
@@ -833,10 +871,31 @@ class TransientPolicy:
         """Stop deciding (the cluster keeps its current mix); ``announce`` it in the event log."""
         task = self._task
         if task is not None:
+            self.save_history()
             self.cluster.loop.add_callback(task.cancel)
             self._task = None
             if announce:
                 self.cluster.loop.add_callback(self._announce, None)
+
+
+def _history(cluster: Any, history: str | os.PathLike[str] | bool | None) -> PolicyHistory | None:
+    """The policy's history file: ``history`` (a path; True: the configured one, else
+    ``~/.transient_nb/policy-history.json``; False: none), else ``policy.history`` from the
+    configuration (null: none), kept for the cluster's backend."""
+    if history is None:
+        history = config.get("policy.history")
+    if history is None or history is False:
+        return None
+    if history is True:
+        history = config.get("policy.history") or DEFAULT_HISTORY
+    if not isinstance(history, (str, os.PathLike)) or not os.fspath(history).strip():
+        raise ValueError(
+            f"history={history!r}: give the path of a history file, True for "
+            f"{DEFAULT_HISTORY}, or False for none."
+        )
+    half_life = parse_timedelta(config.get("policy.history-half-life"), default="seconds")
+    backend = getattr(getattr(cluster, "backend", None), "name", None) or "local"
+    return PolicyHistory(history, str(backend), float(half_life or 86400.0))
 
 
 def _add_place(
