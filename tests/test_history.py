@@ -205,3 +205,16 @@ def test_the_workers_still_running_count_their_hours_so_far(tmp_path: Path) -> N
     policy.save_history(now=t + 1800)
     kinds = PolicyHistory(path, "local").load(now=t + 1800).kinds
     assert kinds == {("p100", "us-central1-a"): (0.0, 0.5, 0.0, 0.0)}
+
+
+def test_the_policy_says_which_history_it_starts_from(tmp_path: Path) -> None:
+    """The panel and the log show the goal, and what the policy remembers beside the priors."""
+    path = tmp_path / "h.json"
+    PolicyHistory(path, "local").save(STORM)
+    cluster = RecordingCluster({"p100": 4})
+    policy = _deadline_policy(cluster, history=path)
+    assert policy.remembered_h == pytest.approx(2.6, abs=1e-3)
+    asyncio.run(policy._announce("deadline"))
+    asyncio.run(_deadline_policy(cluster, history=False)._announce("deadline"))
+    announced = [(e["history"], e["remembered_h"]) for e in cluster.posted if e["kind"] == "policy"]
+    assert announced == [(str(path), 2.6), (None, 0.0)]

@@ -278,8 +278,8 @@ class TransientPolicy:
         # What earlier runs saw, read (and a file that is not a history refused) before the
         # policy changes anything.
         self.history = _history(cluster, history)
-        if self.history is not None:
-            self.planner.remember(self.history.load())
+        self._remembered = Observations() if self.history is None else self.history.load()
+        self.planner.remember(self._remembered)
         self.started_at = time.time()
         self.last: Plan | None = None
         self._seen = 0
@@ -802,6 +802,11 @@ class TransientPolicy:
             await self.cluster._post("policy-decision", **self.decision_fields(plan, act))
         return plan
 
+    @property
+    def remembered_h(self) -> float:
+        """Hours of Spot workers' places the history gave the planner (aged): 0 without one."""
+        return float(sum(r[2] for r in self._remembered.kinds.values()))
+
     def observations(self, now: float | None = None) -> Observations:
         """What this run saw (the planner's, see :meth:`Planner.observations`), the hours of
         the Spot workers still running counted to ``now``: what the next run starts from."""
@@ -855,6 +860,8 @@ class TransientPolicy:
                 goal=goal,
                 deadline_s=self.deadline_s if goal else None,
                 budget=self.budget if goal else None,
+                history=str(self.history.path) if goal and self.history else None,
+                remembered_h=round(self.remembered_h, 3) if goal else None,
             )
         except Exception:  # the scheduler may be closing with the cluster
             logger.debug("could not post 'policy' for %s", self.goal, exc_info=True)

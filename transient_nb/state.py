@@ -782,6 +782,7 @@ class ClusterState:
                     "goal": goal,
                     "deadline_s": e.get("deadline_s"),
                     "budget": e.get("budget"),
+                    "remembered_h": e.get("remembered_h"),
                     "decision": None,
                 }
             )

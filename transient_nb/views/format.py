@@ -52,6 +52,8 @@ def policy_text(policy: Mapping[str, Any] | None) -> str:
     >>> policy_text({"goal": "budget", "budget": 20, "decision": {
     ...     "reason": "4 p100 in us-central1-a, 1 PS shard: ETA 0.40 h", "p_lose_1h": [0.2, 0.02]}})
     'Policy: budget $20.00 · 4 p100 in us-central1-a, 1 PS shard: ETA 0.40 h · P(losing ≥1, ≥2 workers within 1 h): 20%, 2%'
+    >>> policy_text({"goal": "cost-per-step", "remembered_h": 2.64, "decision": None})
+    'Policy: cost-per-step, from 2.6 h of earlier runs (waiting for a training run to plan for)'
     >>> policy_text({"goal": "cost-per-step", "decision": {"reason": "8 v100 ...",
     ...     "ps_capacity": 44.6, "ps_bottleneck": True}})
     'Policy: cost-per-step · 8 v100 ... · PS serves ≤45 steps/s (the bottleneck now)'
@@ -65,6 +67,10 @@ def policy_text(policy: Mapping[str, Any] | None) -> str:
         what = f"budget {money(policy.get('budget'), 2)}"
     else:
         what = goal
+    remembered = policy.get("remembered_h")
+    if remembered:
+        # What it starts from beside the paper's priors (the policy's history file).
+        what += f", from {remembered:.1f} h of earlier runs"
     decision = policy.get("decision")
     if not decision:
         return f"Policy: {what} (waiting for a training run to plan for)"
