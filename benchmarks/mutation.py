@@ -51,6 +51,7 @@ MODULES: dict[str, list[str]] = {
     "planner": ["tests/test_planner.py"],
     # Its one real-cluster run (minutes a mutant) left out: the synthetic streams test each rule.
     "policy": ["tests/test_policy.py", "-m", "not slow"],
+    "history": ["tests/test_history.py"],
 }
 DEFAULT = ["cost", "prices", "replacement", "preemption"]
 

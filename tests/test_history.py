@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -63,8 +64,14 @@ def test_each_backend_keeps_its_own_observations(tmp_path: Path) -> None:
             '{"revocations": -1, "exposure_h": 1, "held_h": 1, "trained_h": 1}}}}}',
             "bad record 'p100@z'",
         ),
+        (
+            '{"version": 1, "scopes": {"local": {"saved": 0, "kinds": {"p100@z": '
+            '{"revocations": "many", "exposure_h": 1, "held_h": 1, "trained_h": 1}}}}}',
+            "bad record 'p100@z': {'revocations': 'many', 'exposure_h': 1, 'held_h': 1, "
+            "'trained_h': 1} (give revocations, exposure_h, held_h, trained_h, each 0 or more)",
+        ),
     ],
-    ids=["not-json", "version", "no-zone", "negative"],
+    ids=["not-json", "version", "no-zone", "negative", "text"],
 )
 def test_a_file_that_is_not_a_history_is_refused_and_left_alone(
     tmp_path: Path, text: str, words: str
@@ -74,10 +81,21 @@ def test_a_file_that_is_not_a_history_is_refused_and_left_alone(
     with pytest.raises(ValueError, match=r"delete (the file|it) or give another path") as e:
         PolicyHistory(path, "local").load()
     assert str(path) in str(e.value) and words in str(e.value)
+    assert str(e.value).endswith(
+        ("delete the file or give another path.", "delete it or give another path.")
+    )
     cluster = RecordingCluster({"p100": 4})
-    with pytest.raises(ValueError, match=words):
+    with pytest.raises(ValueError, match=re.escape(words)):
         TransientPolicy(cluster, "cost-per-step", planner=Planner([P100], 0.19), history=path)
     assert path.read_text() == text
+
+
+def test_a_history_starts_its_folder_and_a_half_life_may_be_short(tmp_path: Path) -> None:
+    path = tmp_path / "not" / "yet" / "h.json"
+    PolicyHistory(path, "local", half_life=0.5).save(STORM, now=0.0)
+    assert PolicyHistory(path, "local", half_life=0.5).load(now=0.5).kinds == {
+        ("p100", "us-central1-a"): (12.0, 0.95, 1.3, 0.3)
+    }
 
 
 @pytest.mark.parametrize("half_life", [0, -1.0, float("nan"), "1h", True])
