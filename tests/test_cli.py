@@ -319,6 +319,14 @@ def test_spot_only_keeps_the_policy_from_on_demand_workers():
         goal, kwargs = _policy_kwargs(args, args.goal if argv[0] == "adapt" else args.adapt)
         assert goal in ("deadline", "cost-per-step")
         assert {k: v for k, v in kwargs.items() if k == "on_demand"} == on_demand
+    # A history file from the adapt and run commands (default: the configuration's).
+    for argv in (["adapt", "c", "deadline:1h", "--history", "h.json"],
+                 ["run", "--adapt", "cost-per-step", "--history", "h.json"]):  # fmt: skip
+        args = _parser().parse_args(argv)
+        _, kwargs = _policy_kwargs(args, args.goal if argv[0] == "adapt" else args.adapt)
+        assert kwargs["history"] == "h.json"
+    _, kwargs = _policy_kwargs(_parser().parse_args(["adapt", "c", "off", "--history", "h"]), "off")
+    assert "history" not in kwargs
 
 
 def test_adapt_starts_and_stops_the_policy_of_a_detached_cluster(capsys):

@@ -460,7 +460,9 @@ def test_a_mixed_cluster_from_the_magic(ip: InteractiveShell) -> None:
         magic(ip, "down")
 
 
-def test_adapt_turns_the_policy_on_and_off_and_refuses_bad_goals(ip: InteractiveShell) -> None:
+def test_adapt_turns_the_policy_on_and_off_and_refuses_bad_goals(
+    ip: InteractiveShell, tmp_path: Path
+) -> None:
     with capture_output():
         cluster = magic(
             ip,
@@ -492,6 +494,12 @@ def test_adapt_turns_the_policy_on_and_off_and_refuses_bad_goals(ip: Interactive
         with capture_output() as out:
             magic(ip, "adapt cost-per-step --gpus t4 --spot-only")
         assert [(k.gpu, k.spot) for k in cluster._policy.planner.kinds] == [("t4", True)]
+        assert cluster._policy.history is None  # none configured
+        history = tmp_path / "history.json"
+        with capture_output() as out:
+            magic(ip, f"adapt cost-per-step --gpus t4 --history {history}")
+        assert cluster._policy.history.path == history
+        assert cluster._policy.history.scope == "local"
         with capture_output() as out:
             magic(ip, "adapt off")
         assert "policy off" in out.stdout and cluster._policy is None

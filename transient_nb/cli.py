@@ -130,6 +130,13 @@ def _add_goal_options(r: argparse.ArgumentParser, flag: str, help: str) -> None:
         help="the policy keeps every worker Spot (by default it may run some on demand where "
         "its goal needs them, e.g. a deadline a storm of revocations makes Spot miss)",
     )
+    r.add_argument(
+        "--history",
+        default=None,
+        metavar="PATH",
+        help="the policy plans from what earlier runs saw, kept in PATH (this run added); "
+        "default: the configuration's policy.history",
+    )
 
 
 def _policy_kwargs(args: argparse.Namespace, goal_text: str) -> tuple[str | None, dict[str, Any]]:
@@ -142,6 +149,8 @@ def _policy_kwargs(args: argparse.Namespace, goal_text: str) -> tuple[str | None
         kwargs["max_workers"] = args.policy_max_workers
     if getattr(args, "spot_only", False) and goal is not None:
         kwargs["on_demand"] = False
+    if getattr(args, "history", None) and goal is not None:
+        kwargs["history"] = args.history
     return goal, kwargs
 
 

@@ -241,6 +241,12 @@ def _move_ps() -> None:
     action="store_true",
     help="keep every worker Spot (by default it may run some on demand where the goal needs them)",
 )
+@argument(
+    "--history",
+    metavar="PATH",
+    help="plan from what earlier runs saw (kept in PATH, and this run added); default: the "
+    "configuration's policy.history",
+)
 def _adapt() -> None:
     """Let the transient-aware policy choose the GPU mix for a goal (``off`` stops it); its
     decisions, with their reasons, are ``policy-decision`` events."""
@@ -542,6 +548,8 @@ class TransientMagics(Magics):
             kwargs.update(_kwargs(args, ("gpus", "max_workers", "interval")))
             if args.spot_only and goal is not None:
                 kwargs["on_demand"] = False
+            if args.history and goal is not None:
+                kwargs["history"] = args.history
             self.cluster.adapt(goal, **kwargs)
         if goal is None:
             print(f"{self.cluster.name}: policy off; the cluster keeps its workers.")
