@@ -1741,9 +1741,23 @@ def test_a_started_policy_announces_its_goal_and_decides_each_round_even_after_a
     (failed,) = [r for r in caplog.records if r.levelname == "ERROR"]
     assert failed.getMessage() == "Policy round of c-1 failed" and failed.exc_info is not None
     announced, decided, stopped = (cluster.posted[0], cluster.posted[1], cluster.posted[-1])
-    assert announced == {"kind": "policy", "goal": "deadline", "deadline_s": 3600, "budget": None}
+    assert announced == {
+        "kind": "policy",
+        "goal": "deadline",
+        "deadline_s": 3600,
+        "budget": None,
+        "history": None,
+        "remembered_h": 0.0,
+    }
     assert decided["kind"] == "policy-decision" and decided["acted"] is True
-    assert stopped == {"kind": "policy", "goal": None, "deadline_s": None, "budget": None}
+    assert stopped == {
+        "kind": "policy",
+        "goal": None,
+        "deadline_s": None,
+        "budget": None,
+        "history": None,
+        "remembered_h": None,
+    }
     assert policy._task is None
     quiet = _policy(cluster, "cost-per-step")
     task = SimpleNamespace(cancel=lambda: None)
@@ -1772,6 +1786,20 @@ def test_a_budget_policy_announces_its_budget_and_none_once_stopped():
     asyncio.run(policy._announce("budget"))
     asyncio.run(policy._announce(None))
     assert cluster.posted == [
-        {"kind": "policy", "goal": "budget", "deadline_s": None, "budget": 5.0},
-        {"kind": "policy", "goal": None, "deadline_s": None, "budget": None},
+        {
+            "kind": "policy",
+            "goal": "budget",
+            "deadline_s": None,
+            "budget": 5.0,
+            "history": None,
+            "remembered_h": 0.0,
+        },
+        {
+            "kind": "policy",
+            "goal": None,
+            "deadline_s": None,
+            "budget": None,
+            "history": None,
+            "remembered_h": None,
+        },
     ]
