@@ -236,3 +236,26 @@ def test_the_policy_says_which_history_it_starts_from(tmp_path: Path) -> None:
     asyncio.run(_deadline_policy(cluster, history=False)._announce("deadline"))
     announced = [(e["history"], e["remembered_h"]) for e in cluster.posted if e["kind"] == "policy"]
     assert announced == [(str(path), 2.6), (None, 0.0)]
+
+
+def test_what_a_run_saves_is_the_same_read_round_by_round_or_at_once(tmp_path: Path) -> None:
+    """The policy's figures are a function of the log: a policy that read the storm round by
+    round (as it runs) and one that reads it whole (a replay, a restarted head) come to the
+    same availability, hazard and observations to save."""
+    live, replay = RecordingCluster({"p100": 4}), RecordingCluster({"p100": 4})
+    t = time.time() - 24 * 400 - 600
+    _storm_stream(live, t)
+    by_round = _deadline_policy(live)
+    for end in range(1, len(live.monitor.events) + 1, 7):
+        by_round.observe(live.monitor.events[:end])
+        by_round.observe_places(live.monitor.events[end - 1]["time"])
+    by_round.observe(live.monitor.events)
+    replay.monitor.events = list(live.monitor.events)
+    at_once = _deadline_policy(replay)
+    at_once.observe(replay.monitor.events)
+    now = t + 24 * 400
+    assert by_round.observations(now) == at_once.observations(now)
+    seen = by_round.observations(now).kinds[("p100", "us-central1-a")]
+    assert seen[0] == 24 and seen[3] / seen[2] == pytest.approx(0.23, abs=0.01)
+    assert by_round.planner.availability(P100) == at_once.planner.availability(P100)
+    assert by_round.planner.hazard_per_h(P100) == at_once.planner.hazard_per_h(P100)
