@@ -1398,7 +1398,9 @@ def test_no_ps_move_while_a_change_settles_nor_within_the_settle_time_of_the_pol
     assert policy.ps_move(_outdone(plan)) is None
 
 
-def _reporting(cluster: RecordingCluster, name: str, gpu: str, steps: Sequence[tuple[float, int]]):
+def _reporting(
+    cluster: RecordingCluster, name: str, gpu: str, steps: Sequence[tuple[float, int]]
+) -> None:
     """A worker's VM running from the first report's time, and its reports (time, local step)."""
     _od_vm(cluster, name, gpu, steps[0][0], zone=K80.zone)
     for t, local in steps:
@@ -1701,12 +1703,11 @@ def test_a_started_policy_announces_its_goal_and_decides_each_round_even_after_a
     caplog: pytest.LogCaptureFixture,
 ):
     """Started, the policy says its goal in the log, then decides every interval: a round that
-    fails is logged, with the cluster's name, and the next one runs. Stopped, it cancels its
-    rounds and says no goal is on; stopped quietly, it says nothing; a policy never started has
-    nothing to stop."""
+    fails is logged, with the cluster's name (``?`` for one without), and the next one runs.
+    Stopped, it cancels its rounds and says no goal is on; stopped quietly, it says nothing; a
+    policy never started has nothing to stop."""
     cluster = RecordingCluster({"k80": 1})
     cluster.loop = _Loop()
-    cluster.name = "c-1"
     policy = _policy(cluster, "deadline", deadline="1h", interval=0.001)
     policy.stop()
     assert cluster.loop.callbacks == []
@@ -1717,7 +1718,10 @@ def test_a_started_policy_announces_its_goal_and_decides_each_round_even_after_a
     async def flaky() -> Plan | None:
         rounds.append(None)
         if len(rounds) == 1:
-            raise RuntimeError("a bad round")
+            raise RuntimeError("a bad round of a cluster without a name")
+        if len(rounds) == 2:
+            cluster.name = "c-1"
+            raise RuntimeError("a bad round of c-1")
         return await adapt()
 
     policy.adapt = flaky  # type: ignore[method-assign]
@@ -1727,7 +1731,7 @@ def test_a_started_policy_announces_its_goal_and_decides_each_round_even_after_a
     async def run() -> None:
         await start(*args)
         for _ in range(1000):
-            if len(rounds) >= 2:
+            if len(rounds) >= 3:
                 break
             await asyncio.sleep(0.001)
         policy.stop()
@@ -1737,9 +1741,13 @@ def test_a_started_policy_announces_its_goal_and_decides_each_round_even_after_a
 
     with caplog.at_level("ERROR", logger="transient_nb.policy"):
         asyncio.run(run())
-    assert len(rounds) >= 2
-    (failed,) = [r for r in caplog.records if r.levelname == "ERROR"]
-    assert failed.getMessage() == "Policy round of c-1 failed" and failed.exc_info is not None
+    assert len(rounds) >= 3
+    failed = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert [r.getMessage() for r in failed] == [
+        "Policy round of ? failed",
+        "Policy round of c-1 failed",
+    ]
+    assert all(r.exc_info is not None for r in failed)
     announced, decided, stopped = (cluster.posted[0], cluster.posted[1], cluster.posted[-1])
     assert announced == {
         "kind": "policy",
