@@ -23,8 +23,8 @@ STORM = Observations({("p100", "us-central1-a"): (24.0, 1.9, 2.6, 0.6)}, (300.0,
 
 
 def test_a_save_keeps_the_earlier_runs_and_replaces_this_runs_last_save(tmp_path: Path) -> None:
-    """Each round saves the run's totals so far: saved twice, they count once, on top of the
-    earlier runs' (aged to the save), and the start-ups keep the newest."""
+    """Each round saves the run's totals so far: saved twice, they count once, beside the
+    earlier runs' (each aged), and the start-ups keep the newest."""
     path = tmp_path / "h.json"
     PolicyHistory(path, "local", half_life=100).save(STORM, now=0.0)
     history = PolicyHistory(path, "local", half_life=100)
@@ -37,7 +37,26 @@ def test_a_save_keeps_the_earlier_runs_and_replaces_this_runs_last_save(tmp_path
     assert again.startups == (300.0,) * 10 + (100.0,) * 40
     assert len(again.startups) == KEEP_STARTUPS
     assert again.loads == (210.0,)
-    assert [p.name for p in tmp_path.iterdir()] == ["h.json"]  # no temporary file left
+    # No temporary file left (the lock file stays, as filelock leaves it).
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["h.json", "h.json.lock"]
+
+
+def test_the_runs_of_two_clusters_share_a_file_and_old_runs_are_forgotten(tmp_path: Path) -> None:
+    """Two policies saving by turns keep both records (neither overwrites the other's run);
+    a record that weighs under 1% is dropped at the next save."""
+    path = tmp_path / "h.json"
+    one, two = PolicyHistory(path, "local", 100), PolicyHistory(path, "local", 100)
+    a = Observations({("p100", "us-central1-a"): (2.0, 1.0, 1.0, 0.5)})
+    b = Observations({("k80", "us-east1-c"): (1.0, 4.0, 4.0, 3.0)})
+    for now in (0.0, 10.0):
+        one.save(a, now=now)
+        two.save(b, now=now)
+    assert PolicyHistory(path, "local", 100).load(now=10.0).kinds == {**a.kinds, **b.kinds}
+    assert len(json.loads(path.read_text())["scopes"]["local"]["runs"]) == 2
+    # 700 s later (7 half-lives: under 1%) the first two runs go when a third one saves.
+    PolicyHistory(path, "local", 100).save(a, now=710.0)
+    assert len(json.loads(path.read_text())["scopes"]["local"]["runs"]) == 1
+    assert PolicyHistory(path, "local", 100).load(now=710.0).kinds == a.kinds
 
 
 def test_each_backend_keeps_its_own_observations(tmp_path: Path) -> None:
@@ -56,17 +75,17 @@ def test_each_backend_keeps_its_own_observations(tmp_path: Path) -> None:
         ("{oops", "is not a policy history"),
         ('{"version": 7, "scopes": {}}', "version 7"),
         (
-            '{"version": 1, "scopes": {"local": {"saved": 0, "kinds": {"p100": {}}}}}',
+            '{"version": 1, "scopes": {"local": {"runs": {"r": {"saved": 0, "kinds": {"p100": {}}}}}}}',
             "bad record 'p100': its key is not GPU@ZONE",
         ),
         (
-            '{"version": 1, "scopes": {"local": {"saved": 0, "kinds": {"p100@z": '
-            '{"revocations": -1, "exposure_h": 1, "held_h": 1, "trained_h": 1}}}}}',
+            '{"version": 1, "scopes": {"local": {"runs": {"r": {"saved": 0, "kinds": {"p100@z": '
+            '{"revocations": -1, "exposure_h": 1, "held_h": 1, "trained_h": 1}}}}}}}',
             "bad record 'p100@z'",
         ),
         (
-            '{"version": 1, "scopes": {"local": {"saved": 0, "kinds": {"p100@z": '
-            '{"revocations": "many", "exposure_h": 1, "held_h": 1, "trained_h": 1}}}}}',
+            '{"version": 1, "scopes": {"local": {"runs": {"r": {"saved": 0, "kinds": {"p100@z": '
+            '{"revocations": "many", "exposure_h": 1, "held_h": 1, "trained_h": 1}}}}}}}',
             "bad record 'p100@z': {'revocations': 'many', 'exposure_h': 1, 'held_h': 1, "
             "'trained_h': 1} (give revocations, exposure_h, held_h, trained_h, each 0 or more)",
         ),
@@ -165,7 +184,7 @@ def test_a_run_after_a_storm_starts_on_demand_and_one_without_history_on_spot(
     policy = _deadline_policy(first, history=path)
     _storm_stream(first, time.time() - 24 * 400 - 600)
     asyncio.run(policy.adapt())
-    saved = json.loads(path.read_text())["scopes"]["local"]
+    (saved,) = json.loads(path.read_text())["scopes"]["local"]["runs"].values()
     revocations, exposure_h, held_h, trained_h = saved["kinds"]["p100@us-central1-a"].values()
     assert revocations == 24 and exposure_h == pytest.approx(24 * 300 / 3600)
     assert trained_h / held_h == pytest.approx(0.23, abs=0.01)

@@ -8,12 +8,15 @@ the same zones needs from the start. They are kept per backend (a simulated stor
 backend says nothing of a cloud's zones), in a small JSON file, and weigh less as they age (a
 half-life: a zone's Spot capacity changes over hours and days).
 
-The file (written whole, atomically)::
+Each run keeps its own record (the totals it saw so far, replaced at each save), so that the
+policies of several clusters can share a file: each writes its record under a lock, and a load
+adds them up, each weighed by its age. Records that weigh under 1% are dropped. The file
+(written whole, atomically)::
 
-    {"version": 1, "scopes": {"local": {"saved": 1796200000.0,
+    {"version": 1, "scopes": {"local": {"runs": {"3f2a...": {"saved": 1796200000.0,
         "kinds": {"p100@us-central1-a": {"revocations": 25.0, "exposure_h": 2.1,
                                          "held_h": 3.0, "trained_h": 1.1}},
-        "startups": [221.0, ...], "loads": [123.0, ...]}}}
+        "startups": [221.0, ...], "loads": [123.0, ...]}}}}}
 """
 
 from __future__ import annotations
@@ -23,14 +26,19 @@ import math
 import os
 import tempfile
 import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from filelock import FileLock
+
 VERSION = 1
 #: Start-ups kept (the newest): enough for a median, few enough that old ones drop out.
 KEEP_STARTUPS = 50
+#: A run's record weighing less than this (about 6.6 half-lives old) is dropped at a save.
+FORGET_BELOW = 0.01
 #: The fields of one kind's record, in this order in :attr:`Observations.kinds`.
 KIND_FIELDS = ("revocations", "exposure_h", "held_h", "trained_h")
 
@@ -104,69 +112,60 @@ class PolicyHistory:
         self.path = Path(os.path.expanduser(os.fspath(path)))
         self.scope = str(scope)
         self.half_life = float(half_life)
-        self._past = Observations()
-        self._saved: float | None = None
+        #: This run's record in the file (each save replaces it).
+        self.run_id = uuid.uuid4().hex
 
     def load(self, now: float | None = None) -> Observations:
-        """The earlier runs' observations of this scope, weighed by their age at ``now``;
-        nothing when the file does not exist yet. A file that is not a history is refused
-        (with its path) rather than overwritten."""
+        """The earlier runs' observations of this scope, each weighed by its age at ``now``;
+        nothing when the file does not exist yet. A file that is not a history is refused (with
+        its path) rather than overwritten."""
         now = time.time() if now is None else now
-        scope = self._read().get(self.scope)
-        if scope is None:
-            self._past, self._saved = Observations(), None
-            return self._past
-        try:
-            saved = float(scope["saved"])
-            kinds = {}
-            for key, record in dict(scope.get("kinds") or {}).items():
-                kind = _kind_key(key)
-                kinds[kind] = _kind_values(key, record)
-            past = Observations(
-                kinds,
-                tuple(float(s) for s in scope.get("startups") or ())[-KEEP_STARTUPS:],
-                tuple(float(s) for s in scope.get("loads") or ())[-KEEP_STARTUPS:],
-            )
-        except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(
-                f"{self.path}: its {self.scope!r} observations are not a policy history ({e}); "
-                "delete the file or give another path."
-            ) from None
-        self._past, self._saved = past, saved
-        return past.scaled(self.weight(saved, now))
+        total = Observations()
+        runs = self._runs(self._read())
+        for saved, seen in sorted(runs.values(), key=lambda r: r[0]):
+            total = total + seen.scaled(self.weight(saved, now))
+        return total
 
     def weight(self, saved: float, now: float) -> float:
         """How much an observation saved at ``saved`` weighs at ``now`` (1 when new)."""
         return float(0.5 ** (max(0.0, now - saved) / self.half_life))
 
     def save(self, run: Observations, now: float | None = None) -> None:
-        """Write the earlier runs' observations (as :meth:`load` read them, aged to ``now``)
-        plus this run's ``run``: each call replaces the last one's ``run``."""
+        """Keep ``run``, this run's observations so far, as its record (replacing the one its
+        last save wrote); the other runs' records stay, but those too old to matter."""
         now = time.time() if now is None else now
-        past = (
-            self._past if self._saved is None else self._past.scaled(self.weight(self._saved, now))
-        )
-        merged = past + run
-        data = self._read()
-        data[self.scope] = {
-            "saved": now,
-            "kinds": {
-                f"{gpu}@{zone}": dict(zip(KIND_FIELDS, r, strict=True))
-                for (gpu, zone), r in sorted(merged.kinds.items())
-            },
-            "startups": list(merged.startups),
-            "loads": list(merged.loads),
-        }
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        # Whole or not at all: a kernel killed mid-write leaves the last history.
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".history-", suffix=".json")
+        with FileLock(f"{self.path}.lock", timeout=30):
+            data = self._read()
+            runs = {
+                run_id: record
+                for run_id, record in self._runs(data).items()
+                if self.weight(record[0], now) >= FORGET_BELOW
+            }
+            runs[self.run_id] = (now, run)
+            data[self.scope] = {"runs": {k: _record(*r) for k, r in runs.items()}}
+            # Whole or not at all: a kernel killed mid-write leaves the last history.
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".history-", suffix=".json")
+            try:
+                with os.fdopen(fd, "w") as f:
+                    json.dump({"version": VERSION, "scopes": data}, f, indent=1)
+                os.replace(tmp, self.path)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+
+    def _runs(self, data: Mapping[str, Any]) -> dict[str, tuple[float, Observations]]:
+        """Run id -> (when saved, its observations) of this scope, checked."""
         try:
-            with os.fdopen(fd, "w") as f:
-                json.dump({"version": VERSION, "scopes": data}, f, indent=1)
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+            return {
+                str(run_id): _parse_record(record)
+                for run_id, record in dict(data.get(self.scope, {}).get("runs") or {}).items()
+            }
+        except (AttributeError, KeyError, TypeError, ValueError) as e:
+            raise ValueError(
+                f"{self.path}: its {self.scope!r} observations are not a policy history ({e}); "
+                "delete the file or give another path."
+            ) from None
 
     def _read(self) -> dict[str, Any]:
         """The file's scopes ({} when there is no file)."""
@@ -184,6 +183,31 @@ class PolicyHistory:
                 f"{self.path} is not a policy history ({e}); delete it or give another path."
             ) from None
         return dict(scopes)
+
+
+def _record(saved: float, seen: Observations) -> dict[str, Any]:
+    return {
+        "saved": saved,
+        "kinds": {
+            f"{gpu}@{zone}": dict(zip(KIND_FIELDS, r, strict=True))
+            for (gpu, zone), r in sorted(seen.kinds.items())
+        },
+        "startups": list(seen.startups)[-KEEP_STARTUPS:],
+        "loads": list(seen.loads)[-KEEP_STARTUPS:],
+    }
+
+
+def _parse_record(record: Mapping[str, Any]) -> tuple[float, Observations]:
+    kinds = {}
+    for key, values in dict(record.get("kinds") or {}).items():
+        kind = _kind_key(key)
+        kinds[kind] = _kind_values(key, values)
+    seen = Observations(
+        kinds,
+        tuple(float(s) for s in record.get("startups") or ())[-KEEP_STARTUPS:],
+        tuple(float(s) for s in record.get("loads") or ())[-KEEP_STARTUPS:],
+    )
+    return float(record["saved"]), seen
 
 
 def _kind_key(key: str) -> tuple[str, str]:
