@@ -29,7 +29,7 @@ from distributed.deploy.spec import SpecCluster
 from transient_nb import registry
 from transient_nb.backends.tls import security_from_registry
 from transient_nb.cost import CostReport
-from transient_nb.events import CONTROL_TOPIC, EVENTS_RPC, events_frame
+from transient_nb.events import CONTROL_TOPIC, EVENTS_RPC, events_frame, move_ps_message
 from transient_nb.mix import on_demand_value, parse_mix
 from transient_nb.prices import PriceCatalog
 from transient_nb.state import ClusterState
@@ -411,16 +411,7 @@ class RemoteCluster:
         The owning cluster answers with its error for a zone it may not use (neither its own
         nor one of its ``fallback_zones``) or while a move is under way.
         """
-        if not isinstance(zone, str) or not zone.strip():
-            raise ValueError(
-                f"move_ps({zone!r}): give a zone name such as 'us-east1-c' (the cluster's zone "
-                "or one of its fallback_zones)."
-            )
-        if not isinstance(reason, str):
-            raise ValueError(f"move_ps({zone!r}, reason={reason!r}): the reason is text.")
-        msg: dict[str, Any] = {"action": "move-ps", "zone": zone.strip()}
-        if reason:
-            msg["reason"] = reason
+        msg = move_ps_message(zone, reason)
         return self._request(msg)
 
     def adapt(self, goal: str | None = None, **kwargs: Any) -> dict[str, Any]:

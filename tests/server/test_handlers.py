@@ -359,7 +359,13 @@ async def test_a_policy_is_turned_on_and_off_and_shown(jp_fetch: Fetch) -> None:
         # No run yet: the goal is on, and it has nothing to decide.
         assert policy["text"] == "Policy: budget $20.00 (waiting for a training run to plan for)"
         del policy["text"]
-        assert policy == {"goal": "budget", "deadline_s": None, "budget": 20.0, "decision": None}
+        assert policy == {
+            "goal": "budget",
+            "deadline_s": None,
+            "budget": 20.0,
+            "remembered_h": 0.0,  # no history file
+            "decision": None,
+        }
         code, answer = await call(
             jp_fetch, "clusters", "api-adapt", "adapt", method="POST", body={"goal": "off"}
         )
@@ -482,9 +488,9 @@ async def test_unknown_cluster_is_404(
         (("scale-ps",), {"hosts": True}, "whole number of PS hosts"),
         (("scale-ps",), {"hosts": "2"}, "whole number of PS hosts"),
         (("scale-ps",), {}, '{"hosts": n}'),
-        (("move-ps",), {"zone": 3}, "zone=3: give one of the cluster's zones"),
-        (("move-ps",), {"zone": " "}, "zone=' ': give one of the cluster's zones"),
-        (("move-ps",), {"zone": "us-east1-c", "reason": 1}, "reason=1: the reason is text"),
+        (("move-ps",), {"zone": 3}, "move_ps(3): give a zone name such as 'us-east1-c'"),
+        (("move-ps",), {"zone": " "}, "move_ps(' '): give a zone name"),
+        (("move-ps",), {"zone": "us-east1-c", "reason": 1}, "reason=1): the reason is text"),
         (("move-ps",), {}, '{"zone": ZONE}'),
         (("preempt",), {"worker": 3}, "name of a worker"),
         (("preempt",), {"worker": "w-0", "notice": "yes"}, "true or false"),

@@ -31,7 +31,7 @@ from distributed.core import ConnectionPool
 
 from transient_nb import config, registry
 from transient_nb.backends.tls import security_from_registry
-from transient_nb.events import CONTROL_TOPIC, EVENTS_RPC, read_run_record
+from transient_nb.events import CONTROL_TOPIC, EVENTS_RPC, move_ps_message, read_run_record
 from transient_nb.head import launch_head
 from transient_nb.mix import on_demand_value, parse_mix
 from transient_nb.prices import PriceCatalog, shipped_catalogs
@@ -620,16 +620,7 @@ class ClusterManager:
     async def move_ps(self, name: str, zone: Any, reason: Any = "") -> dict[str, Any]:
         """Ask cluster ``name`` to move its PS hosts to ``zone`` (one of its ``zones``: its own
         and its fallback zones); a run moves its PS onto the new hosts from the PS's state."""
-        if not isinstance(zone, str) or not zone.strip():
-            raise ValueError(
-                f"zone={zone!r}: give one of the cluster's zones, e.g. 'us-east1-c' (its own or "
-                "a fallback zone)."
-            )
-        if not isinstance(reason, str):
-            raise ValueError(f"reason={reason!r}: the reason is text.")
-        msg: dict[str, Any] = {"action": "move-ps", "zone": zone.strip()}
-        if reason:
-            msg["reason"] = reason
+        msg = move_ps_message(zone, reason)
         return await self._control(name, msg)
 
     async def scale_ps(self, name: str, hosts: Any) -> dict[str, Any]:
