@@ -10,7 +10,9 @@ from transient_nb.planner import (
     NEAR_EQUAL,
     PRIOR_HOURS,
     Configuration,
+    Estimate,
     Kind,
+    Plan,
     Planner,
     kinds_from_catalog,
     paper_hazard_per_h,
@@ -561,3 +563,109 @@ def test_a_storm_takes_the_load_out_of_a_workers_lifetime():
     assert Planner([P100], 0.19, startup_s=10.0).load_s == 10.0
     planner.observe_startup(300.0, load_s=400.0)  # more than the start-up: not a load
     assert planner._observed_loads == [210.0]
+
+
+# -- exact arithmetic: on-demand K80s at 4 steps/s, no PS bound -----------------------------------
+K80_A = Kind("k80", "a", False, 0.5)
+
+
+def _exact(*kinds: Kind, ps_hourly: float = 0.0) -> Planner:
+    """A planner whose estimates are exact: 4 steps/s per K80 on demand, no PS bound."""
+    return Planner(list(kinds) or [K80_A], ps_hourly, steps_per_s={"k80": 4.0}, ps_steps_per_s=None)
+
+
+def test_a_configuration_drops_empty_kinds_orders_them_by_name_and_describes_itself():
+    """Two mappings of the same workers are one configuration (the frontier deduplicates on
+    it), and its description is what the policy's panels and reasons show."""
+    config = Configuration.of({V100: 1, K80: 2, K80_OD: 0})
+    assert config.workers == ((K80, 2), (V100, 1))
+    assert config == Configuration.of({K80: 2, V100: 1})
+    assert config.describe() == "2 k80 in us-central1-a + 1 v100 in us-central1-a, 1 PS shard"
+    assert Configuration.of({K80_OD: 1}, 2).describe() == (
+        "1 k80 in us-central1-a (on demand), 2 PS shards"
+    )
+    assert Configuration.of({}, 3).describe() == "no workers, 3 PS shards"
+
+
+def test_plan_fields_round_what_the_policy_event_shows_and_never_write_infinity():
+    """The ``policy-decision`` event is JSON: four decimals (one for seconds), and None where
+    nothing would ever finish."""
+    config = Configuration.of({P100: 1, P100_OD: 2}, 2)
+    estimate = Estimate(config, 12.3456789, 3.1415926, 1234.5678, 0.98765432, 64_000)
+    fields = plan_fields(Plan("budget", estimate, None, "why", False))
+    assert fields == {
+        "goal": "budget",
+        "workers": {"p100@us-central1-a": 1, "p100@us-central1-a:on-demand": 2},
+        "shards": 2,
+        "liveput": 12.3457,
+        "hourly": 3.1416,
+        "eta_s": 1234.6,
+        "expected_cost": 0.9877,
+        "feasible": False,
+        "reason": "why",
+    }
+    never = Estimate(config, 0.0, 3.0, math.inf, math.inf)
+    fields = plan_fields(Plan("deadline", never, None, "why"))
+    assert fields["eta_s"] is None and fields["expected_cost"] is None
+    assert fields["feasible"] is True
+
+
+def test_the_reason_reads_the_eta_and_the_price_against_the_current_configuration():
+    """What users read of a decision: the ETA from now to the chosen one, the change in dollars
+    an hour, the expected cost; "never" for a cluster that does not train."""
+    planner = _exact(ps_hourly=0.1)
+    plan = planner.choose(
+        "cost-per-step", 7200, max_workers=2, current=Configuration.of({K80_A: 1})
+    )
+    # Staying: 0.5 h at $0.60/h; two: the second after 108.5 s, 0.27 h at $1.10/h.
+    assert plan.reason == (
+        "2 k80 in a (on demand), 1 PS shard: ETA 0.50 h -> 0.27 h, +0.50 $/h, "
+        "expected $0.29 to finish"
+    )
+    plan = planner.choose("cost-per-step", 7200, max_workers=2)
+    assert plan.reason == (
+        "2 k80 in a (on demand), 1 PS shard: ETA 0.25 h, 1.10 $/h, expected $0.28 to finish"
+    )
+    idle = Configuration.of({Kind("tpu", "a", False, 1.0): 1})  # no step rate: never done
+    plan = planner.choose("cost-per-step", 7200, max_workers=2, current=idle)
+    assert plan.reason.startswith("2 k80 in a (on demand), 1 PS shard: ETA never -> 0.28 h, ")
+    plan = planner.choose("deadline", 7200, max_workers=2, deadline_s=60.0)
+    assert not plan.feasible
+    assert plan.reason == (
+        "2 k80 in a (on demand), 1 PS shard: ETA 0.25 h, 1.10 $/h, expected $0.28 to finish"
+        " (no configuration meets the deadline: the closest one)"
+    )
+
+
+def test_a_plan_knows_its_limit_and_what_meets_it():
+    """The policy asks a plan whether an estimate meets its goal (to keep or change the
+    cluster): the deadline in seconds, the budget in dollars, at the limit included."""
+    planner = _exact()
+    plan = planner.choose("deadline", 7200, max_workers=2, deadline_s=900.0)
+    assert plan.limit == 900.0 and plan.feasible
+    two = planner.estimate(Configuration.of({K80_A: 2}), 7200)  # 900 s, $0.25
+    one = planner.estimate(Configuration.of({K80_A: 1}), 7200)  # 1800 s, $0.25
+    assert plan.meets(two) and not plan.meets(one)
+    plan = planner.choose("budget", 7200, max_workers=2, budget=0.25)
+    assert plan.limit == 0.25 and plan.feasible
+    assert plan.meets(one) and plan.meets(two)  # within the money, however slow
+    assert not plan.meets(planner.estimate(Configuration.of({K80_A: 1}), 7201))
+    # Cost per step has no limit, even when a budget is passed along: every estimate meets it.
+    plan = planner.choose("cost-per-step", 7200, max_workers=2, budget=0.01)
+    assert plan.limit is None and plan.feasible is True and plan.meets(one)
+    assert "no configuration meets" not in plan.reason
+
+
+def test_ties_go_to_the_faster_for_cost_and_budget_and_to_the_cheaper_for_a_deadline():
+    """With no PS to share, K80s on demand cost the same per step at every size: the fastest
+    is taken; a deadline no one meets gets the fastest, and of equally fast, the cheapest."""
+    planner = _exact()
+    plan = planner.choose("cost-per-step", 7200, max_workers=4)
+    assert plan.chosen.config == Configuration.of({K80_A: 4})
+    poor = planner.choose("budget", 7200, max_workers=4, budget=0.1)  # all cost $0.25
+    assert not poor.feasible and poor.chosen.config == Configuration.of({K80_A: 4})
+    exact = planner.choose("deadline", 7200, max_workers=2, deadline_s=900.0)
+    assert exact.feasible and exact.chosen.eta_s == 900.0  # met at the second itself
+    dear = Kind("k80", "b", False, 0.6)
+    plan = _exact(dear, K80_A).choose("deadline", 7200, max_workers=1, deadline_s=60.0)
+    assert not plan.feasible and plan.chosen.config == Configuration.of({K80_A: 1})
