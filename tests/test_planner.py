@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from transient_nb.history import Observations
 from transient_nb.planner import (
     NEAR_EQUAL,
     PRIOR_HOURS,
@@ -669,3 +670,215 @@ def test_ties_go_to_the_faster_for_cost_and_budget_and_to_the_cheaper_for_a_dead
     dear = Kind("k80", "b", False, 0.6)
     plan = _exact(dear, K80_A).choose("deadline", 7200, max_workers=1, deadline_s=60.0)
     assert not plan.feasible and plan.chosen.config == Configuration.of({K80_A: 1})
+
+
+def test_the_search_bounds_of_a_choice():
+    """Two PS shards at most unless asked for more; a running PS's shards are a floor; the
+    cluster's current configuration is weighed even of a kind no longer offered; what never
+    trains is never a candidate."""
+    steps = 64_000
+    planner = Planner([V100_OD], PS)
+    assert {c.shards for c in planner.frontier(max_workers=2)} == {1, 2}
+    # 90 steps/s: more than two shards serve (78.75); three serve 105.
+    plan = planner.choose("deadline", steps, max_workers=8, deadline_s=steps / 90.0)
+    assert not plan.feasible and plan.chosen.config.shards == 2
+    three = planner.choose("deadline", steps, max_workers=8, max_shards=3, deadline_s=steps / 90)
+    assert three.feasible and three.chosen.config.shards == 3
+    floor = planner.choose("cost-per-step", steps, max_workers=4, min_shards=2, max_shards=2)
+    assert {e.config.shards for e in floor.candidates} == {2}
+    # A floor above the search's ceiling: the floor.
+    assert {c.shards for c in planner.frontier(4, max_shards=1, min_shards=2)} == {2}
+    assert {c.shards for c in planner.frontier(2, max_shards=0, min_shards=0)} == {1}
+    old = Configuration.of({V100: 1})  # Spot V100s are not offered any more
+    plan = Planner([K80], PS).choose("cost-per-step", steps, max_workers=4, current=old)
+    assert old in [e.config for e in plan.candidates]
+    idle = Configuration.of({Kind("tpu", "us-central1-a", False, 1.0): 2})
+    plan = Planner([K80], PS).choose("cost-per-step", steps, max_workers=4, extra=[idle])
+    assert idle not in [e.config for e in plan.candidates]
+    assert all(e.liveput > 0 for e in plan.candidates)
+
+
+def test_a_deadline_must_be_positive_but_may_be_short():
+    """Zero seconds left is no deadline to plan for; half a second is one (missed: the
+    closest configuration)."""
+    with pytest.raises(ValueError, match="needs a positive deadline, not 0"):
+        Planner([K80], PS).choose("deadline", 1000, max_workers=2, deadline_s=0)
+    plan = Planner([K80], PS).choose("deadline", 1000, max_workers=2, deadline_s=0.5)
+    assert not plan.feasible and plan.limit == 0.5
+
+
+def test_workers_slower_than_a_step_a_second_are_planned_for():
+    """A slow worker (0.5 steps/s, a large model) still trains: finite ETAs and costs, its
+    start-up counted in a change, a frontier of its sizes beside a cheaper fast kind."""
+    slow = Kind("k80", "a", False, 1.0)
+    fast = Kind("v100", "a", False, 0.5)
+    planner = Planner([slow], 0.0, steps_per_s={"k80": 0.5, "v100": 4.0}, ps_steps_per_s=None)
+    one = planner.estimate(Configuration.of({slow: 1}), 100)
+    assert (one.liveput, one.eta_s, one.cost) == (0.5, 200.0, pytest.approx(200 / 3600))
+    two = planner.estimate(Configuration.of({slow: 2}), 100, current=Configuration.of({slow: 1}))
+    assert two.eta_s == pytest.approx(108.5 + (100 - 0.5 * 108.5) / 1.0)
+    plan = planner.choose("cost-per-step", 100, max_workers=1)
+    assert plan.chosen.config == Configuration.of({slow: 1})
+    both = Planner([slow, fast], 0.0, steps_per_s={"k80": 0.5, "v100": 4.0}, ps_steps_per_s=None)
+    frontier = both.frontier(max_workers=3, max_shards=1)
+    assert {c.size for c in frontier if c.counts.keys() == {slow}} == {1, 2, 3}
+    planner.observe_rate("k80", 0.5)
+    assert planner.rate("k80") == 0.5
+
+
+def test_a_configuration_that_never_trains_never_finishes_and_costs_without_end():
+    """No workers (or none with a rate): an infinite ETA and cost, free PS or not, from
+    scratch or as a change from the current cluster."""
+    for planner in (_exact(), _exact(ps_hourly=0.1)):
+        for current in (None, Configuration.of({K80_A: 1})):
+            e = planner.estimate(Configuration.of({}), 1000, current=current)
+            assert e.liveput == 0 and e.eta_s == math.inf and e.cost == math.inf
+            assert e.cost_per_step == math.inf
+
+
+def test_a_change_keeps_the_shards_and_workers_it_has_until_the_new_ones_start():
+    """Until the added workers start, the kept ones train on the shards kept (two here: 62.4
+    steps/s, not one shard's 45); workers of a kind the cluster has none of add nothing then."""
+    planner = Planner([V100_OD], PS)
+    now, more = Configuration.of({V100_OD: 4}, 2), Configuration.of({V100_OD: 5}, 2)
+    assert planner.liveput(now) == pytest.approx(62.4)
+    wait = planner.startup_s
+    e = planner.estimate(more, 64_000, current=now)
+    assert e.eta_s == pytest.approx(wait + (64_000 - 62.4 * wait) / planner.liveput(more))
+    exact = _exact()
+    other = Configuration.of({Kind("k80", "b", False, 0.6): 1})
+    e = exact.estimate(other, 7200, current=Configuration.of({K80_A: 1}))
+    assert e.eta_s == pytest.approx(exact.startup_s + 7200 / 4.0)
+
+
+def test_the_frontiers_shapes():
+    """The candidates: each kind alone on every shard count, the greedy walk's mixes near the
+    PS's plateau (by liveput per dollar), and on-demand beside Spot of each split within
+    ``max_workers`` (on-demand alone only where it adds liveput)."""
+    k80 = Kind("k80", "us-central1-a", False, 0.9)
+    planner = Planner([V100_OD, k80], PS)
+    frontier = planner.frontier(max_workers=8, max_shards=2)
+    # Two shards: 5 V100 (78 steps/s), then a K80 for the last 0.75 of 78.75.
+    assert Configuration.of({V100_OD: 5, k80: 1}, 2) in frontier
+    assert Configuration.of({k80: 1}, 2) in frontier
+    # Cheap per dollar first, then the kind that adds more per dollar near the plateau.
+    fast = Kind("v100", "z", False, 0.1)  # 100 steps/s per $/h
+    cheap = Kind("k80", "z", False, 0.05)  # 80
+    walk = Planner([fast, cheap], PS, steps_per_s={"v100": 10.0, "k80": 4.0})
+    mixes = [c for c in walk.frontier(max_workers=6, max_shards=1) if len(c.counts) == 2]
+    assert mixes == [Configuration.of({fast: 4, cheap: 1}), Configuration.of({fast: 4, cheap: 2})]
+    other = Kind("p100", "us-east1-c", True, 0.43)
+    planner = Planner([P100_OD, other, P100], 0.19)
+    frontier = planner.frontier(max_workers=4, max_shards=2)
+    assert all(c.size <= 4 for c in frontier)
+    for shards in (1, 2):
+        assert Configuration.of({P100_OD: 1, P100: 1}, shards) in frontier
+    alone = Planner([V100, V100_OD], PS).frontier(max_workers=6, max_shards=1)
+    assert sorted(c.size for c in alone if c.counts.keys() == {V100_OD}) == [1, 2, 3]
+
+
+def test_what_earlier_runs_saw_adds_to_this_runs_observations():
+    """Remembered revocations, hours and places count as this run's own for the hazards, the
+    zone's factor and the availability; remembered start-ups stand until a worker asked for in
+    this run trains, before the first workers'. What the planner reports is its own only."""
+    zone = "us-central1-a"
+    past = Observations(
+        {("p100", zone): (6.0, 1.0, 2.0, 0.5), ("k80", zone): (3.0, 1.5, 0.0, 0.0)},
+        (250.0, 260.0, 270.0),
+        (150.0, 160.0, 170.0),
+    )
+    planner = Planner([P100, P100_OD], 0.19)
+    planner.remember(past)
+    k80 = paper_hazard_per_h("k80")
+    assert planner.zone_factor(zone, but="p100") == pytest.approx(
+        (k80 * PRIOR_HOURS + 3) / (k80 * (PRIOR_HOURS + 1.5))
+    )
+    prior = paper_hazard_per_h("p100") * planner.zone_factor(zone, but="p100")
+    assert planner.hazard_per_h(P100) == pytest.approx((prior * PRIOR_HOURS + 6) / 1.5)
+    model = planner.model_availability(P100)
+    assert planner.availability(P100) == pytest.approx((model * PRIOR_HOURS + 0.5) / 2.5)
+    planner.observe_startup(400.0, 300.0, first=True)
+    assert (planner.startup_s, planner.load_s) == (260.0, 160.0)
+    assert planner.observations() == Observations()
+    # This run's own add to them.
+    planner.observe_exposure("k80", zone, hours=0.5, revocations=1)
+    assert planner.zone_factor(zone, but="p100") == pytest.approx(
+        (k80 * PRIOR_HOURS + 4) / (k80 * (PRIOR_HOURS + 2.0))
+    )
+    planner.observe_exposure("p100", zone, hours=0.5, revocations=2)
+    prior = paper_hazard_per_h("p100") * planner.zone_factor(zone, but="p100")
+    assert planner.hazard_per_h(P100) == pytest.approx((prior * PRIOR_HOURS + 8) / 2.0)
+    planner.observe_availability("p100", zone, held_h=1.0, trained_h=0.4)
+    model = planner.model_availability(P100)
+    assert planner.availability(P100) == pytest.approx((model * PRIOR_HOURS + 0.9) / 3.5)
+    planner.observe_startup(200.0, 100.0)
+    assert (planner.startup_s, planner.load_s) == (200.0, 100.0)
+    planner.observe_availability("v100", zone, held_h=1.0, trained_h=0.5)
+    seen = planner.observations()
+    assert seen == Observations(
+        {
+            ("k80", zone): (1.0, 0.5, 0.0, 0.0),
+            ("p100", zone): (2.0, 0.5, 1.0, 0.4),
+            ("v100", zone): (0.0, 0.0, 1.0, 0.5),
+        },
+        (200.0,),
+        (100.0,),
+    )
+    assert list(seen.kinds) == [("k80", zone), ("p100", zone), ("v100", zone)]
+
+
+def test_a_zones_factor_sums_every_other_gpu_type_seen_there():
+    """Two other types observed in a zone: their revocations, priors and exposures summed."""
+    zone = "us-central1-a"
+    planner = Planner([P100], 0.19)
+    planner.observe_exposure("k80", zone, hours=1.0, revocations=3)
+    planner.observe_exposure("v100", zone, hours=2.0, revocations=10)
+    k, v = paper_hazard_per_h("k80"), paper_hazard_per_h("v100")
+    assert planner.zone_factor(zone, but="p100") == pytest.approx(
+        ((k + v) * PRIOR_HOURS + 13) / (k * (PRIOR_HOURS + 1) + v * (PRIOR_HOURS + 2))
+    )
+
+
+def test_the_ps_measured_at_its_bounds():
+    """A two-shard bottleneck alone measures one PS (70 on two: 40); exactly 85% of the demand
+    is keeping up; a slow PS (half a step a second) is measured as slow as it is."""
+    planner = Planner([V100], PS)
+    assert planner.observe_ps(2, served=70.0, demand=125.0)
+    assert planner.ps_capacity(1) == pytest.approx(40.0)
+    assert not Planner([V100], PS).observe_ps(1, served=17.0, demand=20.0)
+    slow = Planner([K80], PS)
+    assert slow.observe_ps(1, served=0.5, demand=0.9)
+    assert slow.ps_capacity(1) == pytest.approx(0.5)
+
+
+def test_reported_rates_at_their_bounds():
+    """Only positive, finite reports count (a worker that reports 0 is not a rate); of an even
+    number of reports, the upper middle one."""
+    planner = Planner([K80], PS)
+    for bad in (0.0, -1.0, math.inf, math.nan):
+        planner.observe_rate("k80", bad)
+    assert planner.rate("k80") == 4.56
+    for r in (7.0, 5.0, 4.0, 6.0):
+        planner.observe_rate("k80", r)
+    assert planner.rate("k80") == 6.0
+
+
+def test_losing_at_least_a_negative_number_of_workers_is_certain():
+    """The caller's ``k`` may come from a difference: below zero, certain."""
+    planner = Planner([K80], PS)
+    assert planner.p_lose_at_least(Configuration.of({K80: 2}), -1) == 1.0
+
+
+def test_kinds_skip_what_the_catalog_does_not_price_wherever_it_comes():
+    """An unknown GPU type or zone first in the lists does not hide the known ones."""
+    catalog = PriceCatalog.load("paper-2019")
+    kinds = kinds_from_catalog(catalog, ["nope", "k80"], ["us-central1-a"], "n1-standard-4")
+    assert [(k.gpu, k.zone) for k in kinds] == [("k80", "us-central1-a")]
+
+
+def test_refusals_say_what_is_wrong_in_full():
+    """The messages users read when a planner cannot be made or cannot plan."""
+    with pytest.raises(ValueError, match=r"^The planner needs at least one kind of worker to "):
+        Planner([], PS)
+    with pytest.raises(ValueError, match=r"^No configuration trains at all: no kind of worker"):
+        Planner([Kind("tpu", "z", True, 1.0)], PS).choose("cost-per-step", 10, max_workers=2)
