@@ -722,8 +722,8 @@ def test_workers_slower_than_a_step_a_second_are_planned_for():
     both = Planner([slow, fast], 0.0, steps_per_s={"k80": 0.5, "v100": 4.0}, ps_steps_per_s=None)
     frontier = both.frontier(max_workers=3, max_shards=1)
     assert {c.size for c in frontier if c.counts.keys() == {slow}} == {1, 2, 3}
-    planner.observe_rate("k80", 0.5)
-    assert planner.rate("k80") == 0.5
+    planner.observe_rate("k80", 0.25)  # slower still than its prior: seen, it counts
+    assert planner.rate("k80") == 0.25
 
 
 def test_a_configuration_that_never_trains_never_finishes_and_costs_without_end():
@@ -734,6 +734,9 @@ def test_a_configuration_that_never_trains_never_finishes_and_costs_without_end(
             e = planner.estimate(Configuration.of({}), 1000, current=current)
             assert e.liveput == 0 and e.eta_s == math.inf and e.cost == math.inf
             assert e.cost_per_step == math.inf
+    idle = Configuration.of({Kind("tpu", "a", False, 1.0): 1})
+    e = _exact().estimate(idle, 1000, current=Configuration.of({K80_A: 1}))
+    assert e.eta_s == math.inf and e.cost == math.inf
 
 
 def test_a_change_keeps_the_shards_and_workers_it_has_until_the_new_ones_start():
