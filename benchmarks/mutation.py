@@ -50,7 +50,7 @@ MODULES: dict[str, list[str]] = {
     # The transient-aware policy's model and its reading of the event log (synthetic streams).
     "planner": ["tests/test_planner.py"],
     # Its one real-cluster run (minutes a mutant) left out: the synthetic streams test each rule.
-    "policy": ["tests/test_policy.py", "-m", "not slow"],
+    "policy": ["tests/test_policy.py", "tests/test_history.py", "-m", "not slow"],
     "history": ["tests/test_history.py"],
 }
 DEFAULT = ["cost", "prices", "replacement", "preemption"]

@@ -1811,3 +1811,30 @@ def test_a_budget_policy_announces_its_budget_and_none_once_stopped():
             "remembered_h": None,
         },
     ]
+
+
+def test_on_demand_workers_hours_do_not_calm_the_spot_hazard():
+    """A storm pushes the policy to on-demand workers: their hours must not count as Spot
+    exposure (the planner keeps one per GPU type and zone), or the Spot P100 looks calm again
+    and the policy flaps back to it. Four Spot P100 revoked after 10 minutes; four on-demand ones
+    that ran two hours beside them change nothing."""
+    cluster = RecordingCluster({"p100": 4})
+    policy = TransientPolicy(cluster, "cost-per-step", planner=Planner([P100], 0.19))
+    fields = {"role": "worker", "gpu": "p100", "zone": "us-central1-a"}
+    for i in range(4):
+        cluster.add("requested", T0, worker=f"w-{i}", spot=True, **fields)
+        cluster.add("running", T0, worker=f"w-{i}", spot=True, **fields)
+        cluster.add("preempted", T0 + 600, worker=f"w-{i}", spot=True, **fields)
+    policy.observe(cluster.monitor.events)
+    storm = policy.planner.hazard_per_h(P100)
+    assert storm == pytest.approx(3.45, abs=0.01)
+    for i in range(4, 8):
+        cluster.add("requested", T0, worker=f"w-{i}", spot=False, **fields)
+        cluster.add("running", T0, worker=f"w-{i}", spot=False, **fields)
+        cluster.add("deleted", T0 + 7200, worker=f"w-{i}", spot=False, **fields)
+    policy.observe(cluster.monitor.events)
+    assert policy.planner.hazard_per_h(P100) == pytest.approx(storm)
+    assert policy.planner.observations().kinds[("p100", "us-central1-a")][:2] == (
+        4.0,
+        pytest.approx(4 * 600 / 3600),
+    )

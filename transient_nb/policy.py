@@ -372,8 +372,14 @@ class TransientPolicy:
             vm = self._vm[str(name)]
             started = self._running_since.pop(str(name), None)
             hours = 0.0 if started is None else max(0.0, t - started) * self.time_scale / HOUR
-            revoked = int(kind == "preempted" and bool(vm.get("spot", True)))
-            self.planner.observe_exposure(str(vm.get("gpu")), str(vm.get("zone")), hours, revoked)
+            spot = bool(vm.get("spot", True))
+            revoked = int(kind == "preempted" and spot)
+            if spot:
+                # An on-demand worker's hours are no Spot exposure: counted, they made a stormy
+                # Spot kind look calm once the policy ran its workers on demand (round twelve).
+                self.planner.observe_exposure(
+                    str(vm.get("gpu")), str(vm.get("zone")), hours, revoked
+                )
             self._close_place(str(name), vm, t, revoked=bool(revoked))
         elif kind == "worker-metrics" and name:
             if str(name) not in self._trained_from and str(name) in self._live:
