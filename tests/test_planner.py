@@ -885,3 +885,15 @@ def test_refusals_say_what_is_wrong_in_full():
         Planner([], PS)
     with pytest.raises(ValueError, match=r"^No configuration trains at all: no kind of worker"):
         Planner([Kind("tpu", "z", True, 1.0)], PS).choose("cost-per-step", 10, max_workers=2)
+
+
+def test_a_budget_counts_exactly_one_percent_slower_as_as_fast():
+    """The budget's band of equal speed includes its bound: 1010 s against the fastest's
+    1000 s is as fast, and the cheaper one is taken."""
+    fast, cheap = Kind("v100", "a", False, 1.0), Kind("k80", "a", False, 0.5)
+    planner = Planner(
+        [fast, cheap], 0.0, steps_per_s={"v100": 1010.0, "k80": 1000.0}, ps_steps_per_s=None
+    )
+    plan = planner.choose("budget", 1_010_000, max_workers=1, max_shards=1, budget=1.0)
+    assert sorted(e.eta_s for e in plan.candidates) == [1000.0, 1010.0]
+    assert plan.chosen.config == Configuration.of({cheap: 1})
