@@ -897,3 +897,15 @@ def test_a_budget_counts_exactly_one_percent_slower_as_as_fast():
     plan = planner.choose("budget", 1_010_000, max_workers=1, max_shards=1, budget=1.0)
     assert sorted(e.eta_s for e in plan.candidates) == [1000.0, 1010.0]
     assert plan.chosen.config == Configuration.of({cheap: 1})
+
+
+def test_a_run_with_no_steps_left_is_done_now_whatever_the_change():
+    """The planner's public API with nothing left to train: every configuration, one that keeps
+    none of the current workers included, finishes now for nothing (it divided by the kept
+    workers' liveput, 0, and raised)."""
+    planner = Planner([K80, V100], 0.143)
+    current = Configuration.of({K80: 1}, 1)
+    new = planner.estimate(Configuration.of({V100: 1}, 1), 0, current=current)
+    assert (new.eta_s, new.cost) == (0.0, 0.0)
+    plan = planner.choose("cost-per-step", 0, max_workers=2, current=current)
+    assert plan.chosen.eta_s == 0.0

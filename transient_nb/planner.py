@@ -524,7 +524,8 @@ class Planner:
             if kept != config and kept_live * wait < remaining_steps:
                 eta = wait + (remaining_steps - kept_live * wait) / live
             elif kept != config:
-                eta = remaining_steps / kept_live  # done before the new workers would join
+                # Done before the new workers would join (with no steps left: done now).
+                eta = remaining_steps / kept_live if remaining_steps > 0 else 0.0
         cost = hourly * eta / HOUR if live > 0 else math.inf
         return Estimate(config, live, hourly, eta, cost, float(remaining_steps))
 
