@@ -141,11 +141,11 @@ def on_demand_value(on_demand: Any) -> int | dict[str, int]:
         return on_demand
     if isinstance(on_demand, Mapping):
         return dict(on_demand)
+    if zero_mix(on_demand):
+        return {}  # every type named at 0: none on demand
     try:
         return parse_mix(on_demand, "")
     except ValueError as e:
-        if "asks for no workers" in str(e):
-            return {}  # every type named at 0: none on demand
         raise ValueError(f"scale(on_demand={on_demand!r}): {e}") from None
 
 

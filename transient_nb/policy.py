@@ -819,14 +819,13 @@ class TransientPolicy:
         now = time.time() if now is None else now
         self.observe_places(now)
         seen = self.planner.observations()
-        running: dict[tuple[str, str], tuple[float, float, float, float]] = {}
+        hours: dict[tuple[str, str], float] = {}
         for name, since in self._running_since.items():
             gpu, zone, spot = self._live.get(name, ("", "", False))
             if spot:
                 key = (gpu.lower(), zone)
-                hours = max(0.0, now - since) * self.time_scale / HOUR
-                running[key] = (0.0, running.get(key, (0.0, 0.0))[1] + hours, 0.0, 0.0)
-        return seen + Observations(running)
+                hours[key] = hours.get(key, 0.0) + max(0.0, now - since) * self.time_scale / HOUR
+        return seen + Observations({k: (0.0, h, 0.0, 0.0) for k, h in hours.items()})
 
     def save_history(self, now: float | None = None) -> None:
         """Keep what this run saw in the policy's history file (when it has one)."""
