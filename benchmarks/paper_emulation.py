@@ -1,6 +1,6 @@
 """The paper's Table I/III and its speed-against-workers curve, reproduced with paced emulation.
 
-Runs real worker processes on the local backend (:mod:`transient_nb.reproduce`): 1 on-demand K80
+Runs real worker processes on the local backend (:mod:`transient_nb.experiments.reproduce`): 1 on-demand K80
 against 2, 4 and 8 transient K80 plus one PS, with the paper's K80 lifetimes, start-up delays and
 2019 prices; then the cluster speed of 1-8 K80, P100 and V100 workers with one and two PS. Each
 GPU's step time and the PS's capacity are emulated (paced); everything else is real. The paper's
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     both = not only
     quiet()
     os.environ.setdefault("TRANSIENT_NB_STRICT_EVENTS", "1")
-    from transient_nb import reproduce
+    from transient_nb.experiments import reproduce
 
     setups = reproduce.TABLE_SETUPS
     if args.tiny:
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"Today: gce-2025 list prices (GPU + machine type; PS n1-standard-4 on demand), Spot "
             f"lifetimes from the paper's K80 curve (none measured for these GPUs), T4/L4/A100 step "
-            f"rates estimated (transient_nb.emulation). Seed {args.seed}, {time.time() - t0:.0f} s."
+            f"rates estimated (transient_nb.training.emulation). Seed {args.seed}, {time.time() - t0:.0f} s."
         )
         print()
     if args.mixed or both or args.today:

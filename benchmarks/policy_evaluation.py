@@ -1,7 +1,7 @@
 """The transient-aware policy against static and reactive clusters, on the paper emulation.
 
 Runs real worker processes on the local backend with paced GPU step times and PS capacity
-(:mod:`transient_nb.evaluation`): for each preemption trace (calm, the paper's curves, a storm
+(:mod:`transient_nb.experiments.evaluation`): for each preemption trace (calm, the paper's curves, a storm
 near the start-up time), the static configurations (revoked workers not replaced), the reactive
 one (replaced) and the policy with each goal (a deadline, a budget, cost per step), at the
 paper's prices. Prints one row per run and the issue's three verdicts per trace.
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TRANSIENT_NB_STRICT_EVENTS", "1")
     import pandas as pd
 
-    from transient_nb import evaluation
+    from transient_nb.experiments import evaluation
 
     deadline = evaluation.DEADLINE_H if args.deadline is None else args.deadline
     budget = evaluation.BUDGET if args.budget is None else args.budget

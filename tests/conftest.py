@@ -27,7 +27,7 @@ from distributed.utils_test import cleanup  # noqa: F401
 
 import transient_nb  # noqa: F401  (registers the ``transient`` config defaults)
 
-# Posting an event kind that transient_nb.events does not declare raises, in this process and in
+# Posting an event kind that transient_nb.eventlog.vocabulary does not declare raises, in this process and in
 # the worker processes it starts (they inherit the environment): a test then fails.
 os.environ.setdefault("TRANSIENT_NB_STRICT_EVENTS", "1")
 

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from transient_nb import TransientCluster, config
-from transient_nb.prices import PriceCatalog
+from transient_nb.catalog.prices import PriceCatalog
 
 
 def _load(path: str) -> dict[str, Any]:

@@ -30,8 +30,8 @@ from typing import Any
 
 import psutil
 import pytest
-from conftest import require, require_module, wait_for_sync  # tests/conftest.py
 
+from tests.conftest import require, require_module, wait_for_sync  # tests/conftest.py
 from transient_nb import connect, train
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]

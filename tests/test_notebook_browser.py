@@ -26,7 +26,8 @@ from typing import Any
 
 import psutil
 import pytest
-from conftest import require, require_module  # tests/conftest.py
+
+from tests.conftest import require, require_module  # tests/conftest.py
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "test-artifacts" / "browser"

@@ -7,7 +7,6 @@ printed and displayed (the notebooks tag the cells that matter), not only that t
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import sys
@@ -20,8 +19,8 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from transient_nb import reproduce
-from transient_nb.events import read_run_record
+from transient_nb.eventlog.records import read_run_record
+from transient_nb.experiments import reproduce
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 WIDGET = "application/vnd.jupyter.widget-view+json"
@@ -266,20 +265,30 @@ def check_mixed_and_dynamic(nb: Any) -> None:
     assert "python benchmarks/paper_emulation.py --dynamic --seed 0" in out, out
     (row,) = html_table(shown(cell(nb, "emulated-dynamic"))[-1]["text/html"])
     assert row[""] == "dynamic 1->4 transient K80", row
-    # One worker more at each quarter: every new trainer's join delay (boot and start-up) shows.
-    assert 2 <= len(row["join s"].split(",")) <= 3, row
+    check_growth(row)
     assert float(row["hours"]) > 0 and float(row["cost $"]) > 0, row
+
+
+def check_growth(row: dict[str, str]) -> None:
+    """A growing cluster's row: what the emulation guarantees whatever this host's pace.
+
+    One worker more at each quarter mark (three scale-ups), each of which joined; the trainers
+    that started before the run's end each show a join delay, never shorter than the paper's
+    simulated boot (81 s). How many started in time is the host's pace: a loaded host's process
+    start-up stands for many simulated minutes (benchmarks/NOTES.md, round thirteen).
+    """
+    assert int(row["added"]) == 3, row
+    assert int(row["joined"]) == 1 + 3, row
+    joins = [float(j) for j in row["join s"].split(",") if j.strip()]
+    assert len(joins) <= 3 and all(j >= 81 for j in joins), row
 
 
 # -- gce.ipynb, against the fake Compute Engine ----------------------------------------------------
 def fake_gce_class() -> Any:
-    """``FakeGCE`` of tests/backends/fake_gce.py (that folder is not a package)."""
-    path = Path(__file__).resolve().parent / "backends" / "fake_gce.py"
-    spec = importlib.util.spec_from_file_location("fake_gce_for_notebooks", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.FakeGCE
+    """``FakeGCE`` of tests/backends/gce/fake_gce.py."""
+    from tests.backends.gce.fake_gce import FakeGCE
+
+    return FakeGCE
 
 
 def instances(url: str, project: str, zones: list[str]) -> list[str]:

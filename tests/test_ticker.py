@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import time
 
-from conftest import wait_for_sync
-
+from tests.conftest import wait_for_sync
 from transient_nb.ticker import Ticker
 
 

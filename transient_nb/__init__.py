@@ -1,26 +1,52 @@
-"""transient_nb: train deep-learning models on cheap preemptible GPUs, from Jupyter."""
+"""transient_nb: train deep-learning models on cheap preemptible GPUs, from Jupyter.
+
+The public API is imported lazily (a module ``__getattr__``): ``import transient_nb`` costs only
+the configuration's defaults, so a worker's preload or a VM's startup script that imports a
+piece of the package never pays for the cluster, pandas or torch.
+"""
 
 from __future__ import annotations
 
-import sys
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from transient_nb import config  # noqa: F401  (registers the ``transient`` dask config defaults)
-from transient_nb.cluster import TransientCluster
-from transient_nb.connect import connect
-from transient_nb.cost import CostReport, compute_costs
-from transient_nb.prices import PriceCatalog
+from transient_nb import _moved, config  # noqa: F401  (config: the ``transient`` defaults)
+from transient_nb._version import __version__
 
-__version__ = "0.1.0"
+if TYPE_CHECKING:
+    from transient_nb.catalog.prices import PriceCatalog
+    from transient_nb.deploy.cluster import TransientCluster
+    from transient_nb.deploy.connect import connect
+    from transient_nb.eventlog.bill import CostReport, compute_costs
+    from transient_nb.training.run import TrainingRun, train
+
+#: Public name -> the module that defines it.
+_PUBLIC = {
+    "CostReport": "transient_nb.eventlog.bill",
+    "PriceCatalog": "transient_nb.catalog.prices",
+    "TrainingRun": "transient_nb.training.run",
+    "TransientCluster": "transient_nb.deploy.cluster",
+    "compute_costs": "transient_nb.eventlog.bill",
+    "connect": "transient_nb.deploy.connect",
+    "train": "transient_nb.training.run",
+}
+
+_moved.install()
 
 
-def __getattr__(name: str) -> object:
-    # Training pulls in torch (seconds to import): only when it is asked for.
-    if name in ("train", "TrainingRun"):
-        from transient_nb.training import run
-
-        return getattr(run, name)
+def __getattr__(name: str) -> Any:
+    module = _PUBLIC.get(name)
+    if module is not None:
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value  # once found, an ordinary attribute
+        return value
+    if name in _moved.MOVED:  # ``from transient_nb import cost``: a module of the old layout
+        return importlib.import_module(f"transient_nb.{name}")
     raise AttributeError(f"module 'transient_nb' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_PUBLIC})
 
 
 __all__ = [
@@ -38,28 +64,16 @@ __all__ = [
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext transient_nb``: the ``%transient_cluster`` magics, and clusters and training
     runs that display as their live control panel."""
-    from transient_nb.connect import RemoteCluster
-    from transient_nb.magics import TransientMagics, display_view
+    from transient_nb.notebook.magics import load_ipython_extension as load
 
-    ipython.register_magics(TransientMagics)
-    formatter = ipython.display_formatter.ipython_display_formatter
-    formatter.for_type(TransientCluster, display_view)
-    formatter.for_type(RemoteCluster, display_view)
-    # By name: registering must not import the training code (and torch) before it is used.
-    formatter.for_type_by_name("transient_nb.training.run", "TrainingRun", display_view)
+    load(ipython)
 
 
 def unload_ipython_extension(ipython: Any) -> None:
     """``%unload_ext transient_nb``: clusters and runs display as plain objects again."""
-    from transient_nb.connect import RemoteCluster
+    from transient_nb.notebook.magics import unload_ipython_extension as unload
 
-    formatter = ipython.display_formatter.ipython_display_formatter
-    for cls in (TransientCluster, RemoteCluster):
-        formatter.pop(cls, None)
-    formatter.deferred_printers.pop(("transient_nb.training.run", "TrainingRun"), None)
-    run = sys.modules.get("transient_nb.training.run")  # registered by name: never import torch
-    if run is not None:
-        formatter.type_printers.pop(run.TrainingRun, None)
+    unload(ipython)
 
 
 def _jupyter_server_extension_points() -> list[dict[str, Any]]:
@@ -73,21 +87,12 @@ def _jupyter_server_extension_points() -> list[dict[str, Any]]:
 
 
 def _load_jupyter_server_extension(serverapp: Any) -> None:
-    """Load the panel's routes into ``serverapp`` (Jupyter Server's loader hook).
-
-    Jupyter Server loads the extension through the app named by
-    :func:`_jupyter_server_extension_points`; this hook does the same for callers that load the
-    module directly.
-    """
+    """Load the panel's routes into ``serverapp`` (Jupyter Server's loader hook)."""
     from transient_nb.server.app import TransientServerExtension
 
     TransientServerExtension._load_jupyter_server_extension(serverapp)
 
 
 def _jupyter_labextension_paths() -> list[dict[str, str]]:
-    """Where the prebuilt JupyterLab panel is, for ``jupyter labextension develop``.
-
-    Installs put it in ``share/jupyter/labextensions`` (wheel shared-data); this hook lets a
-    developer link the build folder instead: ``jupyter labextension develop --overwrite .``.
-    """
+    """Where the prebuilt JupyterLab panel is, for ``jupyter labextension develop``."""
     return [{"src": "labextension/prebuilt", "dest": "transient-nb"}]

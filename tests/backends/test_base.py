@@ -8,7 +8,7 @@ from typing import Any
 from distributed.utils_test import gen_test
 
 from transient_nb.backends.base import TransientVM, VMSpec
-from transient_nb.prices import Price
+from transient_nb.catalog.prices import Price
 
 
 class _SlowVM(TransientVM):

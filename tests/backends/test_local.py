@@ -15,13 +15,13 @@ from typing import Any
 import dask.config
 import psutil
 import pytest
-from conftest import alive, wait_for, wait_for_sync
 from distributed.utils_test import gen_cluster
 
-from transient_nb import registry
+from tests.conftest import alive, wait_for, wait_for_sync
 from transient_nb.backends import CapacityError, VMSpec, get_backend
 from transient_nb.backends.local import LocalBackend, LocalVM
-from transient_nb.prices import Price
+from transient_nb.catalog.prices import Price
+from transient_nb.deploy import registry
 
 PRICE = Price(0.73, 0.22)
 
@@ -69,7 +69,7 @@ def test_command_line_and_environment(tmp_path: Path, monkeypatch: pytest.Monkey
     assert cmd[:4] == [sys.executable, "-m", "dask", "worker"]
     assert cmd[cmd.index("--name") + 1] == "w-3"
     assert cmd[cmd.index("--nthreads") + 1] == "1"
-    assert cmd[cmd.index("--preload") + 1] == "transient_nb.agent"
+    assert cmd[cmd.index("--preload") + 1] == "transient_nb.worker.preload"
     assert cmd[cmd.index("--resources") + 1] == "gpu=1"
     assert cmd[cmd.index("--death-timeout") + 1] == "60s"
     assert "tcp://127.0.0.1:8786" in cmd
@@ -246,7 +246,7 @@ OWNER_SCRIPT = textwrap.dedent(
     import psutil
     from transient_nb.backends import VMSpec
     from transient_nb.backends.local import LocalBackend
-    from transient_nb.prices import Price
+    from transient_nb.catalog.prices import Price
 
     async def main():
         backend = LocalBackend(sys.argv[2], cuda="never", death_timeout="10 minutes")

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from transient_nb.backends import gce_enroll
+from transient_nb.backends.gce import enroll as gce_enroll
 from transient_nb.backends.tls import CLIENT_CN, ClusterCA, common_name, make_csr
 
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import psutil
 import pytest
-from conftest import wait_for_sync  # tests/conftest.py: the suite's wait helper
 
+from tests.conftest import wait_for_sync  # tests/conftest.py: the suite's wait helper
 from transient_nb import TransientCluster, train
 from transient_nb.training.run import TrainingRun
 

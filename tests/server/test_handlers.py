@@ -14,10 +14,11 @@ from typing import Any
 
 import psutil
 import pytest
-from conftest import wait_for  # tests/conftest.py: the suite's wait helper
 from tornado.httpclient import HTTPClientError, HTTPResponse
 
-from transient_nb import TransientCluster, registry
+from tests.conftest import wait_for  # tests/conftest.py: the suite's wait helper
+from transient_nb import TransientCluster
+from transient_nb.deploy import registry
 
 Fetch = Callable[..., Awaitable[HTTPResponse]]
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from transient_nb.events import make_event
+from transient_nb.eventlog.vocabulary import make_event
 from transient_nb.server.manager import MAX_GONE_ROWS, fingerprint, make_cluster_model
 
 

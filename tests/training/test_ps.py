@@ -647,7 +647,7 @@ def test_metrics_are_posted_once_exactly_one_interval_has_passed(tmp_path, monke
     assert [f["updates"] for f in posted] == [2]
 
 
-# -- paced emulation of the paper's PS capacity (transient_nb.emulation) ---------------------------
+# -- paced emulation of the paper's PS capacity (transient_nb.training.emulation) ---------------------------
 
 
 @pytest.mark.parametrize(("shards", "cap"), [(1, 50.0), (2, 50.0 * 1.75)])
@@ -694,7 +694,7 @@ def _push_200(ps: ParameterServer) -> None:
 
 
 def test_a_ps_slower_than_its_emulated_capacity_says_so(tmp_path, monkeypatch):
-    monkeypatch.setattr("transient_nb.emulation.BEHIND_WINDOW_S", 0.05)
+    monkeypatch.setattr("transient_nb.training.emulation.BEHIND_WINDOW_S", 0.05)
     ps = _ps(tmp_path, emulate="ps=1000000")  # 1 us a push: no host serves that
     posted = []
     monkeypatch.setattr(ps, "_post", lambda kind, **f: posted.append({"kind": kind, **f}))
@@ -779,7 +779,7 @@ def test_a_ps_without_an_emulated_capacity_never_asks_for_the_time_scale(tmp_pat
 
 
 def test_a_ps_behind_its_capacity_names_its_host_and_what_it_achieved(tmp_path, monkeypatch):
-    monkeypatch.setattr("transient_nb.emulation.BEHIND_WINDOW_S", 0.05)
+    monkeypatch.setattr("transient_nb.training.emulation.BEHIND_WINDOW_S", 0.05)
     ps, _, posted = _paced_ps(tmp_path, monkeypatch, "ps=1000000", time_scale=1.0)
     _push_200(ps)
     behind = [e for e in posted if e["kind"] == "emulation-behind"]
@@ -789,7 +789,7 @@ def test_a_ps_behind_its_capacity_names_its_host_and_what_it_achieved(tmp_path, 
 
 
 def test_a_ps_that_keeps_up_with_its_capacity_never_says_it_is_behind(tmp_path, monkeypatch):
-    monkeypatch.setattr("transient_nb.emulation.BEHIND_WINDOW_S", 0.02)
+    monkeypatch.setattr("transient_nb.training.emulation.BEHIND_WINDOW_S", 0.02)
     monkeypatch.setenv("TRANSIENT_NB_TIME_SCALE", "1")
     hparams = HParams(steps=1000, warmup_steps=0, emulate="ps=100").to_dict()
     w = np.zeros(6, np.float32)

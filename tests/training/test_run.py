@@ -12,7 +12,7 @@ import pytest
 from dask.utils import parse_timedelta
 
 from transient_nb import TransientCluster, train
-from transient_nb.state import HISTORY_COLUMNS
+from transient_nb.eventlog.folds import HISTORY_COLUMNS
 from transient_nb.training.data import write_cifar10_files
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -319,7 +319,7 @@ def test_cifar10_files_train_through_the_same_loader(tmp_path):
 
 
 def test_stop_conditions_and_the_run_record_alone_rebuild_the_summary():
-    from transient_nb.events import read_run_record
+    from transient_nb.eventlog.records import read_run_record
     from transient_nb.training.run import summarize
 
     with TransientCluster(workers=2, provisioning_delay=0) as cluster:
@@ -400,7 +400,7 @@ def test_a_kernel_that_exits_stops_its_run_first(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     info = json.loads(proc.stdout.strip().splitlines()[-1])
     assert time.monotonic() - t0 < 300
-    from transient_nb.events import read_run_record
+    from transient_nb.eventlog.records import read_run_record
 
     events = [e for e in read_run_record(info["record"]) if e.get("run") == info["run"]]
     (finished,) = [e for e in events if e["kind"] == "train-finished"]

@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 import torch
 
-from transient_nb.connect import RemoteCluster
-from transient_nb.events import TOPIC
+from transient_nb.deploy.remote import RemoteCluster
+from transient_nb.eventlog.vocabulary import TOPIC
 from transient_nb.training import checkpoint
 from transient_nb.training import run as run_module
 from transient_nb.training.hparams import HParams

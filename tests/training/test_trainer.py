@@ -318,7 +318,7 @@ def test_a_notice_pushes_the_last_gradient_and_leaves(loop, tmp_path, pipeline):
 # -- FlatModel: what the mutation run (issue 17) showed unchecked ------------------------------------
 
 
-# -- paced emulation (transient_nb.emulation) ----------------------------------------------------
+# -- paced emulation (transient_nb.training.emulation) ----------------------------------------------------
 
 
 def test_a_paced_trainer_runs_at_its_gpus_rate_divided_by_time_scale(loop, tmp_path):
@@ -346,7 +346,7 @@ def test_a_paced_trainer_runs_at_its_gpus_rate_divided_by_time_scale(loop, tmp_p
 
 
 def test_an_impossible_pace_is_reported_not_hidden(loop, tmp_path, monkeypatch):
-    monkeypatch.setattr("transient_nb.emulation.BEHIND_WINDOW_S", 0.3)
+    monkeypatch.setattr("transient_nb.training.emulation.BEHIND_WINDOW_S", 0.3)
     hp = HP.with_(steps=80, emulate="k80=100000")  # 10 us a step: no host keeps that
     double = _double(loop, tmp_path, hp=hp)
     trainer = _trainer(Published(double), hp=hp, gpu="k80", time_scale=1.0)
@@ -709,7 +709,7 @@ def test_post_keeps_the_event_with_the_run_when_there_is_no_worker():
 
 
 def test_post_inside_a_worker_logs_the_event_on_the_runs_topic():
-    from transient_nb.events import TOPIC
+    from transient_nb.eventlog.vocabulary import TOPIC
 
     class Worker:
         logged: list = []
@@ -1078,7 +1078,7 @@ def test_the_pace_is_judged_once_more_however_the_loop_ends(loop, tmp_path, monk
     """The judging window (here longer than the run) never closes; the final judgment still
     says that an impossible pace was not kept, whether the run got its steps or a notice came
     (its last push answered or not)."""
-    monkeypatch.setattr("transient_nb.emulation.BEHIND_WINDOW_S", 1000.0)
+    monkeypatch.setattr("transient_nb.training.emulation.BEHIND_WINDOW_S", 1000.0)
     hp = HP.with_(steps=8 if ending == "finished" else 10_000, emulate="k80=100000")
     double = _recorder(loop, tmp_path, hp)
     double.fail_final = ending == "last_push_failed"
@@ -1208,7 +1208,7 @@ def test_a_trainer_built_in_a_worker_takes_its_name_hooks_its_drain_and_reads_th
     from distributed import Client, Variable
 
     import transient_nb.training.trainer as trainer_module
-    from transient_nb import agent
+    from transient_nb.worker import drain as agent
 
     monkeypatch.delenv("TRANSIENT_NB_VM", raising=False)
     worker = types.SimpleNamespace(name="tcp-w-7")

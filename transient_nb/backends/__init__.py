@@ -15,7 +15,7 @@ def get_backend(name: str, **options: object) -> Backend:
         return LocalBackend(**options)  # type: ignore[arg-type]
     if name == "gce":
         try:
-            from transient_nb.backends.gce import GCEBackend
+            from transient_nb.backends.gce.backend import GCEBackend
         except ImportError as e:  # google-cloud-compute is an optional dependency
             raise ValueError(
                 f"The 'gce' backend needs google-cloud-compute ({e}): pip install "

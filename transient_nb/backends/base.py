@@ -3,7 +3,7 @@
 A VM is a :class:`distributed.deploy.spec.ProcessInterface` (as in dask-cloudprovider's
 ``VMCluster``) with a lifecycle beside its Dask ``status``: requested, provisioning, running,
 notice, preempted, deleted. Preemption, replacement and cost logic live above the backends, in
-:class:`~transient_nb.cluster.TransientCluster`; a backend only creates, boots, notifies, kills
+:class:`~transient_nb.deploy.cluster.TransientCluster`; a backend only creates, boots, notifies, kills
 and deletes.
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 from distributed.core import Status, rpc
 from distributed.deploy.spec import ProcessInterface
 
-from transient_nb.prices import Price
+from transient_nb.catalog.prices import Price
 
 logger = logging.getLogger(__name__)
 

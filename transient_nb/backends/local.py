@@ -42,6 +42,7 @@ from transient_nb.backends.base import (
     VMSpec,
 )
 from transient_nb.backends.tls import CLIENT_CN, ClusterCA
+from transient_nb.worker.preload import WORKER_PRELOADS
 
 logger = logging.getLogger(__name__)
 
@@ -316,8 +317,7 @@ class LocalBackend(Backend):
             "--host",
             "127.0.0.1",
             "--no-dashboard",
-            "--preload",
-            "transient_nb.agent",
+            *(arg for name in WORKER_PRELOADS for arg in ("--preload", name)),
         ]
         if resources:
             cmd += ["--resources", resources]

@@ -3,13 +3,13 @@
 One :class:`ClusterManager` lives in the Jupyter server. It finds clusters through the on-disk
 registry (so clusters created by magics or the Python API in any kernel show up, and those of
 crashed kernels show up as stale), reads each live cluster's event log from its scheduler over Dask
-RPC (:data:`~transient_nb.events.EVENTS_RPC`), folds it with :class:`~transient_nb.state.ClusterState`
+RPC (:data:`~transient_nb.eventlog.vocabulary.EVENTS_RPC`), folds it with :class:`~transient_nb.eventlog.folds.ClusterState`
 (the notebook panel's fold, so both panels show the same figures) and turns that into one JSON model
 per cluster with :func:`make_cluster_model`. Control actions
 (scale, preempt, stop) travel to the cluster that owns a scheduler as events on the
 ``transient-control`` topic; the owning kernel's cluster acts on them and answers with a
 ``control`` event. Clusters started from the panel are detached: each runs in a head process of
-its own (:mod:`transient_nb.head`), started from a thread so that the server keeps answering,
+its own (:mod:`transient_nb.deploy.head`), started from a thread so that the server keeps answering,
 and outlives the server.
 """
 
@@ -29,14 +29,20 @@ from typing import Any
 
 from distributed.core import ConnectionPool
 
-from transient_nb import config, registry
+from transient_nb import config
 from transient_nb.backends.tls import security_from_registry
-from transient_nb.events import CONTROL_TOPIC, EVENTS_RPC, move_ps_message, read_run_record
-from transient_nb.head import launch_head
-from transient_nb.mix import on_demand_value, parse_mix
-from transient_nb.prices import PriceCatalog, shipped_catalogs
-from transient_nb.state import GONE_STATES, MAX_GONE_ROWS, ClusterState, RunProgress
-from transient_nb.views.format import policy_text
+from transient_nb.catalog.mix import on_demand_value, parse_mix
+from transient_nb.catalog.prices import PriceCatalog, shipped_catalogs
+from transient_nb.deploy import registry
+from transient_nb.deploy.detached import launch_head
+from transient_nb.eventlog.folds import GONE_STATES, MAX_GONE_ROWS, ClusterState, RunProgress
+from transient_nb.eventlog.format import policy_text
+from transient_nb.eventlog.records import read_run_record
+from transient_nb.eventlog.vocabulary import (
+    CONTROL_TOPIC,
+    EVENTS_RPC,
+    move_ps_message,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -101,11 +107,9 @@ def _plain_deep(value: Any) -> Any:
     return _plain(value)
 
 
-def connect_code(name: str, scheduler_address: str | None) -> str:
-    """The code a notebook runs to connect to cluster ``name``.
-
-    ``transient_nb.connect`` is preferred when the package has it (it returns the cluster object
-    with its events and costs); otherwise a plain ``distributed.Client`` on the scheduler.
+def connect_code(name: str, scheduler_address: str | None = None) -> str:
+    """The code a notebook runs to connect to cluster ``name`` (:func:`transient_nb.connect`
+    returns the cluster object with its events and costs).
 
     Examples
     --------
@@ -113,15 +117,11 @@ def connect_code(name: str, scheduler_address: str | None) -> str:
     from transient_nb import connect
     cluster = connect("demo")
     """
-    import transient_nb
-
-    if hasattr(transient_nb, "connect"):
-        return f'from transient_nb import connect\ncluster = connect("{name}")'
-    return f'from distributed import Client\nclient = Client("{scheduler_address}")'
+    return f'from transient_nb import connect\ncluster = connect("{name}")'
 
 
 def training_model(p: RunProgress | None) -> dict[str, Any] | None:
-    """Step, accuracy and ETA of a run's progress (from :mod:`transient_nb.state`); None without
+    """Step, accuracy and ETA of a run's progress (from :mod:`transient_nb.eventlog.folds`); None without
     one."""
     if p is None:
         return None
@@ -173,7 +173,7 @@ def make_cluster_model(
     minimum_s
         The price catalog's minimum billed seconds per VM.
     state
-        The :class:`~transient_nb.state.ClusterState` already fed with ``events`` (the manager
+        The :class:`~transient_nb.eventlog.folds.ClusterState` already fed with ``events`` (the manager
         keeps one per cluster, so that a refresh reads only the new events); by default one is
         folded from ``events`` here.
 
@@ -186,7 +186,7 @@ def make_cluster_model(
 
     Examples
     --------
-    >>> from transient_nb.events import make_event
+    >>> from transient_nb.eventlog.vocabulary import make_event
     >>> m = make_cluster_model({"name": "demo"}, [make_event("started", workers=2)])
     >>> m["name"], m["target_workers"], m["workers"]
     ('demo', 2, [])
@@ -500,7 +500,7 @@ class ClusterManager:
         Parameters
         ----------
         params
-            Keyword arguments of :class:`~transient_nb.cluster.TransientCluster` among
+            Keyword arguments of :class:`~transient_nb.deploy.cluster.TransientCluster` among
             :data:`CREATE_PARAMETERS`; anything else, or a wrong type, is a ``ValueError``.
         wait
             Seconds to wait for the head to register the cluster before answering with its
@@ -644,7 +644,7 @@ class ClusterManager:
         ``goal``: ``"deadline:2h"``, ``"budget:20"``, ``"cost-per-step"`` or ``"off"`` (as in
         ``%transient_cluster adapt``); checked here, before the cluster is asked.
         """
-        from transient_nb.policy import check_goal, parse_goal
+        from transient_nb.policy.adaptive import check_goal, parse_goal
 
         if not isinstance(goal, str) or not goal.strip():
             raise ValueError(

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-from transient_nb.emulation import parse_emulation
+from transient_nb.training.emulation import parse_emulation
 
 #: Wire formats of gradients and weights between trainers and the PS.
 WIRE_DTYPES = ("float32", "float16")
@@ -37,7 +37,7 @@ class HParams:
     so that shorter runs get the same shape, and so are the default checkpoint and evaluation
     intervals (the paper's 4K of 64K: 1/16).
 
-    ``emulate`` paces the run to emulated GPUs and PS (:mod:`transient_nb.emulation`):
+    ``emulate`` paces the run to emulated GPUs and PS (:mod:`transient_nb.training.emulation`):
     ``train(cluster, ..., emulate="paper", emulate_step_scale=64000 / steps)`` makes every
     trainer step at its VM's GPU type's rate and the PS serve at most a 4-vCPU PS's capacity,
     both divided by the cluster's ``time_scale``.
@@ -73,7 +73,7 @@ class HParams:
     )
     wire_dtype: str = "float32"  # gradients and weights on the wire: float32 or float16
     pipeline: bool = False  # overlap step k's push with step k+1's compute (+1 staleness)
-    # Paced emulation of GPU step times and of the PS's capacity (see transient_nb.emulation):
+    # Paced emulation of GPU step times and of the PS's capacity (see transient_nb.training.emulation):
     # None, "paper", or a table such as "k80=4.56,ps=45" (a dict is accepted and kept as text).
     emulate: str | None = None
     emulate_step_scale: float = 1.0  # emulated steps each global step stands for (64000/steps)

@@ -25,9 +25,9 @@ import numpy as np
 import torch
 from distributed import get_worker
 
-from transient_nb.emulation import ServicePacer, cluster_time_scale_async, parse_emulation
-from transient_nb.events import TOPIC, make_event
+from transient_nb.eventlog.vocabulary import TOPIC, make_event
 from transient_nb.training import checkpoint
+from transient_nb.training.emulation import ServicePacer, cluster_time_scale_async, parse_emulation
 from transient_nb.training.hparams import HParams
 from transient_nb.training.optim import momentum_sgd_
 

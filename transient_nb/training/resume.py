@@ -21,8 +21,8 @@ from typing import Any
 import pandas as pd
 
 from transient_nb import config
-from transient_nb.events import read_run_record
-from transient_nb.state import Event, history, summarize
+from transient_nb.eventlog.folds import Event, history, summarize
+from transient_nb.eventlog.records import read_run_record
 from transient_nb.training import checkpoint
 
 #: What a run id looks like (``TrainingRun.id``).
@@ -175,7 +175,7 @@ def _started(events: Iterable[Mapping[str, Any]]) -> Mapping[str, Any]:
 
 
 def summarize_run(events: Sequence[Event], minimum_s: float = 60.0) -> dict[str, Any]:
-    """:func:`~transient_nb.state.summarize`, joined with every earlier attempt of a resumed run.
+    """:func:`~transient_nb.eventlog.folds.summarize`, joined with every earlier attempt of a resumed run.
 
     Steps and accuracy are the latest attempt's; wall time, money, preemptions, recoveries and
     steps lost add up (plus the steps lost between the last step known and the checkpoint
@@ -205,7 +205,7 @@ def summarize_run(events: Sequence[Event], minimum_s: float = 60.0) -> dict[str,
 
 
 def run_history(events: Sequence[Event], t0: float, minimum_s: float = 60.0) -> pd.DataFrame:
-    """:func:`~transient_nb.state.history`, with the earlier attempts' rows first.
+    """:func:`~transient_nb.eventlog.folds.history`, with the earlier attempts' rows first.
 
     Time and money go on from where the earlier attempt's rows end.
     """

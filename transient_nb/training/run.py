@@ -30,9 +30,11 @@ import torch
 from distributed import Client, Variable
 
 from transient_nb import limits
-from transient_nb.events import TOPIC, make_event
-from transient_nb.state import event_log
-from transient_nb.state import summarize as summarize  # re-exported: run records are read with it
+from transient_nb.eventlog.folds import event_log
+from transient_nb.eventlog.folds import (
+    summarize as summarize,  # re-exported: run records are read with it
+)
+from transient_nb.eventlog.vocabulary import TOPIC, make_event
 from transient_nb.training import checkpoint
 from transient_nb.training import resume as resuming
 from transient_nb.training.data import check_data_spec, load_dataset, to_tensor
@@ -1086,8 +1088,8 @@ def train(
     ----------
     cluster
         A running :class:`~transient_nb.TransientCluster`, or a detached cluster's handle
-        (:class:`~transient_nb.connect.RemoteCluster`): its head then runs the training, and
-        what comes back is a :class:`~transient_nb.training.remote_run.RemoteRun`.
+        (:class:`~transient_nb.deploy.remote.RemoteCluster`): its head then runs the training, and
+        what comes back is a :class:`~transient_nb.deploy.remote_run.RemoteRun`.
     model
         ``"resnet32"`` (the default: canonical, 0.46M), ``"resnet32-t2t"`` (the paper's, 1.86M),
         ``"resnet20"``, ``"resnet8"``.
@@ -1120,9 +1122,7 @@ def train(
     >>> run = train(cluster, model="resnet8", data="digits", steps=300)  # doctest: +SKIP
     >>> run.wait().summary()["accuracy"]  # doctest: +SKIP
     """
-    from transient_nb.connect import RemoteCluster
-
-    if isinstance(cluster, RemoteCluster):
+    if getattr(cluster, "runs_in_head", False):  # a detached cluster's handle: its head trains
         given = {
             "model": model,
             "data": data,
@@ -1140,7 +1140,7 @@ def train(
         view = cluster.train(**{k: v for k, v in given.items() if v is not None})
         if wait:
             view.wait()
-        return view  # type: ignore[return-value]  # the same reading API as a TrainingRun
+        return view
     point = None
     shards_given = shards is not None
     if resume is not None:

@@ -15,7 +15,6 @@ import asyncio
 import contextvars
 import json
 import logging
-import os
 import random
 import threading
 import time
@@ -29,22 +28,21 @@ import torch.nn.functional as F
 from distributed import Variable, get_worker
 from distributed.actor import Actor
 
-from transient_nb.agent import register_drain_hook, unregister_drain_hook
-from transient_nb.emulation import (
+from transient_nb.eventlog.vocabulary import TOPIC, make_event
+from transient_nb.training.data import BatchStream, load_dataset
+from transient_nb.training.emulation import (
     CROSS_REGION_SLOWDOWN,
     StepPacer,
     cluster_time_scale,
     cross_region,
     parse_emulation,
-    vm_gpu,
-    vm_zone,
 )
-from transient_nb.events import TOPIC, make_event
-from transient_nb.training.data import BatchStream, load_dataset
 from transient_nb.training.flat import FlatModel, flat_layout
 from transient_nb.training.hparams import HParams
 from transient_nb.training.models import build_model
 from transient_nb.training.ps import ParameterServer, shard_bounds
+from transient_nb.worker.drain import register_drain_hook, unregister_drain_hook
+from transient_nb.worker.identity import vm_gpu, vm_name, vm_zone
 
 logger = logging.getLogger(__name__)
 
@@ -156,7 +154,7 @@ class Trainer:
     ps_zone, zone
         For ``hparams["emulate"]``: where the PS runs and where this trainer does (default: the
         VM's zone); a trainer in another region than the PS steps
-        :data:`~transient_nb.emulation.CROSS_REGION_SLOWDOWN` times slower.
+        :data:`~transient_nb.training.emulation.CROSS_REGION_SLOWDOWN` times slower.
 
     Notes
     -----
@@ -197,12 +195,7 @@ class Trainer:
             self.worker: Any = get_worker()
         except ValueError:  # built outside a worker (unit tests)
             self.worker = None
-        if name is None:
-            try:
-                name = str(json.loads(os.environ["TRANSIENT_NB_VM"])["name"])
-            except (KeyError, ValueError):
-                name = str(self.worker.name) if self.worker is not None else "trainer"
-        self.name = name
+        self.name = name or vm_name(self.worker) or "trainer"
         self.gpu = gpu or vm_gpu()
         self.zone = zone or vm_zone()
         self.ps_zone = ps_zone

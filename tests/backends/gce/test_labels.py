@@ -1,0 +1,39 @@
+"""What marks a GCE resource as a cluster's: labels and firewall descriptions."""
+
+from __future__ import annotations
+
+from transient_nb.backends.gce.labels import (
+    LABEL_CLUSTER,
+    LABEL_HOST,
+    LABEL_ID,
+    LABEL_PID,
+    _label_value,
+    firewall_description,
+    firewall_id,
+    firewall_owner,
+    this_host,
+)
+
+
+def test_label_values_are_what_gce_accepts():
+    assert _label_value("My.Host_Name-1") == "my-host_name-1"
+    assert len(_label_value("x" * 100)) == 63
+    assert this_host() and this_host() == _label_value(this_host())
+
+
+def test_a_firewall_rule_says_whose_it_is_and_a_foreign_one_says_nothing():
+    text = firewall_description("Demo", "host-1", 42, "0a1b2c")
+    rule = {"description": text}
+    assert firewall_owner(rule) == {
+        LABEL_CLUSTER: "demo",
+        LABEL_HOST: "host-1",
+        LABEL_PID: "42",
+        LABEL_ID: "0a1b2c",
+    }
+    assert firewall_id(rule) == "0a1b2c"
+    # Someone else's rule, or one of ours from before ids: not taken for this cluster's.
+    assert firewall_owner({"description": "allow 8786 for the team"}) is None
+    assert firewall_id({}) is None
+    old = {"description": "transient_nb cluster demo (host h, pid 7): ports"}
+    assert firewall_owner(old) == {LABEL_CLUSTER: "demo", LABEL_HOST: "h", LABEL_PID: "7"}
+    assert firewall_id(old) is None

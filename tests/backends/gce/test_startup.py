@@ -1,0 +1,37 @@
+"""Tests for transient_nb.backends.gce.startup: the VM's startup script."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from transient_nb.backends.gce import startup as gce_startup
+
+
+def test_the_startup_script_powers_off_on_any_failure(tmp_path: Path) -> None:
+    script = gce_startup.startup_script(
+        python=sys.executable,
+        scheduler_address="tls://127.0.0.1:1",
+        vm={"name": "w-0", "role": "worker", "gpu": None, "zone": "z", "spot": True},
+        resources={"gpu": 1},
+        nthreads=1,
+        death_timeout_s=1,
+        worker_ports="41000:41099",
+        nanny_ports="41100:41199",
+        notice_s=2,
+    )
+    assert "trap " in script and "EXIT" in script
+    path = tmp_path / "startup.sh"
+    path.write_text(script)
+    marker = tmp_path / "powered-off"
+    # No metadata server answers: the first curl fails under `set -e`.
+    env = {
+        "PATH": os.environ["PATH"],
+        "GCE_METADATA_HOST": "127.0.0.1:9",
+        "TRANSIENT_NB_POWEROFF": f"touch {marker}",
+    }
+    out = subprocess.run(["bash", str(path)], env=env, capture_output=True, timeout=60)
+    assert out.returncode != 0
+    assert marker.exists(), out.stderr.decode()[-2000:]

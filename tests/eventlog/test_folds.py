@@ -1,0 +1,408 @@
+"""Tests for transient_nb.eventlog.folds: one fold of the event log for every view.
+
+A run record of a real run (``data/run-record.jsonl``: 2 workers, 21 preemptions and replacements,
+400 steps of ResNet-8 on digits, 10x time compression) is the input throughout.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from tests.notebook.views.views_logs import FakeCluster
+from transient_nb.eventlog.bill import compute_costs
+from transient_nb.eventlog.folds import (
+    MAX_GONE_ROWS,
+    Bill,
+    ClusterState,
+    RunTracker,
+    history,
+    summarize,
+    vm_states,
+)
+from transient_nb.eventlog.format import policy_text
+from transient_nb.eventlog.records import read_run_record
+from transient_nb.eventlog.vocabulary import LIFECYCLE, make_event
+from transient_nb.notebook.views.panel import ClusterPanel
+from transient_nb.server.manager import make_cluster_model
+
+RECORD = Path(__file__).parents[1] / "data" / "run-record.jsonl"
+
+
+@pytest.fixture(scope="module")
+def log() -> list[dict[str, Any]]:
+    return read_run_record(RECORD)
+
+
+def cuts(log: list[dict[str, Any]], n: int = 12) -> list[int]:
+    """``n`` prefix lengths spread over the log, the whole log last."""
+    return sorted({max(1, len(log) * i // n) for i in range(1, n + 1)})
+
+
+# -- money -------------------------------------------------------------------------------------------
+def test_bill_matches_compute_costs_at_every_point(log: list[dict[str, Any]]) -> None:
+    bill = Bill(minimum_s=60)
+    for i, e in enumerate(log, 1):
+        bill.feed(e)
+        if i % 5 and i != len(log):
+            continue
+        t = float(e["time"]) + 3.0  # between events too: running VMs keep billing
+        want = compute_costs(log[:i], now=t, minimum_s=60)
+        total, total_od, rate, rate_od = bill.totals(now=t)
+        assert total == pytest.approx(want.total, rel=1e-12, abs=1e-15)
+        assert total_od == pytest.approx(want.total_on_demand, rel=1e-12, abs=1e-15)
+        assert (rate, rate_od) == pytest.approx((want.rate, want.rate_on_demand))
+    got = bill.report(now=t).per_vm
+    assert got.index.tolist() == want.per_vm.index.tolist()
+    pd.testing.assert_series_equal(got["cost"], want.per_vm["cost"], rtol=1e-12)
+
+
+def test_a_closed_cluster_stops_billing_at_its_close(log: list[dict[str, Any]]) -> None:
+    state = ClusterState(minimum_s=60)
+    state.feed(log)
+    assert state.closed
+    assert state.cost(now=log[-1]["time"] + 3600).total == state.cost().total
+    assert state.cost().total == pytest.approx(compute_costs(log, minimum_s=60).total)
+
+
+# -- the VM table -------------------------------------------------------------------------------------
+def test_vm_table_keeps_live_vms_and_the_latest_gone_ones(log: list[dict[str, Any]]) -> None:
+    state = ClusterState()
+    state.feed(log[: len(log) // 2])
+    now = log[len(log) // 2]["time"]
+    rows = state.rows(now)
+    live = [r for r in rows if not r["gone"]]
+    gone = [r for r in rows if r["gone"]]
+    assert live[0]["name"] == "ps-0" and live[0]["role"] == "ps"
+    assert len(gone) == MAX_GONE_ROWS  # far more went by the middle of this run
+    assert [r["since"] for r in gone] == sorted((r["since"] for r in gone), reverse=True)
+    # Every row's state is its VM's last lifecycle event (a late "left" aside).
+    for r in rows:
+        last = [e for e in log[: len(log) // 2] if e.get("worker") == r["name"]]
+        last = [e for e in last if e["kind"] in LIFECYCLE and e["time"] <= r["since"]]
+        assert r["state"] == last[-1]["kind"] and r["seconds_in_state"] == now - r["since"]
+    workers = [r["state"] for r in live if r["role"] == "worker"]
+    assert state.counts() == {s: workers.count(s) for s in workers}
+
+
+def test_a_late_left_does_not_revive_a_preempted_vm() -> None:
+    state = ClusterState()
+    base = {"worker": "w-0", "role": "worker"}
+    state.feed(
+        [
+            {"kind": "requested", "time": 0.0, **base},
+            {"kind": "preempted", "time": 1.0, **base},
+            {"kind": "left", "time": 2.0, **base},
+        ]
+    )
+    assert [(r["state"], r["gone"]) for r in state.rows(now=3.0)] == [("preempted", True)]
+
+
+def test_the_policy_on_its_last_decision_and_off() -> None:
+    """What the panels show of a policy: the goal that is on, its latest decision, nothing once
+    it is turned off (a decision of an earlier policy is not shown under a new goal)."""
+    state = ClusterState()
+    decision = {"reason": "8 k80 ...: ETA 3.90 h -> 0.49 h", "acted": True, "feasible": True}
+    decision |= {"eta_s": 1764.0, "expected_cost": 1.07, "mix": {"k80": 8}}
+    decision |= {"p_lose_1h": [0.48, 0.14, 0.03], "goal": "deadline", "liveput": 36.4}
+    state.feed([{"kind": "policy-decision", "time": 0.5, **decision}])  # no policy on: ignored
+    assert state.policy is None
+    state.feed(
+        [
+            {"kind": "policy", "time": 1.0, "goal": "deadline", "deadline_s": 3600.0},
+            {"kind": "policy-decision", "time": 2.0, **decision},
+        ]
+    )
+    assert state.policy is not None
+    assert (state.policy["goal"], state.policy["deadline_s"]) == ("deadline", 3600.0)
+    assert state.policy["decision"]["time"] == 2.0
+    assert state.policy["decision"]["p_lose_1h"] == [0.48, 0.14, 0.03]
+    assert state.policy["decision"]["eta_s"] == 1764.0 and "liveput" not in state.policy["decision"]
+    model = make_cluster_model({"name": "c"}, [], state=state)
+    assert model["policy"] == {**state.policy, "text": policy_text(state.policy)}
+    assert model["policy"]["text"].startswith("Policy: deadline in 1 h 00 min · 8 k80")
+    assert model["policy"]["text"].endswith("within 1 h): 48%, 14%, 3%")
+    state.feed([{"kind": "policy", "time": 3.0, "goal": "budget", "budget": 5.0}])
+    assert state.policy["decision"] is None and state.policy["budget"] == 5.0
+    state.feed([{"kind": "policy", "time": 4.0, "goal": None}])
+    assert state.policy is None
+
+
+# -- progress, summary, history ---------------------------------------------------------------------
+def test_progress_follows_the_latest_run_with_a_windowed_pace() -> None:
+    t = RunTracker(pace_window_s=10)
+    t.feed(
+        [
+            {"kind": "train-started", "time": 0.0, "run": "a", "steps": 1000},
+            {"kind": "metrics", "time": 1.0, "run": "a", "step": 10},
+            {"kind": "metrics", "time": 21.0, "run": "a", "step": 20},  # a slow spell...
+            {"kind": "metrics", "time": 25.0, "run": "a", "step": 100},  # ...then fast again
+            {"kind": "metrics", "time": 30.0, "run": "a", "step": 200},
+        ]
+    )
+    p = t.progress
+    assert p is not None and p.steps_per_s == pytest.approx(20)  # the last 10 s only
+    assert p.eta_s == pytest.approx(40)
+    t.feed(
+        [
+            {
+                "kind": "train-finished",
+                "time": 31.0,
+                "run": "a",
+                "reason": "error",
+                "step": 200,
+                "error": "PS gone",
+            }
+        ]
+    )
+    assert (p.state, p.error, p.finished, p.eta_s) == ("error", "PS gone", True, 0.0)
+    t.feed([{"kind": "train-started", "time": 40.0, "run": "b", "steps": 5}])
+    assert t.progress is not None and t.progress.run == "b" and t.progress.step == 0
+
+
+def test_summary_is_the_runs(log: list[dict[str, Any]]) -> None:
+    s = summarize(log, minimum_s=60)
+    # What training.run.summarize said of this record when the run ended.
+    assert s["run"] == "run-ade2ef1d" and s["reason"] == "steps" and s["steps"] == 400
+    assert (s["preemptions"], s["replacements"], s["ps_recoveries"]) == (21, 21, 0)
+    assert s["lost_in_flight"] == 3 and s["speedup_over_one_worker"] is None
+    assert s["error"] is None and s["trainer_failures"] == 0
+    assert s["wall_s"] == pytest.approx(45.94508504867554)
+    assert s["accuracy"] == pytest.approx(0.9722222222222222)
+    assert s["cost"] == pytest.approx(0.11144500942362681)
+    assert s["cost_on_demand"] == pytest.approx(0.30964690899186664)
+    assert s["img_per_s"] == pytest.approx(278.593455348691)
+    # The live fold gives the same summary.
+    state = ClusterState(minimum_s=60)
+    state.feed(log)
+    assert state.summary() == s
+
+
+def test_history_prices_each_row_like_a_fresh_bill(log: list[dict[str, Any]]) -> None:
+    t0 = next(e["time"] for e in log if e["kind"] == "train-started")
+    h = history(log, t0=t0, minimum_s=60)
+    metrics = [(i, e) for i, e in enumerate(log) if e["kind"] == "metrics"]
+    assert len(h) == len(metrics) and list(h["step"]) == [e["step"] for _, e in metrics]
+    for row, (i, e) in zip(h.itertuples(), metrics, strict=True):
+        ref = compute_costs(log[: i + 1], now=e["time"], minimum_s=60)
+        assert row.cost == pytest.approx(ref.total) and row.time == e["time"] - t0
+    assert h["accuracy"].iloc[-1] is not None and not math.isnan(h["accuracy"].iloc[-1])
+
+
+def test_folding_keeps_no_copy_of_the_log(log: list[dict[str, Any]]) -> None:
+    # Incremental: what a state holds grows with the VMs and the rare events, not the metrics.
+    many = [*log[:-1]]
+    t = log[-2]["time"]
+    many += [
+        {"kind": "metrics", "time": t + k * 0.01, "run": "run-ade2ef1d", "step": 400 + k}
+        for k in range(5000)
+    ]
+    state = ClusterState()
+    state.feed(many)
+    sizes = [len(v) for v in vars(state.summary_fold).values() if isinstance(v, list)]
+    assert max(sizes) < 100
+    assert len(state.tracker._pace) < 100 * 60  # bounded by the pace window
+    assert state.n_events == len(many)
+
+
+# -- one fold, every view -------------------------------------------------------------------------------
+def panel_figures(panel: ClusterPanel) -> dict[str, Any]:
+    p = panel.state.progress
+    assert panel.cost is not None
+    return {
+        "rows": [(r["name"], r["state"], r["gone"], round(r["cost"], 9)) for r in panel.rows],
+        "cost": round(panel.cost.total, 9),
+        "on_demand": round(panel.cost.total_on_demand, 9),
+        "rate": round(panel.cost.rate, 9),
+        "target": panel.target,
+        "step": p.step if p else None,
+        "accuracy": p.accuracy if p else None,
+        "eta_s": p.eta_s if p else None,
+        "finished": p.finished if p else None,
+    }
+
+
+def lab_figures(model: dict[str, Any]) -> dict[str, Any]:
+    t = model["training"]
+    return {
+        "rows": [(r["name"], r["state"], r["gone"], round(r["cost"], 9)) for r in model["workers"]],
+        "cost": round(model["cost"]["cost"], 9),
+        "on_demand": round(model["cost"]["cost_on_demand"], 9),
+        "rate": round(model["cost"]["rate_per_hour"], 9),
+        "target": model["target_workers"],
+        "step": t["step"] if t else None,
+        "accuracy": t["accuracy"] if t else None,
+        "eta_s": t["eta_s"] if t else None,
+        "finished": t["finished"] if t else None,
+    }
+
+
+def test_notebook_and_lab_panels_show_the_same_figures(log: list[dict[str, Any]]) -> None:
+    shown: list[dict[str, Any]] = []
+    cluster = FakeCluster(shown)
+    panel = ClusterPanel(cluster, start=False)
+    entry = {"name": "fake", "backend": "local"}
+    etas = 0
+    for n in cuts(log, 16):
+        shown[:] = log[:n]
+        now = float(log[n - 1]["time"]) + 1.5
+        panel.update(force=True, now=now)
+        lab = make_cluster_model(entry, log[:n], now=now, minimum_s=60)
+        assert panel_figures(panel) == lab_figures(lab), f"after {n} events"
+        etas += lab["training"] is not None and lab["training"]["eta_s"] not in (None, 0.0)
+    assert etas >= 3  # the comparison covered the ETA while the run went on
+    assert lab["status"] == "closed" and "closed" in panel.header.value
+
+
+def _speedup_log(devices: list[str]) -> list[dict]:
+    events = [
+        {"kind": "train-started", "time": 0.0, "run": "r", "batch_size": 10},
+    ]
+    for i, device in enumerate(devices):
+        events.append(
+            {
+                "kind": "worker-metrics",
+                "time": 1.0,
+                "run": "r",
+                "worker": f"w-{i}",
+                "img_per_s": 100.0,
+                "device": device,
+            }
+        )
+    events.append(
+        {"kind": "train-finished", "time": 10.0, "run": "r", "step": 300, "reason": "steps"}
+    )
+    return events
+
+
+def test_speedup_only_where_one_worker_was_measured_alone():
+    # Three trainers on GPUs of their own: 300 steps x 10 images in 10 s = 300 img/s over 100.
+    own = summarize(_speedup_log(["cuda:GPU-a", "cuda:GPU-b", "cuda:GPU-c"]))
+    assert own["speedup_over_one_worker"] == pytest.approx(3.0)
+    # Workers sharing the host's cores, or one GPU: their rates are not one worker's alone.
+    cpu = summarize(_speedup_log(["cpu", "cpu"]))
+    assert cpu["speedup_over_one_worker"] is None and "CPU cores" in cpu["speedup_note"]
+    shared = summarize(_speedup_log(["cuda:GPU-a", "cuda:GPU-a"]))
+    assert shared["speedup_over_one_worker"] is None and "share a GPU" in shared["speedup_note"]
+    old = summarize(_speedup_log(["unknown"]))  # a record from before devices were reported
+    assert old["speedup_over_one_worker"] is None
+
+
+def test_the_summary_says_whether_the_host_kept_the_emulated_pace():
+    from transient_nb.eventlog.vocabulary import make_event
+
+    paced = [
+        make_event(
+            "emulation-paced",
+            run="r",
+            worker="w-0",
+            role="worker",
+            gpu="k80",
+            steps_per_s=4.56,
+            wall_steps_per_s=22.8,
+            time_scale=5.0,
+            step_scale=1.0,
+        ),
+        make_event(
+            "emulation-paced",
+            run="r",
+            worker="w-1",
+            role="worker",
+            gpu="h100",
+            steps_per_s=None,
+            wall_steps_per_s=None,
+            time_scale=5.0,
+            step_scale=1.0,
+        ),
+    ]
+    kept = summarize(paced)
+    assert kept["emulated"] and kept["emulation_behind"] == 0
+    assert "kept the emulated pace" in kept["emulation_note"] and "w-1" in kept["emulation_note"]
+    behind = make_event(
+        "emulation-behind",
+        run="r",
+        worker="w-0",
+        role="worker",
+        gpu="k80",
+        target_steps_per_s=22.8,
+        achieved_steps_per_s=11.4,
+        window_s=2.0,
+    )
+    s = summarize([*paced, behind])
+    assert s["emulation_behind"] == 1 and "could NOT keep" in s["emulation_note"]
+    assert "50%" in s["emulation_note"]
+    plain = summarize([])
+    assert not plain["emulated"] and plain["emulation_note"].startswith("not emulated")
+
+
+def test_summary_groups_each_workers_steps_by_gpu_type() -> None:
+    def req(name: str, gpu: str) -> dict:
+        return make_event("requested", worker=name, role="worker", gpu=gpu, zone="z", spot=True)
+
+    def wm(name: str, local: int, t: float) -> dict:
+        e = make_event(
+            "worker-metrics", run="r", worker=name, step=0, img_per_s=1.0, local_step=local
+        )
+        return {**e, "time": t}
+
+    events = [
+        {**make_event("train-started", run="r", steps=100, batch_size=32), "time": 0.0},
+        req("w-0", "k80"),
+        req("w-1", "k80"),
+        req("w-2", "v100"),
+        wm("w-0", 5, 1.0),
+        wm("w-0", 10, 2.0),
+        wm("w-1", 8, 2.0),
+        wm("w-2", 30, 2.0),
+        {**make_event("train-finished", run="r", step=48, reason="steps"), "time": 10.0},
+    ]
+    by_gpu = summarize(events)["by_gpu"]
+    assert by_gpu == {
+        "k80": {"workers": 2, "steps": 18, "steps_per_s": 1.8},
+        "v100": {"workers": 1, "steps": 30, "steps_per_s": 3.0},
+    }
+    assert summarize([])["by_gpu"] == {}
+
+
+def test_a_spare_asked_for_ahead_counts_as_the_replacement_of_its_worker():
+    from transient_nb.eventlog.folds import summarize
+
+    t = 1_800_000_000.0
+    events = [
+        {"kind": "started", "time": t, "time_scale": 1.0, "workers": 1},
+        {"kind": "train-started", "time": t + 1, "run": "r", "steps": 10, "batch_size": 8},
+        {"kind": "spare-requested", "time": t + 2, "worker": "w-0", "role": "worker", "odds": 1.0},
+        {"kind": "preempted", "time": t + 3, "worker": "w-0", "role": "worker"},
+        {"kind": "train-finished", "time": t + 4, "run": "r", "reason": "steps", "step": 10},
+    ]
+    s = summarize(events)
+    assert (s["preemptions"], s["replacements"]) == (1, 1)
+
+
+def test_vm_states() -> None:
+    events = [
+        {"kind": "started", "time": 0.0},
+        {"kind": "requested", "time": 1.0, "worker": "w-0", "role": "worker", "gpu": "t4",
+         "zone": "z", "spot": True, "price": 0.2},
+        {"kind": "running", "time": 2.0, "worker": "w-0"},
+        {"kind": "joined", "time": 3.0, "worker": "w-0", "address": "tcp://a"},
+        {"kind": "requested", "time": 1.0, "worker": "w-1", "role": "worker", "gpu": "t4"},
+        {"kind": "running", "time": 2.0, "worker": "w-1"},
+        {"kind": "preempted", "time": 5.0, "worker": "w-1"},
+        {"kind": "left", "time": 6.0, "worker": "w-1"},  # late: does not revive it
+        {"kind": "replacement-requested", "time": 6.0, "worker": "w-1"},  # not a lifecycle event
+    ]  # fmt: skip
+    df = vm_states(events, now=10.0)
+    assert df.loc["w-0", "state"] == "joined"
+    assert df.loc["w-0", "seconds_in_state"] == pytest.approx(7.0)
+    assert df.loc["w-0", "address"] == "tcp://a" and df.loc["w-0", "gpu"] == "t4"
+    assert df.loc["w-1", "state"] == "preempted"
+    assert df.loc["w-1", "since"] == 5.0
+    assert vm_states([]).empty
+
+
+# -- the vocabulary ---------------------------------------------------------------------------------

@@ -1,0 +1,96 @@
+"""Module paths of the flat layout (before 0.2), kept working for one release.
+
+``import transient_nb.cluster`` (or ``from transient_nb import cost``) still works, with a
+``DeprecationWarning`` that names the module's new place; the old name and the new one are the
+same module object.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.util
+import sys
+import warnings
+from types import ModuleType
+from typing import Any
+
+#: Old module (under ``transient_nb.``) -> its new place.
+MOVED: dict[str, str] = {
+    "agent": "worker.preload",
+    "backends.gce_agent": "backends.gce.preload",
+    "backends.gce_api": "backends.gce.api",
+    "backends.gce_enroll": "backends.gce.enroll",
+    "backends.gce_head": "backends.gce.head",
+    "backends.gce_head_ps": "backends.gce.head_ps",
+    "backends.gce_head_serve": "deploy.head_vm",
+    "backends.gce_labels": "backends.gce.labels",
+    "backends.gce_startup": "backends.gce.startup",
+    "backends.gce_sweep": "deploy.sweep",
+    "backends.gce_vm": "backends.gce.vm",
+    "cluster": "deploy.cluster",
+    "connect": "deploy.connect",
+    "cost": "eventlog.bill",
+    "emulation": "training.emulation",
+    "evaluation": "experiments.evaluation",
+    "events": "eventlog.vocabulary",
+    "head": "deploy.head",
+    "history": "policy.history",
+    "magics": "notebook.magics",
+    "mix": "catalog.mix",
+    "monitor": "deploy.monitor",
+    "planner": "policy.planner",
+    "preemption": "catalog.lifetimes",
+    "prices": "catalog.prices",
+    "registry": "deploy.registry",
+    "replacement": "policy.placement",
+    "reproduce": "experiments.reproduce",
+    "simulator": "backends.simulator",
+    "spares": "policy.spares",
+    "state": "eventlog.folds",
+    "training.remote_run": "deploy.remote_run",
+    "views": "notebook.views",
+}
+
+
+def warn(old: str, new: str, stacklevel: int = 3) -> None:
+    warnings.warn(
+        f"transient_nb.{old} moved to transient_nb.{new}; import it from there "
+        "(the old path goes in the next release).",
+        DeprecationWarning,
+        stacklevel=stacklevel,
+    )
+
+
+class _Alias(importlib.abc.Loader):
+    def __init__(self, old: str, new: str) -> None:
+        self.old, self.new = old, new
+
+    def create_module(self, spec: Any) -> ModuleType:
+        warn(self.old, self.new, stacklevel=6)
+        return importlib.import_module(f"transient_nb.{self.new}")
+
+    def exec_module(self, module: ModuleType) -> None:
+        # The new module is executed already: the old name is only another key for it.
+        pass
+
+
+class MovedFinder(importlib.abc.MetaPathFinder):
+    """Finds the old module paths of :data:`MOVED` (and the modules under ``views``)."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if not fullname.startswith("transient_nb."):
+            return None
+        old = fullname[len("transient_nb.") :]
+        new = MOVED.get(old)
+        if new is None and old.startswith("views."):
+            new = "notebook." + old
+        if new is None:
+            return None
+        return importlib.util.spec_from_loader(fullname, _Alias(old, new))
+
+
+def install() -> None:
+    """Put :class:`MovedFinder` on ``sys.meta_path`` (once)."""
+    if not any(isinstance(f, MovedFinder) for f in sys.meta_path):
+        sys.meta_path.append(MovedFinder())

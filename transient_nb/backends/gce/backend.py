@@ -1,0 +1,862 @@
+"""The Google Compute Engine backend: every VM is a real GCE instance (Spot GPU workers).
+
+How the pieces fit
+------------------
+- :class:`GCEBackend` (here) holds the settings (``transient.gce`` in the Dask config), checks
+  them against the API before anything is created (:meth:`GCEBackend.prepare`), owns the
+  cluster's certificate authority (:mod:`~transient_nb.backends.tls`), creates a firewall rule
+  scoped to the cluster's network tag (adopted only if it carries the cluster's id), and builds
+  the one instance request body of every VM (:meth:`GCEBackend.instance_body`).
+- :class:`~transient_nb.backends.gce.vm.GCEVM` is one instance: insert (idempotent retries, a
+  409 on someone else's name is refused without deleting it), watch, TLS enrolment, delete.
+- :mod:`~transient_nb.backends.gce.startup` writes its startup script (enrol, run the worker,
+  power off on any exit); :mod:`~transient_nb.backends.gce.enroll` is the VM's side of TLS.
+- :mod:`~transient_nb.backends.gce.labels` marks what a cluster creates (labels with the
+  cluster's unique id); :mod:`~transient_nb.deploy.sweep` deletes what gone clusters left.
+- Preemption notices come from inside the VM: the worker preload
+  :mod:`transient_nb.backends.gce.preload` watches the metadata server's ``instance/preempted`` and,
+  30 s before the VM stops, tells the cluster (over its own stream: honoured only for its own
+  VM) and drains exactly as on the local backend. Polling the instance's status is only the
+  fallback signal, since GCE reports RUNNING for a while after a preemption.
+- ``cluster.preempt(worker)`` calls ``instances.simulateMaintenanceEvent``, which preempts a Spot
+  VM for real (notice included); ``notice=False`` deletes the VM at once.
+- The SDK sits behind :class:`~transient_nb.backends.gce.api.ComputeAPI` (transient errors
+  retried with backoff and jitter); everything blocking runs off the event loop through
+  :func:`~transient_nb.backends.gce.api.call_async`.
+- Policy is not here: limits (:mod:`transient_nb.limits`), zone avoidance after repeated
+  preemptions (:class:`~transient_nb.policy.placement.ReplacementPolicy`), and backoff after failed
+  starts (:class:`~transient_nb.deploy.cluster.TransientCluster`) are the same for every backend.
+
+Where the scheduler runs
+------------------------
+Detached (GCE's default, ``transient.detached: null``): on the cluster's head VM ``NAME-head``
+(:mod:`~transient_nb.backends.gce.head` creates it from the client; on the VM,
+:mod:`~transient_nb.deploy.head_vm` runs this backend with ``head=True``). The
+scheduler listens there on a fixed port (``gce.scheduler-port``, :data:`HEAD_PORT` when 0) that the
+cluster's firewall rule opens to its VMs, and a second rule (``NAME-dask-client``) to
+``gce.client-cidr`` only; or the client dials a tunnel (``gce.head-address``). The workers dial the
+head inside the VPC; the client connects over mutual TLS with a certificate the head signed for
+its own key. The PS (the ``ps`` worker) runs on the head VM too, as a process
+(:mod:`~transient_nb.backends.gce.head_ps`): the paper's non-preemptible PS/scheduler host, one VM
+fewer to boot and pay for; its bill line is the head VM's.
+
+Attached (``detached=False``): the Dask scheduler runs in the notebook's Python process, as it
+does for the local backend, listening with TLS on ``gce.scheduler-host`` (``0.0.0.0``). The VMs
+dial it, so **the notebook machine must be reachable from the VMs**: run the notebook on a GCE VM
+(e.g. Vertex AI Workbench) in the same VPC network, or set ``gce.scheduler-address`` to an
+address that forwards to it. The dashboard listens on 127.0.0.1 only. The parameter server runs
+on an on-demand VM (the ``ps`` worker), never on a Spot one.
+
+Images
+------
+Workers boot from an image that already holds the GPU driver and the Python environment
+(``gce.image-family``, default ``transient-nb`` in your project), so a replacement joins seconds
+after it boots instead of spending minutes installing drivers. ``gce_image.md`` beside this file
+shows how to bake one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import logging
+import os
+import re
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from dask.utils import parse_timedelta
+from distributed.security import Security
+
+from transient_nb import config
+from transient_nb.backends.base import Backend, QuotaError, TransientVM, VMSpec
+from transient_nb.backends.gce.api import (
+    ComputeAPI,
+    GCEError,
+    call_async,
+    default_project,
+)
+from transient_nb.backends.gce.enroll import CA_KEY
+from transient_nb.backends.gce.labels import (
+    LABEL,
+    LABEL_CLUSTER,
+    LABEL_HEAD,
+    LABEL_HOST,
+    LABEL_ID,
+    LABEL_PID,
+    LABEL_ROLE,
+    _label_value,
+    firewall_description,
+    firewall_id,
+    this_host,
+)
+from transient_nb.backends.gce.startup import startup_script
+from transient_nb.backends.gce.vm import GCEVM, STOPPED_STATES, TLS_CERT_KEY
+from transient_nb.backends.tls import ClusterCA
+
+logger = logging.getLogger(__name__)
+
+#: Catalog GPU names and the GCE accelerator types they stand for.
+GPU_TYPES: dict[str, str] = {
+    "t4": "nvidia-tesla-t4",
+    "p4": "nvidia-tesla-p4",
+    "l4": "nvidia-l4",
+    "p100": "nvidia-tesla-p100",
+    "v100": "nvidia-tesla-v100",
+    "k80": "nvidia-tesla-k80",
+    "a100-40gb": "nvidia-tesla-a100",
+    "a100-80gb": "nvidia-a100-80gb",
+    "h100-80gb": "nvidia-h100-80gb",
+}
+#: GPUs that attach to N1 machine types through ``guestAccelerators``.
+N1_GPUS = frozenset({"t4", "p4", "p100", "v100", "k80"})
+#: Accelerator-optimized machine families come with their GPUs (no ``guestAccelerators``).
+BUNDLED_GPUS: dict[str, frozenset[str]] = {
+    "a2-": frozenset({"a100-40gb", "a100-80gb"}),
+    "a3-": frozenset({"h100-80gb"}),
+    "g2-": frozenset({"l4"}),
+}
+
+#: Metadata keys of the VM's signed TLS certificate and of the cluster's CA certificate: both
+#: public. No private key is ever in metadata (see transient_nb.backends.tls).
+TLS_CA_KEY = CA_KEY
+
+_NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+#: Scheduler port of a head VM when ``gce.scheduler-port`` is 0 (Dask's usual one).
+HEAD_PORT = 8786
+
+
+def check_cidr(cidr: str) -> str:
+    """``cidr`` as a normalised IPv4/IPv6 network, or a ``ValueError`` saying what to give.
+
+    Examples
+    --------
+    >>> check_cidr("203.0.113.7/32")
+    '203.0.113.7/32'
+    >>> check_cidr("203.0.113.7")  # a single address
+    '203.0.113.7/32'
+    """
+    import ipaddress
+
+    try:
+        return str(ipaddress.ip_network(str(cidr).strip(), strict=True))
+    except ValueError as e:
+        raise ValueError(
+            f"gce.client-cidr={cidr!r} is not a network ({e}): give your own public address "
+            "as a CIDR such as '203.0.113.7/32' (`curl -s ifconfig.me` shows the address)."
+        ) from None
+
+
+def accelerator_type(gpu: str) -> str:
+    """The GCE accelerator type of a catalog GPU name.
+
+    Examples
+    --------
+    >>> accelerator_type("t4")
+    'nvidia-tesla-t4'
+    >>> accelerator_type("nvidia-h200-141gb")  # a GCE name passes through
+    'nvidia-h200-141gb'
+    """
+    if gpu in GPU_TYPES:
+        return GPU_TYPES[gpu]
+    if gpu.startswith("nvidia-"):
+        return gpu
+    raise ValueError(
+        f"Unknown GPU type {gpu!r} for GCE: use one of {', '.join(GPU_TYPES)}, or a GCE "
+        "accelerator type name (list them with `gcloud compute accelerator-types list`)."
+    )
+
+
+def bundled_gpu_family(machine_type: str) -> str | None:
+    """The accelerator-optimized family prefix (``g2-``) of a machine type, if it is one."""
+    return next((p for p in BUNDLED_GPUS if machine_type.startswith(p)), None)
+
+
+class GCEBackend(Backend):
+    """VMs on Google Compute Engine: Spot (or on-demand) GPU workers and an on-demand PS host.
+
+    Every argument defaults to the ``transient.gce`` configuration (``transient.yaml`` documents
+    each key); arguments win over the configuration.
+
+    Parameters
+    ----------
+    log_dir
+        Folder of this run's logs (the cluster passes it).
+    project
+        Google Cloud project ID; ``None``: the project of the application-default credentials.
+    scheduler
+        ``"local"``: the scheduler runs in this process and the VMs must be able to reach it.
+    scheduler_host, scheduler_port, scheduler_address
+        Where the local scheduler listens, and the address VMs dial (``None``: its own).
+    image_family, image_project, python
+        Boot image (GPU driver and environment baked in) and its Python.
+    disk_size_gb, disk_type, network, subnetwork, external_ip
+        Disk and network of the VMs.
+    service_account, scopes
+        The identity VMs act with (never your own credentials).
+    provisioning_model
+        ``"spot"`` (``scheduling.provisioningModel: SPOT``) or ``"preemptible"`` (legacy).
+    termination_action
+        What GCE does to a preempted Spot VM: ``"DELETE"`` or ``"STOP"``.
+    worker_ports, nanny_ports
+        Port ranges of the Dask worker and nanny (the firewall rule opens only these).
+    firewall, firewall_source_ranges
+        Create a firewall rule for the cluster's network tag; extra CIDRs it lets in.
+    nthreads, death_timeout
+        Dask worker settings.
+    poll_interval, operation_timeout
+        How often VM states are read; how long one operation may take.
+    retries, retry_backoff, retry_backoff_max
+        Transient API errors (5xx, 429, time-outs) are asked again this many times, with
+        exponential backoff and jitter.
+    api_endpoint, credentials
+        Another API endpoint (a fake server in tests) and ``google.auth`` credentials.
+    head_machine_type, head_service_account, client_cidr, head_address, head_timeout
+        The head VM of a detached cluster (:mod:`~transient_nb.backends.gce.head`): its machine
+        type and identity, the client address its scheduler port is opened to (or the tunnel
+        address dialled instead), and how long a client waits for it.
+    head
+        This backend runs on the head VM (set by the head itself): the scheduler listens on a
+        fixed port (``scheduler_port``, default :data:`HEAD_PORT`) that the firewall rules open
+        to the cluster's VMs and to ``client_cidr``.
+
+    Examples
+    --------
+    >>> from transient_nb import TransientCluster
+    >>> cluster = TransientCluster(workers=4, gpu="t4", backend="gce", project="my-project",
+    ...                            zone="us-central1-a", fallback_zones=["us-central1-b"],
+    ...                            budget=5.0, deadline="3h")  # doctest: +SKIP
+    """
+
+    name = "gce"
+
+    def __init__(
+        self,
+        log_dir: str,
+        project: str | None = None,
+        scheduler: str | None = None,
+        scheduler_host: str | None = None,
+        scheduler_port: int | None = None,
+        scheduler_address: str | None = None,
+        image_family: str | None = None,
+        image_project: str | None = None,
+        python: str | None = None,
+        disk_size_gb: int | None = None,
+        disk_type: str | None = None,
+        network: str | None = None,
+        subnetwork: str | None = None,
+        external_ip: bool | None = None,
+        service_account: str | None = None,
+        scopes: Sequence[str] | None = None,
+        provisioning_model: str | None = None,
+        termination_action: str | None = None,
+        worker_ports: str | None = None,
+        nanny_ports: str | None = None,
+        firewall: bool | None = None,
+        firewall_source_ranges: Sequence[str] | None = None,
+        nthreads: int | None = None,
+        death_timeout: str | float | None = None,
+        poll_interval: str | float | None = None,
+        operation_timeout: str | float | None = None,
+        retries: int | None = None,
+        retry_backoff: str | float | None = None,
+        retry_backoff_max: str | float | None = None,
+        api_endpoint: str | None = None,
+        credentials: Any = None,
+        head_machine_type: str | None = None,
+        head_service_account: str | None = None,
+        client_cidr: str | None = None,
+        head_address: str | None = None,
+        head_timeout: str | float | None = None,
+        head: bool = False,
+    ):
+        def get(key: str, value: Any) -> Any:
+            return config.get(f"gce.{key}", override_with=value)
+
+        self.log_dir = log_dir
+        self.scheduler = get("scheduler", scheduler)
+        if self.scheduler != "local":
+            raise ValueError(
+                f"scheduler={self.scheduler!r} is not supported yet: use scheduler='local' (the "
+                "scheduler runs in this process; run the notebook on a VM in the same VPC "
+                "network as the workers, or set gce.scheduler-address)."
+            )
+        self.scheduler_host = str(get("scheduler-host", scheduler_host))
+        self.scheduler_port = int(get("scheduler-port", scheduler_port))
+        self.head = bool(head)
+        if self.head and self.scheduler_port == 0:
+            # Clients and the firewall rules must know the port before the scheduler starts.
+            self.scheduler_port = HEAD_PORT
+        self.head_machine_type: str | None = get("head-machine-type", head_machine_type)
+        self.head_service_account: str | None = get("head-service-account", head_service_account)
+        self.client_cidr: str | None = get("client-cidr", client_cidr)
+        if self.client_cidr is not None:
+            self.client_cidr = check_cidr(self.client_cidr)
+        self.head_address: str | None = get("head-address", head_address)
+        self.head_timeout_s = float(
+            parse_timedelta(get("head-timeout", head_timeout), default="seconds")
+        )
+        self.scheduler_address: str | None = get("scheduler-address", scheduler_address)
+        self.image_family = str(get("image-family", image_family))
+        self.python = str(get("python", python))
+        self.disk_size_gb = int(get("disk-size-gb", disk_size_gb))
+        self.disk_type = str(get("disk-type", disk_type))
+        self.network = str(get("network", network))
+        self.subnetwork: str | None = get("subnetwork", subnetwork)
+        self.external_ip = bool(get("external-ip", external_ip))
+        self.service_account = str(get("service-account", service_account))
+        self.scopes = list(get("scopes", scopes))
+        self.provisioning_model = str(get("provisioning-model", provisioning_model)).lower()
+        if self.provisioning_model not in ("spot", "preemptible"):
+            raise ValueError(
+                f"provisioning_model={self.provisioning_model!r}: use 'spot' or 'preemptible'."
+            )
+        self.termination_action = str(get("termination-action", termination_action)).upper()
+        if self.termination_action not in ("STOP", "DELETE"):
+            raise ValueError(
+                f"termination_action={self.termination_action!r}: use 'DELETE' or 'STOP'."
+            )
+        self.worker_ports = str(get("worker-ports", worker_ports))
+        self.nanny_ports = str(get("nanny-ports", nanny_ports))
+        for what, ports in (("worker_ports", self.worker_ports), ("nanny_ports", self.nanny_ports)):
+            if not re.fullmatch(r"\d+(:\d+)?", ports):
+                raise ValueError(f"{what}={ports!r}: give a port or a range like '41000:41099'.")
+        self.firewall = bool(get("firewall", firewall))
+        self.firewall_source_ranges = list(get("firewall-source-ranges", firewall_source_ranges))
+        self.nthreads = int(get("nthreads", nthreads))
+        self.death_timeout_s = float(parse_timedelta(get("death-timeout", death_timeout)))
+        self.poll_s = float(parse_timedelta(get("poll-interval", poll_interval)))
+        self.operation_timeout = float(parse_timedelta(get("operation-timeout", operation_timeout)))
+        self.retries = int(get("retries", retries))
+        if self.retries < 0:
+            raise ValueError(f"retries={self.retries} must be 0 or more.")
+        self.retry_backoff_s = float(
+            parse_timedelta(get("retry-backoff", retry_backoff), default="seconds")
+        )
+        self.retry_max_s = float(
+            parse_timedelta(get("retry-backoff-max", retry_backoff_max), default="seconds")
+        )
+        api_endpoint = get("api-endpoint", api_endpoint)
+        project = get("project", project)
+        if project is None:
+            project = default_project(credentials)
+        self.project = str(project)
+        self.image_project = str(get("image-project", image_project) or self.project)
+        self.api = ComputeAPI(
+            self.project,
+            api_endpoint=api_endpoint,
+            credentials=credentials,
+            retries=self.retries,
+            backoff_s=self.retry_backoff_s,
+            max_backoff_s=self.retry_max_s,
+        )
+        # Certificates made for this cluster only, in memory: every connection (workers,
+        # scheduler, clients) is TLS with mutual authentication.
+        self._tls_dir: str | None = None
+        self.ca = ClusterCA.create("gce")
+        self._security = self.ca.cluster_security()
+        self.cluster_name = "transient"
+        self.cluster_id = ""
+        self.notice_s = 30.0
+        self.live: set[tuple[str, str]] = set()
+        #: Instances whose insert GCE took: ours without asking (the rest of ``live`` is
+        #: checked for our id label before it is deleted).
+        self.ours: set[tuple[str, str]] = set()
+        self._not_offered: set[tuple[str, str]] = set()
+        self._tasks: set[Any] = set()
+        self._atexit_registered = False
+        self._close_lock = asyncio.Lock()
+        #: Firewall rules this cluster created (or adopted: they carry its id).
+        self.firewall_names: list[str] = []
+
+    # -- settings shared with the cluster ------------------------------------------------------------
+    @property
+    def security(self) -> Security:
+        """The cluster's TLS settings (scheduler, workers and clients)."""
+        return self._security
+
+    def client_tls_files(self) -> dict[str, str] | None:
+        """A client certificate in 0600 files on this host (for connect() and the panel)."""
+        import tempfile
+
+        from transient_nb.backends.tls import CLIENT_CN
+
+        if self._tls_dir is None:
+            self._tls_dir = tempfile.mkdtemp(prefix="transient-nb-tls-")
+        return self.ca.write_files(os.path.join(self._tls_dir, "client"), CLIENT_CN)
+
+    @property
+    def tag(self) -> str:
+        """The network tag of the cluster's VMs (the firewall rule's target)."""
+        return f"{self.cluster_name}-vm"
+
+    def instance_name(self, vm: str) -> str:
+        """GCE instance name of the cluster's VM ``vm`` (instance names are per project)."""
+        return f"{self.cluster_name}-{vm}"
+
+    def describe(self) -> str:
+        return (
+            f"GCE backend: project {self.project}, image family {self.image_family} "
+            f"({self.image_project}), {self.provisioning_model} workers, TLS, "
+            + ("scheduler on the head VM" if self.head else "local scheduler")
+        )
+
+    def scheduler_options(self) -> dict[str, Any]:
+        return {
+            "host": self.scheduler_host,
+            "port": self.scheduler_port,
+            "protocol": "tls",
+            "security": self._security,
+        }
+
+    # -- checks before anything is created ------------------------------------------------------------
+    def prepare(
+        self,
+        cluster_name: str,
+        *,
+        gpus: Sequence[str],
+        zones: Sequence[str],
+        machine_type: str,
+        ps_machine_type: str,
+        notice_s: float,
+        cluster_id: str = "",
+        asked_gpus: int = 1,
+    ) -> None:
+        """Check project, zones, machine types, GPU types and image against the API.
+
+        A bad value raises ``ValueError`` naming it and the ``gcloud`` command that lists the
+        valid ones; (GPU, zone) pairs that GCE does not offer are skipped by the replacement
+        policy, unless none of the preferred GPU's zones has it. These are a handful of quick,
+        blocking look-ups, made from ``TransientCluster.__init__`` so that a mistake surfaces
+        before the scheduler or any VM exists.
+        """
+        self.cluster_name = cluster_name
+        self.cluster_id = cluster_id or uuid.uuid4().hex[:12]
+        self.notice_s = notice_s
+        if not _NAME_RE.match(self.instance_name("w-999")):
+            raise ValueError(f"Cluster name {cluster_name!r} is too long for GCE instance names.")
+        api = self.api
+        try:
+            api.get_project()
+        except GCEError as e:
+            raise ValueError(
+                f"GCE project {self.project!r} was not found or these credentials cannot use it "
+                f"({e.status}: {e}). List your projects with `gcloud projects list`; set "
+                "gce.project or pass project=."
+            ) from e
+        for zone in zones:
+            try:
+                api.get_zone(zone)
+            except GCEError as e:
+                raise ValueError(
+                    f"Zone {zone!r} does not exist in project {self.project!r} ({e}). List the "
+                    "zones with `gcloud compute zones list`."
+                ) from e
+        # The PS host may go to any of the zones too (its fallback), so both types are checked.
+        checks = [(ps_machine_type, z) for z in zones] + [(machine_type, z) for z in zones]
+        for mt, zone in checks:
+            try:
+                api.get_machine_type(zone, mt)
+            except GCEError as e:
+                raise ValueError(
+                    f"Machine type {mt!r} is not available in {zone} ({e}). List the machine "
+                    f"types with `gcloud compute machine-types list --zones {zone}`."
+                ) from e
+        family = bundled_gpu_family(machine_type)
+        for i, gpu in enumerate(gpus):
+            accel = accelerator_type(gpu)
+            if family is not None and gpu not in BUNDLED_GPUS[family]:
+                raise ValueError(
+                    f"Machine type {machine_type!r} comes with {'/'.join(sorted(BUNDLED_GPUS[family]))} "
+                    f"GPUs, not {gpu!r}: pick a machine type for {gpu} (N1 for "
+                    f"{', '.join(sorted(N1_GPUS))}; g2 for l4; a2 for a100)."
+                )
+            if family is None and gpu not in N1_GPUS and gpu in GPU_TYPES:
+                raise ValueError(
+                    f"GPU {gpu!r} does not attach to machine type {machine_type!r}: use a g2 "
+                    "machine type for l4, a2 for a100, a3 for h100 (`gcloud compute "
+                    "machine-types list --filter=name~'^(g2|a2|a3)'`)."
+                )
+            offered = []
+            for zone in zones:
+                try:
+                    api.get_accelerator_type(zone, accel)
+                    offered.append(zone)
+                except GCEError as e:
+                    if not e.not_found:
+                        raise ValueError(f"Could not look up GPU {accel} in {zone}: {e}") from e
+                    self._not_offered.add((gpu, zone))
+            if i < asked_gpus and not offered:  # every type of a mix, not only the first
+                raise ValueError(
+                    f"GPU type {gpu!r} ({accel}) is not offered in {', '.join(zones)}. List the "
+                    f"zones that have it with `gcloud compute accelerator-types list "
+                    f"--filter=name={accel}`."
+                )
+        try:
+            api.get_image_from_family(self.image_project, self.image_family)
+        except GCEError as e:
+            raise ValueError(
+                f"Image family {self.image_family!r} was not found in project "
+                f"{self.image_project!r} ({e}). Bake it as transient_nb/backends/gce_image.md "
+                "shows, or set gce.image-family / gce.image-project; list images with "
+                f"`gcloud compute images list --project {self.image_project} --no-standard-images`."
+            ) from e
+
+    # -- cluster start and close ----------------------------------------------------------------------
+    async def start(self, scheduler_address: str) -> None:
+        """Create the firewall rule; from here on, VMs left at exit are deleted."""
+        if not self._atexit_registered:
+            atexit.register(self.delete_all_now)
+            self._atexit_registered = True
+        if self.firewall:
+            await self._create_firewall(
+                self.firewall_body(self.scheduler_address or scheduler_address)
+            )
+            if self.head and self.client_cidr:
+                await self._create_firewall(self.client_firewall_body())
+
+    async def close(self) -> None:
+        """Delete what is left: VMs caught mid-creation, then the firewall rule.
+
+        Idempotent, and a second caller waits for the first: a cluster closed twice at once (a
+        budget stop and the user) leaves nothing behind either way.
+        """
+        async with self._close_lock:
+            for t in list(self._tasks):
+                t.cancel()
+            if self.live:
+                await asyncio.gather(
+                    *(self._delete_and_wait(z, n) for z, n in list(self.live)),
+                    return_exceptions=True,
+                )
+            for rule in list(self.firewall_names):
+                try:
+                    op = await call_async(self.api.delete_firewall, rule)
+                    if op is not None:
+                        await call_async(self.api.wait_global_operation, op, self.operation_timeout)
+                    self.firewall_names.remove(rule)
+                except GCEError as e:
+                    logger.warning("Could not delete firewall rule %s: %s", rule, e)
+            if self._tls_dir is not None:
+                import shutil
+
+                shutil.rmtree(self._tls_dir, ignore_errors=True)
+                self._tls_dir = None
+            if not self.live and not self.firewall_names and self._atexit_registered:
+                atexit.unregister(self.delete_all_now)
+                self._atexit_registered = False
+
+    async def _delete_and_wait(self, zone: str, name: str) -> None:
+        if (zone, name) not in self.ours and not await call_async(self.owns, zone, name):
+            self.live.discard((zone, name))
+            return
+        try:
+            op = await call_async(self.api.delete_instance, zone, name)
+            if op is not None:
+                await call_async(self.api.wait_zone_operation, zone, op, self.operation_timeout)
+        except GCEError as e:
+            if not e.not_found:
+                logger.warning("Could not delete %s in %s: %s", name, zone, e)
+                return
+        self.live.discard((zone, name))
+        self.ours.discard((zone, name))
+
+    def delete_all_now(self) -> None:
+        """Ask GCE to delete every VM this backend still has (at interpreter exit).
+
+        Blocking and without waiting for the operations, so that a kernel that exits without
+        closing its cluster (or whose event loop is gone) still leaves nothing running.
+        """
+        # No retries with backoff at exit: report and go on rather than hold the exit up.
+        self.api.retries = 0
+        for zone, name in list(self.live):
+            try:
+                if (zone, name) in self.ours or self.owns(zone, name):
+                    self.api.delete_instance(zone, name)
+                    logger.warning("Deleted %s in %s at exit", name, zone)
+            except Exception as e:  # at exit, report and go on with the others
+                logger.warning("Could not delete %s in %s at exit: %s", name, zone, e)
+        self.live.clear()
+        for rule in list(self.firewall_names):
+            try:
+                self.api.delete_firewall(rule)
+            except Exception as e:
+                logger.warning("Could not delete firewall rule %s: %s", rule, e)
+
+    def firewall_body(self, scheduler_address: str) -> dict[str, Any]:
+        """The firewall rule: worker and nanny ports, from the cluster's VMs (and the scheduler)."""
+        sources = list(self.firewall_source_ranges)
+        host = _host_of(scheduler_address)
+        if host and not host.startswith("127.") and host not in ("localhost", "0.0.0.0"):
+            # The local scheduler connects to its workers too.
+            sources.append(f"{host}/32")
+        ports = [p.replace(":", "-") for p in (self.worker_ports, self.nanny_ports)]
+        if self.head:
+            # The scheduler runs on the head VM (one of the tagged VMs): the workers dial it.
+            ports.append(str(self.scheduler_port))
+        body: dict[str, Any] = {
+            "name": f"{self.cluster_name}-dask",
+            "description": firewall_description(
+                self.cluster_name, this_host(), os.getpid(), self.cluster_id
+            ),
+            "network": self._network_url(),
+            "direction": "INGRESS",
+            "priority": 1000,
+            "targetTags": [self.tag],
+            "sourceTags": [self.tag],
+            "allowed": [{"IPProtocol": "tcp", "ports": ports}],
+        }
+        if sources:
+            body["sourceRanges"] = sources
+        return body
+
+    @property
+    def head_tag(self) -> str:
+        """The network tag of the cluster's head VM only (the client rule's target)."""
+        return f"{self.cluster_name}-head"
+
+    def client_firewall_body(self) -> dict[str, Any]:
+        """The rule that lets the client (``client_cidr`` only) reach the head's scheduler."""
+        assert self.client_cidr is not None
+        return {
+            "name": f"{self.cluster_name}-dask-client",
+            "description": firewall_description(
+                self.cluster_name,
+                this_host(),
+                os.getpid(),
+                self.cluster_id,
+                what="the head's scheduler port, from the client's address only",
+            ),
+            "network": self._network_url(),
+            "direction": "INGRESS",
+            "priority": 1000,
+            "targetTags": [self.head_tag],
+            "sourceRanges": [self.client_cidr],
+            "allowed": [{"IPProtocol": "tcp", "ports": [str(self.scheduler_port)]}],
+        }
+
+    async def _create_firewall(self, body: dict[str, Any]) -> None:
+        try:
+            op = await call_async(self.api.insert_firewall, body, str(uuid.uuid4()))
+            await call_async(self.api.wait_global_operation, op, self.operation_timeout)
+        except GCEError as e:
+            if not e.conflict:
+                raise RuntimeError(f"Could not create firewall rule {body['name']}: {e}") from e
+            # Adopted only if it carries our id (an earlier attempt of ours); someone else's
+            # rule of the same name is neither used nor, later, deleted.
+            rule = await call_async(self.api.get_firewall, body["name"])
+            if rule is None or firewall_id(rule) != self.cluster_id:
+                raise RuntimeError(
+                    f"Firewall rule {body['name']} already exists and is not this cluster's: "
+                    "pick another cluster name (name=...), or set gce.firewall: false and let "
+                    "your own rules admit the Dask ports."
+                ) from e
+        self.firewall_names.append(body["name"])
+
+    def owns(self, zone: str, name: str) -> bool:
+        """Whether instance ``name`` carries this cluster's id (blocking; True if gone)."""
+        try:
+            inst = self.api.get_instance(zone, name)
+        except GCEError as e:
+            logger.warning("Could not read %s in %s: %s", name, zone, e)
+            return False
+        if inst is None:
+            return True  # nothing there: deleting it is a no-op
+        return (inst.get("labels") or {}).get(LABEL_ID) == self.cluster_id
+
+    def quota_error(self, zone: str, gpu: str | None, e: GCEError) -> QuotaError:
+        """A :class:`QuotaError` that names the quota, its region and how to raise it."""
+        q = e.quota or {}
+        metric = str(q.get("metric") or e.code)
+        region = str(q.get("region") or zone.rsplit("-", 1)[0])
+        limit = q.get("limit")
+        console = (
+            f"https://console.cloud.google.com/iam-admin/quotas?project={self.project}"
+            f"&metric=compute.googleapis.com%2F{metric.lower()}"
+        )
+        if region == "global":
+            show = f"gcloud compute project-info describe --project {self.project}"
+        else:
+            show = f"gcloud compute regions describe {region} --project {self.project}"
+        how = (
+            f"See it with `{show}` and ask for more at {console} (IAM & Admin > Quotas; "
+            "new projects start with GPUS_ALL_REGIONS = 0)."
+        )
+        return QuotaError(zone, gpu, metric, region, None if limit is None else float(limit), how)
+
+    # -- the request body --------------------------------------------------------------------------
+    def _network_url(self) -> str:
+        return f"projects/{self.project}/global/networks/{self.network}"
+
+    def labels(self, spec: VMSpec) -> dict[str, str]:
+        """Labels that mark the VM as this cluster's (and whose process owns it)."""
+        return self.role_labels(spec.role)
+
+    def role_labels(self, role: str) -> dict[str, str]:
+        """Labels of one of this cluster's VMs in ``role`` (``worker``, ``ps``, ``head``)."""
+        labels = {
+            LABEL: "true",
+            LABEL_CLUSTER: _label_value(self.cluster_name),
+            LABEL_ROLE: role,
+            LABEL_HOST: this_host(),
+            LABEL_PID: str(os.getpid()),
+            LABEL_ID: self.cluster_id,
+        }
+        if self.head:
+            # Created by a head VM: sweep keeps it while that VM runs, and deletes it after.
+            labels[LABEL_HEAD] = self.instance_name("head")
+        return labels
+
+    def network_interface(self, zone: str, external_ip: bool) -> dict[str, Any]:
+        """The ``networkInterfaces`` item of a VM in ``zone`` (REST JSON)."""
+        interface: dict[str, Any] = {"network": self._network_url()}
+        if self.subnetwork:
+            region = zone.rsplit("-", 1)[0]
+            interface["subnetwork"] = (
+                f"projects/{self.project}/regions/{region}/subnetworks/{self.subnetwork}"
+            )
+        if external_ip:
+            interface["accessConfigs"] = [{"type": "ONE_TO_ONE_NAT", "name": "External NAT"}]
+        return interface
+
+    def boot_disk(self, zone: str) -> dict[str, Any]:
+        """The boot disk of a VM in ``zone``: the image family, deleted with the VM."""
+        return {
+            "boot": True,
+            "autoDelete": True,
+            "initializeParams": {
+                "sourceImage": (
+                    f"projects/{self.image_project}/global/images/family/{self.image_family}"
+                ),
+                "diskSizeGb": str(self.disk_size_gb),
+                "diskType": f"zones/{zone}/diskTypes/{self.disk_type}",
+            },
+        }
+
+    def instance_body(self, spec: VMSpec, scheduler_address: str) -> dict[str, Any]:
+        """The ``instances.insert`` request body of a VM (GCE's REST JSON), in one place."""
+        zone = spec.zone
+        gpu = spec.gpu if spec.role == "worker" else None
+        if gpu and spec.spot:
+            if self.provisioning_model == "spot":
+                scheduling: dict[str, Any] = {
+                    "provisioningModel": "SPOT",
+                    "instanceTerminationAction": self.termination_action,
+                    "onHostMaintenance": "TERMINATE",
+                    "automaticRestart": False,
+                }
+            else:
+                scheduling = {
+                    "preemptible": True,
+                    "onHostMaintenance": "TERMINATE",
+                    "automaticRestart": False,
+                }
+        elif gpu:
+            # On-demand GPU VMs cannot live-migrate; they restart after host maintenance.
+            scheduling = {
+                "provisioningModel": "STANDARD",
+                "onHostMaintenance": "TERMINATE",
+                "automaticRestart": True,
+            }
+        else:
+            # The PS host: never preemptible, live-migrates through maintenance.
+            scheduling = {
+                "provisioningModel": "STANDARD",
+                "onHostMaintenance": "MIGRATE",
+                "automaticRestart": True,
+            }
+        vm = {"name": spec.name, "role": spec.role, "gpu": gpu, "zone": zone, "spot": spec.spot}
+        script = startup_script(
+            python=self.python,
+            scheduler_address=scheduler_address,
+            vm=vm,
+            resources=dict(spec.resources),
+            nthreads=self.nthreads,
+            death_timeout_s=self.death_timeout_s,
+            worker_ports=self.worker_ports,
+            nanny_ports=self.nanny_ports,
+            notice_s=self.notice_s,
+            tls_name=self.instance_name(spec.name),
+        )
+        body: dict[str, Any] = {
+            "name": self.instance_name(spec.name),
+            "machineType": f"zones/{zone}/machineTypes/{spec.machine_type}",
+            "disks": [self.boot_disk(zone)],
+            "networkInterfaces": [self.network_interface(zone, self.external_ip)],
+            "scheduling": scheduling,
+            "labels": self.labels(spec),
+            "tags": {"items": [self.tag]},
+            "metadata": {
+                "items": [
+                    {"key": "startup-script", "value": script},
+                    # Public: the CA's certificate. The VM's own certificate is added once the
+                    # cluster has signed the request the VM publishes as a guest attribute.
+                    {"key": TLS_CA_KEY, "value": self.ca.cert_pem},
+                    {"key": "enable-guest-attributes", "value": "TRUE"},
+                ]
+            },
+            "serviceAccounts": [{"email": self.service_account, "scopes": self.scopes}],
+        }
+        if gpu and bundled_gpu_family(spec.machine_type) is None:
+            body["guestAccelerators"] = [
+                {
+                    "acceleratorType": (
+                        f"projects/{self.project}/zones/{zone}/acceleratorTypes/"
+                        f"{accelerator_type(gpu)}"
+                    ),
+                    "acceleratorCount": 1,
+                }
+            ]
+        return body
+
+    # -- what GCE offers ---------------------------------------------------------------------------
+    def not_offered(self) -> set[tuple[str, str]]:
+        """(GPU type, zone) pairs GCE does not offer, found by :meth:`prepare`. Choosing where to
+        go (and what to skip) is the replacement policy's business, not the backend's."""
+        return set(self._not_offered)
+
+    # -- helpers of the VMs ------------------------------------------------------------------------
+    def make_vm(self, spec: VMSpec, **kwargs: Any) -> TransientVM:
+        on_head = getattr(self, "_head_ps", None)
+        if self.head and spec.role == "ps" and (on_head is None or on_head.stopped):
+            # On the head VM, the (first) PS is a process there (the paper's PS/scheduler
+            # host); with ps_hosts > 1 the others are on-demand VMs of their own.
+            from transient_nb.backends.gce.head_ps import HeadPSVM
+
+            self._head_ps: TransientVM | None = HeadPSVM(spec, backend=self, **kwargs)
+            return self._head_ps
+        return GCEVM(spec, backend=self, **kwargs)
+
+    def spawn(self, coro: Any) -> Any:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def sleep_poll(self, short: bool = False) -> None:
+        """Wait between two reads of a VM's state."""
+        await asyncio.sleep(min(self.poll_s, 0.25) if short else self.poll_s)
+
+
+def _host_of(address: str) -> str:
+    rest = address.split("://", 1)[-1]
+    return rest.rsplit(":", 1)[0].strip("[]")
+
+
+__all__ = [
+    "GCEVM",
+    "LABEL",
+    "LABEL_CLUSTER",
+    "LABEL_HOST",
+    "LABEL_ID",
+    "LABEL_PID",
+    "LABEL_ROLE",
+    "STOPPED_STATES",
+    "TLS_CERT_KEY",
+    "GCEBackend",
+    "GCEError",
+    "startup_script",
+    "this_host",
+]

@@ -1,0 +1,1 @@
+"""What the world offers and what the paper measured: price catalogs, GPU mixes, Spot lifetime models."""

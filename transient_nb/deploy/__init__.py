@@ -1,0 +1,1 @@
+"""The cluster and its head: TransientCluster (a SpecCluster) and the parts it is made of, the scheduler plugin that keeps the event log, the registry, detached heads and the handles that reach them."""

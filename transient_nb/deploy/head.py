@@ -1,0 +1,140 @@
+"""The head of a detached cluster: a process of its own that outlives the notebook.
+
+A training run on Spot GPUs takes hours; kernels restart and laptops close. A *detached* cluster
+therefore keeps its manager (VM lifecycle, preemptions, replacements, budget and deadline), its
+scheduler with the event log, and its training runs in a head process started with ``setsid``
+(``python -m transient_nb.deploy.head SPEC``), not in the kernel. Notebooks, the CLI and the JupyterLab
+panel are clients: they find the head in the registry (whose entry names the head's pid) and
+reach it through the scheduler's event log and ``transient-control`` topic, as
+:class:`~transient_nb.deploy.remote.RemoteCluster` does.
+
+The head understands two requests beyond the cluster's own (``scale``, ``preempt``, ``stop``):
+``train`` (start a :func:`~transient_nb.training.run.train` run here; the answer names the run)
+and ``run-stop``. Closing the cluster (``down``, ``stop``, a budget or deadline, SIGTERM) stops
+the head's runs first, so every run record ends with its ``train-finished`` event; then the
+head exits. When the head itself is killed, its local workers go with it (they watch their
+parent) and the run record on disk stays intact for ``train(..., resume=RUN_ID)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import dask.config
+
+from transient_nb.deploy.detached import ERROR_PREFIX
+
+logger = logging.getLogger(__name__)
+
+
+class Head:
+    """What a head process runs: one cluster and the training runs started on it.
+
+    Parameters
+    ----------
+    cluster
+        The :class:`~transient_nb.TransientCluster` this head owns (already started).
+    """
+
+    def __init__(self, cluster: Any):
+        self.cluster = cluster
+        self.runs: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        cluster.control_handlers["train"] = self._train
+        cluster.control_handlers["run-stop"] = self._run_stop
+        cluster.close_hooks.append(self._stop_runs)
+
+    def _train(self, msg: Mapping[str, Any]) -> dict[str, Any]:
+        from transient_nb.training.run import train
+
+        args = dict(msg.get("args") or {})
+        args.pop("wait", None)  # the head never blocks its control loop on a run
+        run = train(self.cluster, **args)
+        with self._lock:
+            self.runs[run.id] = run
+        return {"run": run.id}
+
+    def _run_stop(self, msg: Mapping[str, Any]) -> dict[str, Any]:
+        run_id = str(msg.get("run"))
+        with self._lock:
+            run = self.runs.get(run_id)
+        if run is None:
+            known = ", ".join(self.runs) or "none"
+            raise ValueError(f"No run {run_id!r} on this cluster (runs: {known}).")
+        run.stop(wait=False)
+        return {"run": run_id}
+
+    def _stop_runs(self) -> None:
+        """Stop every run before the cluster closes, so each posts its ``train-finished``."""
+        with self._lock:
+            runs = [r for r in self.runs.values() if not r.done]
+        for r in runs:
+            r.stop(wait=False)
+        for r in runs:
+            r.stop(wait=True, timeout=r.hp.call_timeout_s + 10)
+
+    def serve(self, stop: threading.Event) -> None:
+        """Block until the cluster closes (``down``, a limit) or ``stop`` is set (a signal)."""
+        while not stop.is_set() and self.cluster.status.name not in ("closed", "failed"):
+            stop.wait(0.5)
+        self._stop_runs()
+        if self.cluster.status.name not in ("closed", "failed"):
+            self.cluster.close(timeout=120)
+
+
+def prepare_process(spec: Mapping[str, Any]) -> threading.Event:
+    """Set up a head process: the client's ``transient`` config, and an event that SIGTERM and
+    SIGINT set (the head then closes its cluster); SIGHUP is ignored."""
+    dask.config.update(dask.config.config, {"transient": spec.get("config") or {}}, priority="new")
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        logger.info("Signal %d: closing the cluster", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a closed terminal or kernel is no reason to go
+    return stop
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m transient_nb.deploy.head SPEC_JSON`` (see :func:`launch`)."""
+    parser = argparse.ArgumentParser(prog="python -m transient_nb.deploy.head")
+    parser.add_argument("spec", help="JSON file written by transient_nb.deploy.detached.launch")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    with open(args.spec) as f:
+        spec = json.load(f)
+    os.remove(args.spec)
+    stop = prepare_process(spec)
+
+    from transient_nb.deploy.cluster import TransientCluster
+
+    try:
+        cluster = TransientCluster(
+            name=spec["name"],
+            **spec.get("cluster", {}),
+            detached=False,
+            _head_info={"detached": True},
+        )
+    except ValueError as e:
+        print(f"{ERROR_PREFIX}{e}", flush=True)
+        return 2
+    logger.info("Head of cluster %s serving (pid %d)", cluster.name, os.getpid())
+    Head(cluster).serve(stop)
+    logger.info("Cluster %s closed; the head exits", cluster.name)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

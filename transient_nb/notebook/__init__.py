@@ -1,0 +1,1 @@
+"""The Jupyter surface: the ``%transient_cluster`` magics and the live views (widgets, Bokeh)."""

@@ -1,0 +1,120 @@
+"""The VM table of the notebook panel: rows from :mod:`transient_nb.eventlog.folds`, rendered as HTML."""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from transient_nb.eventlog.bill import CostReport
+from transient_nb.eventlog.folds import ClusterState
+from transient_nb.eventlog.format import duration, money
+
+Event = Mapping[str, Any]
+
+
+def vm_rows(
+    events: Sequence[Event], minimum_s: float = 60.0, now: float | None = None
+) -> tuple[list[dict[str, Any]], CostReport]:
+    """The rows of the VM table and the bill, from a whole event log.
+
+    A one-shot convenience over :class:`~transient_nb.eventlog.folds.ClusterState` (live views keep a
+    state and feed it).
+
+    Parameters
+    ----------
+    events
+        The run's events.
+    minimum_s
+        Minimum billed seconds per VM (the price catalog's).
+    now
+        Wall-clock time of the times in state and of the bill (default: now).
+
+    Returns
+    -------
+    rows, cost
+        :meth:`ClusterState.rows <transient_nb.eventlog.folds.ClusterState.rows>` and the
+        :class:`~transient_nb.eventlog.bill.CostReport`.
+
+    Examples
+    --------
+    >>> rows, cost = vm_rows([])
+    >>> rows, cost.total
+    ([], 0.0)
+    """
+    state = ClusterState(minimum_s=minimum_s)
+    state.feed(events)
+    return state.rows(now), state.cost(now)
+
+
+_HEAD = (
+    ("worker", "left"),
+    ("GPU", "left"),
+    ("zone", "left"),
+    ("pricing", "left"),
+    ("state", "left"),
+    ("for", "right"),
+    ("$ so far", "right"),
+)
+
+
+def gpu_label(row: Mapping[str, Any]) -> str:
+    """The GPU column of a VM row: its GPU type, or a dash for the PS host (it has none)."""
+    gpu = row.get("gpu")
+    return gpu if row.get("role") != "ps" and isinstance(gpu, str) else "—"
+
+
+def _state_html(state: str) -> str:
+    if state == "notice":
+        return f"<b style='color:#e6a700'>{state}</b>"
+    if state == "preempted":
+        return f"<span style='color:#d62728'>{state}</span>"
+    return html.escape(state)
+
+
+def table_html(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The VM table as HTML: one ``tr.transient-vm`` per row, gone VMs greyed."""
+    head = "".join(f"<th style='text-align:{a};padding:2px 10px'>{h}</th>" for h, a in _HEAD)
+    body = []
+    for r in rows:
+        cells = [
+            f"{html.escape(r['name'])}{' (PS)' if r['role'] == 'ps' else ''}",
+            html.escape(gpu_label(r)),
+            html.escape(str(r["zone"] or "")),
+            "spot" if r["spot"] else "on-demand",
+            _state_html(str(r["state"])),
+            duration(r["seconds_in_state"]),
+            money(r["cost"]),
+        ]
+        tds = "".join(
+            f"<td style='text-align:{'right' if i >= 5 else 'left'};padding:1px 10px'>{c}</td>"
+            for i, c in enumerate(cells)
+        )
+        style = "opacity:0.45" if r["gone"] else ""
+        body.append(
+            f"<tr class='transient-vm' data-worker='{html.escape(r['name'])}' "
+            f"style='{style}'>{tds}</tr>"
+        )
+    return (
+        "<table class='transient-vms' style='border-collapse:collapse;font-size:90%'>"
+        f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    )
+
+
+def totals_html(cost: CostReport) -> str:
+    """Dollars per hour now, dollars so far, the on-demand counterfactual and the saving; for a
+    mixed cluster (more than one GPU type), what each type cost."""
+    text = (
+        f"<b>{money(cost.rate, 3)}/h</b> now &middot; <b>{money(cost.total)}</b> so far "
+        f"&middot; on demand {money(cost.total_on_demand)} &middot; "
+        f"saved <b>{cost.saved_fraction:.0%}</b>"
+    )
+    by_gpu = cost.by_gpu
+    if len(by_gpu.index.difference(["ps"])) > 1:
+        parts = [
+            f"{html.escape(str(g))} {int(r['vms'])} VM{'s' if r['vms'] != 1 else ''} "
+            f"{money(r['cost'])}"
+            for g, r in by_gpu.iterrows()
+        ]
+        text += "<br>per type: " + " &middot; ".join(parts)
+    return text

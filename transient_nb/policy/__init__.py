@@ -1,0 +1,22 @@
+"""What the cluster decides: where workers go (placement, spares), and the transient-aware policy
+with its planner and history.
+
+Before 0.2 ``transient_nb.policy`` was the policy's module; its names (``TransientPolicy``,
+``check_goal`` ...) are still found here for one release, with a ``DeprecationWarning``: import
+them from :mod:`transient_nb.policy.adaptive`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+
+def __getattr__(name: str) -> Any:
+    adaptive = importlib.import_module("transient_nb.policy.adaptive")
+    if name.startswith("__") or not hasattr(adaptive, name):
+        raise AttributeError(f"module 'transient_nb.policy' has no attribute {name!r}")
+    from transient_nb._moved import warn
+
+    warn(f"policy.{name}", f"policy.adaptive.{name}")
+    return getattr(adaptive, name)

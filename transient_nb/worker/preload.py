@@ -1,0 +1,33 @@
+"""The preload of every worker process: ``--preload transient_nb.worker.preload``.
+
+It gives the worker a ``transient_notice`` handler: when the provider announces a preemption,
+the worker runs the drain hooks (:mod:`transient_nb.worker.drain`), posts what happened to the
+event log, and closes itself with its nanny before the VM is stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from transient_nb.worker.drain import drain_and_close
+
+logger = logging.getLogger(__name__)
+
+#: The preloads of every worker's command line, in order: the notice handler, then the warm-up
+#: of the training code on GPU workers (:mod:`transient_nb.training.warmup`).
+WORKER_PRELOADS = ("transient_nb.worker.preload", "transient_nb.training.warmup")
+
+
+def dask_setup(worker: Any) -> None:
+    """Dask preload entry point: install the notice handler on ``worker``."""
+    state: dict[str, asyncio.Task[None]] = {}
+
+    async def transient_notice(deadline: float) -> str:
+        if "task" not in state:
+            logger.warning("Preemption notice: worker %s leaves by %.1f", worker.name, deadline)
+            state["task"] = asyncio.ensure_future(drain_and_close(worker, deadline))
+        return "draining"
+
+    worker.handlers["transient_notice"] = transient_notice
