@@ -513,7 +513,6 @@ class TransientMagics(Magics):
     # -- subcommands ----------------------------------------------------------------------------------
     def _do_up(self, args: argparse.Namespace) -> Any:
         from transient_nb.deploy.cluster import TransientCluster
-        from transient_nb.deploy.settings import ClusterSettings
 
         kwargs = _kwargs(
             args,
