@@ -113,7 +113,14 @@ def test_from_dict_round_trips_and_names_unknown_keys():
         ({"pipeline": 1}, "pipeline=1 must be True or False."),
         ({"metrics_interval_s": 0}, "metrics_interval_s=0 must be a finite number above 0."),
         ({"scale_lr_by_active_workers": 1}, "scale_lr_by_active_workers=1 must be True or False."),
-        ({"wire_dtype": "bf16"}, "wire_dtype='bf16': use one of 'float32', 'float16'."),
+        (
+            {"wire_dtype": "bf16"},
+            "wire_dtype='bf16': use one of 'float32', 'float16', 'bfloat16'.",
+        ),
+        (
+            {"data_plane": "tcp"},
+            "data_plane='tcp': use one of 'auto', 'unix', 'tls', 'dask'.",
+        ),
         ({"trainer_restarts": 1.5}, "trainer_restarts=1.5 must be a whole number of at least 0."),
     ],
 )

@@ -336,6 +336,9 @@ class LocalBackend(Backend):
             }
         )
         env.pop("MALLOC_TRIM_THRESHOLD_", None)
+        # The PS's data plane: every VM is on this host, so a Unix socket (0700 folder, 0600
+        # socket) carries the gradients; a run's data_plane="tls" takes the cross-host path.
+        env.setdefault("TRANSIENT_NB_DATA_PLANE", "unix")
         if spec.role == "ps":
             env["CUDA_VISIBLE_DEVICES"] = ""  # the PS works on the host, as on the paper's CPU VM
         elif self.gpus:

@@ -10,11 +10,12 @@ still in flight (pipelined trainers) is never overwritten by the next step's gra
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 
 import numpy as np
 import torch
+
+from transient_nb.training.wire.codec import TORCH_DTYPES, as_numpy, from_wire, tensor
 
 
 def flat_layout(model: torch.nn.Module) -> tuple[list[torch.nn.Parameter], list[torch.Tensor]]:
@@ -22,13 +23,6 @@ def flat_layout(model: torch.nn.Module) -> tuple[list[torch.nn.Parameter], list[
     params = [p for p in model.parameters() if p.requires_grad]
     buffers = [b for name, b in model.named_buffers() if b.dtype.is_floating_point]
     return params, buffers
-
-
-def _as_tensor(x: np.ndarray) -> torch.Tensor:
-    # Replies arrive as read-only views of the received frames; they are only read here.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.from_numpy(np.asarray(x))
 
 
 class FlatModel:
@@ -39,7 +33,8 @@ class FlatModel:
     model
         The model, already on its device; its tensors become views (its values are kept).
     wire_dtype
-        dtype of the gradients handed out by :meth:`grads` ("float32" or "float16").
+        dtype of the gradients handed out by :meth:`grads` ("float32", "float16" or
+        "bfloat16", the last as int16 bits: numpy has no bfloat16).
     slots
         Host gradient buffers used in turn (2: one may be in flight while the next is filled).
 
@@ -75,7 +70,8 @@ class FlatModel:
                 self.b[o : o + k].copy_(buf.detach().reshape(-1))
                 buf.data = self.b[o : o + k].view_as(buf)
                 o += k
-        wire = torch.float16 if wire_dtype == "float16" else torch.float32
+        self.wire_dtype = wire_dtype
+        wire = TORCH_DTYPES[wire_dtype]
         self._grad_host = [torch.empty(n, dtype=wire, pin_memory=self.cuda) for _ in range(slots)]
         self._bn_host = [torch.empty(nb, pin_memory=self.cuda) for _ in range(slots)]
         self._bn_before = torch.empty(nb, device=device)
@@ -106,7 +102,7 @@ class FlatModel:
         else:
             grad.copy_(self.g)
             bn.copy_(self._bn_delta)
-        return grad.numpy(), (bn.numpy() if self.buffers else None)
+        return as_numpy(grad), (bn.numpy() if self.buffers else None)
 
     def load(
         self,
@@ -118,9 +114,9 @@ class FlatModel:
         statistics."""
         with torch.no_grad():
             for piece, (a, b) in zip(pieces, bounds, strict=True):
-                self.w[a:b].copy_(_as_tensor(piece), non_blocking=True)
+                self.w[a:b].copy_(tensor(from_wire(piece, self.wire_dtype)), non_blocking=True)
             if bn is not None and self.buffers:
-                self.b.copy_(_as_tensor(bn), non_blocking=True)
+                self.b.copy_(tensor(bn), non_blocking=True)
         if self.cuda:
             torch.cuda.current_stream().synchronize()  # the host arrays may go after this
 

@@ -10,7 +10,9 @@ from typing import Any
 from transient_nb.training.emulation import parse_emulation
 
 #: Wire formats of gradients and weights between trainers and the PS.
-WIRE_DTYPES = ("float32", "float16")
+WIRE_DTYPES = ("float32", "float16", "bfloat16")
+#: Where the gradients and weights travel: the backend's choice, a Unix socket, TLS, or the actor.
+DATA_PLANES = ("auto", "unix", "tls", "dask")
 
 
 def _whole(name: str, value: Any, minimum: int) -> None:
@@ -71,7 +73,10 @@ class HParams:
     trainer_restarts: int = (
         3  # restarts of a failing trainer (with backoff) before its worker is given up
     )
-    wire_dtype: str = "float32"  # gradients and weights on the wire: float32 or float16
+    wire_dtype: str = "float32"  # gradients and weights on the wire: float32, float16, bfloat16
+    # The trainer <-> PS bytes (transient_nb.training.wire): "auto" (the backend's: a Unix socket
+    # on the local backend, TLS on GCE), "unix", "tls", or "dask" (on the Dask actor, as before).
+    data_plane: str = "auto"
     pipeline: bool = False  # overlap step k's push with step k+1's compute (+1 staleness)
     # Paced emulation of GPU step times and of the PS's capacity (see transient_nb.training.emulation):
     # None, "paper", or a table such as "k80=4.56,ps=45" (a dict is accepted and kept as text).
@@ -154,6 +159,10 @@ class HParams:
         if self.wire_dtype not in WIRE_DTYPES:
             raise ValueError(
                 f"wire_dtype={self.wire_dtype!r}: use one of {', '.join(map(repr, WIRE_DTYPES))}."
+            )
+        if self.data_plane not in DATA_PLANES:
+            raise ValueError(
+                f"data_plane={self.data_plane!r}: use one of {', '.join(map(repr, DATA_PLANES))}."
             )
         return self
 

@@ -9,7 +9,7 @@ import torch
 def momentum_sgd_(
     w: np.ndarray,
     v: np.ndarray,
-    grad: np.ndarray,
+    grad: np.ndarray | torch.Tensor,
     decay: np.ndarray,
     lr: float,
     momentum: float,
@@ -20,7 +20,8 @@ def momentum_sgd_(
     decay of each entry (0 for biases and batch-norm parameters). The arithmetic runs in torch on
     views of the numpy buffers: fused in-place kernels on all of torch's threads, and a float16
     gradient from the wire is widened on the fly (numpy's float16 casts are not vectorised: 64 ms
-    against 0.15 ms for the 1.86M model, benchmarks/NOTES.md).
+    against 0.15 ms for the 1.86M model, benchmarks/NOTES.md), as is a bfloat16 one (a tensor:
+    numpy has no bfloat16).
 
     Examples
     --------
@@ -30,5 +31,6 @@ def momentum_sgd_(
     [0.8999999761581421, 0.8999999761581421, 0.8999999761581421]
     """
     tw, tv = torch.from_numpy(w), torch.from_numpy(v)
-    tv.mul_(momentum).add_(torch.from_numpy(grad)).addcmul_(torch.from_numpy(decay), tw)
+    g = grad if isinstance(grad, torch.Tensor) else torch.from_numpy(grad)
+    tv.mul_(momentum).add_(g).addcmul_(torch.from_numpy(decay), tw)
     tw.sub_(tv, alpha=lr)

@@ -22,7 +22,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import torch
 from distributed import get_worker
 
 from transient_nb.eventlog.vocabulary import TOPIC, make_event
@@ -30,6 +29,8 @@ from transient_nb.training import checkpoint
 from transient_nb.training.emulation import ServicePacer, cluster_time_scale_async, parse_emulation
 from transient_nb.training.hparams import HParams
 from transient_nb.training.optim import momentum_sgd_
+from transient_nb.training.wire.codec import from_wire, to_wire
+from transient_nb.training.wire.server import serve_ps
 
 logger = logging.getLogger(__name__)
 
@@ -80,21 +81,6 @@ def regroup(states: Sequence[Mapping[str, Any]], shards: int) -> list[dict[str, 
         }
         for i, (a, b) in enumerate(shard_bounds(len(weights), shards))
     ]
-
-
-def to_wire(x: np.ndarray, wire_dtype: str) -> np.ndarray:
-    """A fresh copy of ``x`` in the wire dtype (torch casts: numpy's float16 cast is ~400x slower).
-
-    Examples
-    --------
-    >>> w = np.ones(3, np.float32)
-    >>> out = to_wire(w, "float16")
-    >>> out.dtype, np.shares_memory(out, w), np.shares_memory(to_wire(w, "float32"), w)
-    (dtype('float16'), False, False)
-    """
-    if wire_dtype == "float16":
-        return torch.from_numpy(x).to(torch.float16).numpy()
-    return x.copy()
 
 
 class ParameterServer:
@@ -177,6 +163,7 @@ class ParameterServer:
         emu = parse_emulation(self.hp.emulate)
         self._ps_capacity = emu if emu is not None and emu.ps_steps_per_s is not None else None
         self._service: ServicePacer | None = None
+        self._data_server: Any = None  # the data plane's server, once a trainer asks for it
 
     # -- membership ------------------------------------------------------------------------------
     def active(self) -> list[str]:
@@ -251,7 +238,7 @@ class ParameterServer:
             await self._pace_service()
         t_work = time.perf_counter()
         lr = self.hp.lr_at(self.version, max(1, len(self.active())))
-        self._apply(grad, lr)
+        self._apply(from_wire(grad, self.hp.wire_dtype), lr)
         if bn_delta is not None and self.bn is not None:
             self.bn += bn_delta
         stale = max(0, self.version - int(base_version))
@@ -283,6 +270,14 @@ class ParameterServer:
             if behind is not None:
                 self._post("emulation-behind", worker=self._host(), role="ps", **behind)
         return reply
+
+    async def data_endpoint(self) -> dict[str, Any]:
+        """Where this shard's data plane listens (:mod:`~transient_nb.training.wire`), started
+        at the first ask; ``{}`` when the bytes stay on this actor (``data_plane="dask"``)."""
+        if self._data_server is None:
+            name = f"{self.run}-g{self.generation}-s{self.shard}"
+            self._data_server = serve_ps(self, self._worker, self.hp, name) or False
+        return dict(self._data_server.endpoint) if self._data_server else {}
 
     def _host(self) -> str:
         return str(self._worker.name) if self._worker is not None else "ps"

@@ -41,6 +41,7 @@ from transient_nb.training.flat import FlatModel, flat_layout
 from transient_nb.training.hparams import HParams
 from transient_nb.training.models import build_model
 from transient_nb.training.ps import ParameterServer, shard_bounds
+from transient_nb.training.wire.client import connect_shards
 from transient_nb.worker.drain import register_drain_hook, unregister_drain_hook
 from transient_nb.worker.identity import vm_gpu, vm_name, vm_zone
 
@@ -214,6 +215,9 @@ class Trainer:
         self.rejoins = 0
         self.generation = -1
         self.state = "created"
+        #: The data plane's connections to the shards (None: the actor carries the bytes).
+        self._links: list[Any] | None = None
+        self.data_plane = "dask"
         #: Events posted (kept here too, so a test without a worker can read them).
         self.posted: list[dict[str, Any]] = []
         if self.worker is not None:
@@ -276,6 +280,7 @@ class Trainer:
             "ps_failures": self.ps_failures,
             "rejoins": self.rejoins,
             "generation": self.generation,
+            "data_plane": self.data_plane,
         }
 
     # -- talking to the PS --------------------------------------------------------------------------
@@ -345,8 +350,31 @@ class Trainer:
                 bn_delta=bn_delta if i == 0 else None,
                 final=final,
             )
-            for i, (ps, (a, b)) in enumerate(zip(shards, self.bounds, strict=True))
+            for i, (ps, (a, b)) in enumerate(zip(self._links or shards, self.bounds, strict=True))
         ]
+
+    def _connect(self, shards: list[Any]) -> list[Any] | None:
+        """Data-plane connections to the shards (:mod:`~transient_nb.training.wire`), or None
+        when the actor carries the bytes; an unreachable data plane is an unavailable PS."""
+        self._disconnect()
+        if self.hp.data_plane == "dask":
+            return None
+        endpoints = self._gather([ps.data_endpoint() for ps in shards])
+        try:
+            self._links = connect_shards(
+                endpoints,
+                getattr(self.worker, "security", None),
+                timeout=min(self.hp.call_timeout_s, 5.0),
+            )
+        except OSError as e:
+            raise PSUnavailable(f"data plane: {e!r}"[:300]) from e
+        self.data_plane = self._links[0].transport if self._links else "dask"
+        return self._links
+
+    def _disconnect(self) -> None:
+        for link in self._links or []:
+            link.close()
+        self._links = None
 
     def _accept(self, flat: FlatModel, pieces: list[np.ndarray], bn: np.ndarray | None) -> None:
         """A push was accepted: train on from the weights that came back."""
@@ -375,7 +403,10 @@ class Trainer:
                 if len(shards) != len(self.bounds):
                     # The PS gained a shard (a new generation): the same vector, cut anew.
                     self.bounds = shard_bounds(self.bounds[-1][1], len(shards))
-                pieces, bn, version = _merge(self._gather([ps.pull(self.name) for ps in shards]))
+                links = self._connect(shards)
+                pieces, bn, version = _merge(
+                    self._gather([ps.pull(self.name) for ps in links or shards])
+                )
                 self._gather([ps.register(self.name, self.local_step) for ps in shards])
             except (
                 PSUnavailable,
@@ -567,6 +598,7 @@ class Trainer:
         except _Stopped:
             pass
         finally:
+            self._disconnect()
             if self._draining.is_set():
                 self.state = "drained"
             elif self.state != "finished":  # ("failed" is set by train(), after this)

@@ -1,0 +1,249 @@
+"""Frames of the data plane: one request or reply, and its deadline-bounded I/O on a socket.
+
+A frame is a fixed prefix (magic, kind, number of arrays, length of the metadata), a table of the
+arrays (dtype code and length in bytes), a small JSON object of metadata and the arrays' raw bytes,
+back to back. Arrays are received straight into buffers the receiver keeps from one frame to the
+next (:class:`Buffers`) and sent from the sender's own memory: no pickling, no copy in Python.
+
+The I/O is written as generators that yield whenever the channel's deadline has passed before
+the frame is through. The driver decides what a yield means: the trainer's call returns
+``TimeoutError`` and can be resumed from where it stopped (it waits in slices, looking between
+them whether a new PS was published); the server gives up on the connection. This keeps one
+frame's progress across waits without a thread per call.
+
+Examples
+--------
+>>> import socket
+>>> a, b = socket.socketpair()
+>>> ca, cb = Channel(a), Channel(b)
+>>> drive(ca, ca.send_frame(PULL, {"trainer": "w-0"}, []), 1.0)
+>>> drive(cb, cb.recv_frame(Buffers()), 1.0)
+(2, {'trainer': 'w-0'}, [])
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+import ssl
+import struct
+import time
+from collections.abc import Generator, Sequence
+from typing import Any
+
+import numpy as np
+
+#: Requests, and replies (the high bit set).
+PUSH_PULL = 1
+PULL = 2
+REPLY = 0x81
+ERROR = 0x82
+KINDS = (PUSH_PULL, PULL, REPLY, ERROR)
+
+MAGIC = b"TNw1"
+PREFIX = struct.Struct("<4sBBHI")  # magic, kind, number of arrays, 0, metadata bytes
+ENTRY = struct.Struct("<BQ")  # dtype code (0: no array), bytes
+#: dtype codes; bfloat16 travels as its bits in int16 (numpy has no bfloat16).
+DTYPES: dict[int, np.dtype[Any]] = {
+    1: np.dtype(np.float32),
+    2: np.dtype(np.float16),
+    3: np.dtype(np.int16),
+}
+CODES = {dtype: code for code, dtype in DTYPES.items()}
+#: Bounds a frame must keep (a garbled or hostile prefix must not make us allocate gigabytes).
+MAX_ARRAYS = 8
+MAX_META = 1 << 16
+MAX_ARRAY_BYTES = 1 << 34
+
+Step = Generator[None, None, Any]
+
+
+class FrameError(ConnectionError):
+    """The peer sent something that is not a frame of this protocol (the connection is dropped)."""
+
+
+class Buffers:
+    """Receive buffers kept from one frame to the next, one per array slot.
+
+    An array received into slot ``i`` is a view of this object's memory, valid until the next
+    frame is received with it: the receiver uses (or copies) it before that.
+    """
+
+    def __init__(self) -> None:
+        self._slots: list[np.ndarray] = []
+
+    def get(self, slot: int, dtype: np.dtype[Any], nbytes: int) -> np.ndarray:
+        """A writable array of ``nbytes`` bytes of ``dtype`` in slot ``slot``."""
+        while len(self._slots) <= slot:
+            self._slots.append(np.empty(0, np.uint8))
+        if self._slots[slot].nbytes < nbytes:
+            self._slots[slot] = np.empty(nbytes, np.uint8)
+        return self._slots[slot][:nbytes].view(dtype)
+
+
+def encode_head(kind: int, meta: dict[str, Any], arrays: Sequence[np.ndarray | None]) -> bytes:
+    """The prefix, array table and metadata of a frame (the arrays follow as they are).
+
+    Examples
+    --------
+    >>> len(encode_head(PULL, {}, [np.zeros(3, np.float32), None]))
+    32
+    """
+    if kind not in KINDS:
+        raise ValueError(f"Unknown frame kind {kind!r}.")
+    if len(arrays) > MAX_ARRAYS:
+        raise ValueError(f"{len(arrays)} arrays in one frame: at most {MAX_ARRAYS}.")
+    body = json.dumps(meta, separators=(",", ":")).encode()
+    if len(body) > MAX_META:
+        raise ValueError(f"Metadata of {len(body)} bytes: at most {MAX_META}.")
+    table = b""
+    for a in arrays:
+        if a is None:
+            table += ENTRY.pack(0, 0)
+            continue
+        code = CODES.get(a.dtype)
+        if code is None:
+            raise ValueError(f"No wire code for dtype {a.dtype}: use one of {list(CODES)}.")
+        if not a.flags.c_contiguous:
+            raise ValueError("Arrays on the wire must be C-contiguous.")
+        table += ENTRY.pack(code, a.nbytes)
+    return PREFIX.pack(MAGIC, kind, len(arrays), 0, len(body)) + table + body
+
+
+def decode_prefix(data: bytes) -> tuple[int, int, int]:
+    """``(kind, arrays, metadata bytes)`` of a frame's prefix; :class:`FrameError` if it is none."""
+    magic, kind, n, _, meta_len = PREFIX.unpack(data)
+    if magic != MAGIC or kind not in KINDS or n > MAX_ARRAYS or meta_len > MAX_META:
+        raise FrameError("Not a frame of the transient_nb data plane.")
+    return kind, n, meta_len
+
+
+class Channel:
+    """A connected stream socket (Unix or TLS) with deadline-bounded, resumable frame I/O.
+
+    Parameters
+    ----------
+    sock
+        A connected socket; it is used with timeouts (non-blocking underneath).
+    """
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        #: ``time.monotonic()`` by which the current step must be done (inf: no bound).
+        self.deadline = math.inf
+
+    # -- the steps; each yields when the deadline has passed ------------------------------------
+    def _arm(self) -> bool:
+        """Set the socket's timeout to what is left; False when nothing is left."""
+        if self.deadline == math.inf:
+            self.sock.settimeout(None)
+            return True
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            return False
+        self.sock.settimeout(left)
+        return True
+
+    def send_all(self, views: Sequence[Any]) -> Step:
+        """Send every buffer in ``views`` in order."""
+        armed = self._arm()
+        for v in views:
+            view = memoryview(v).cast("B")
+            pos = 0
+            while pos < len(view):
+                if not armed:
+                    yield
+                    armed = self._arm()
+                    continue
+                try:
+                    # On a timeout the same slice is offered again: what TLS needs (it
+                    # remembers how much of an interrupted write went out).
+                    pos += self.sock.send(view[pos:])
+                except (TimeoutError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
+                    armed = False
+
+    def recv_into(self, view: memoryview) -> Step:
+        """Fill ``view`` from the socket."""
+        pos = 0
+        armed = self._arm()
+        while pos < len(view):
+            if not armed:
+                yield
+                armed = self._arm()
+                continue
+            try:
+                n = self.sock.recv_into(view[pos:])
+            except (TimeoutError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                armed = False
+                continue
+            if n == 0:
+                raise ConnectionError("The peer closed the data-plane connection.")
+            pos += n
+
+    def send_frame(
+        self, kind: int, meta: dict[str, Any], arrays: Sequence[np.ndarray | None]
+    ) -> Step:
+        """Send one frame."""
+        head = encode_head(kind, meta, arrays)
+        yield from self.send_all([head, *(a for a in arrays if a is not None and a.nbytes)])
+
+    def recv_frame(
+        self, buffers: Buffers, stall: float | None = None
+    ) -> Generator[None, None, tuple[int, dict[str, Any], list[np.ndarray | None]]]:
+        """Receive one frame: ``(kind, metadata, arrays)``, the arrays in ``buffers``.
+
+        With ``stall``, the frame's first byte may take until the channel's deadline (the
+        server waits for a request as long as its peer lives) and the rest of it ``stall``
+        seconds from there.
+        """
+        prefix = memoryview(bytearray(PREFIX.size))
+        yield from self.recv_into(prefix[:1])
+        if stall is not None:
+            self.deadline = time.monotonic() + stall
+        yield from self.recv_into(prefix[1:])
+        kind, n, meta_len = decode_prefix(prefix.tobytes())
+        rest = bytearray(n * ENTRY.size + meta_len)
+        yield from self.recv_into(memoryview(rest))
+        table = [ENTRY.unpack_from(rest, i * ENTRY.size) for i in range(n)]
+        try:
+            meta = json.loads(bytes(rest[n * ENTRY.size :]) or b"{}")
+        except ValueError as e:
+            raise FrameError(f"Bad frame metadata: {e}") from None
+        if not isinstance(meta, dict):
+            raise FrameError("Frame metadata must be an object.")
+        arrays: list[np.ndarray | None] = []
+        for slot, (code, nbytes) in enumerate(table):
+            if code == 0:
+                arrays.append(None)
+                continue
+            dtype = DTYPES.get(code)
+            if dtype is None or nbytes > MAX_ARRAY_BYTES or nbytes % dtype.itemsize:
+                raise FrameError(f"Bad array entry (code {code}, {nbytes} bytes).")
+            out = buffers.get(slot, dtype, nbytes)
+            yield from self.recv_into(out.data.cast("B"))
+            arrays.append(out)
+        return kind, meta, arrays
+
+    def close(self) -> None:
+        """Shut the connection down (a thread blocked on it wakes up) and close it."""
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+
+
+def drive(channel: Channel, step: Generator[None, None, Any], timeout: float | None) -> Any:
+    """Run ``step`` of ``channel`` to its end within ``timeout`` seconds (None: no bound).
+
+    Raises ``TimeoutError`` when it is not through by then: the frame is cut, so the connection
+    can only be dropped.
+    """
+    channel.deadline = math.inf if timeout is None else time.monotonic() + timeout
+    try:
+        while True:
+            next(step)
+            raise TimeoutError(f"The data-plane frame was not through within {timeout} s.")
+    except StopIteration as stop:
+        return stop.value

@@ -1,0 +1,322 @@
+"""The PS's end of the data plane: a listener and one thread per trainer connection.
+
+A connection's thread reads a request into buffers it keeps, hands the call to the PS on the
+worker's event loop (``push_pull`` and ``pull`` stay the actor's own coroutines, so an update is
+as atomic as when Dask calls it), waits for the reply and sends it from its own thread. The
+socket work (and the TLS) runs beside the event loop, not on it; the update itself releases the
+GIL (torch kernels), so connections overlap their I/O with other trainers' updates.
+
+Bounds (chaos suite): a request or a reply that stalls for ``stall_s`` in the middle drops the
+connection (the trainer has given up and rejoins by then); an idle connection lives as long as
+its peer (a killed peer's kernel closes it; a vanished host's is noticed by TCP keepalive).
+The server closes itself once its PS is no longer an actor of its worker (a new generation, the
+run's end), and with it every connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import ssl
+import threading
+import weakref
+from collections.abc import Callable
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
+
+from transient_nb.training.wire import transport
+from transient_nb.training.wire.frame import (
+    ERROR,
+    PULL,
+    PUSH_PULL,
+    REPLY,
+    Buffers,
+    Channel,
+    FrameError,
+    drive,
+)
+
+logger = logging.getLogger(__name__)
+
+#: How often the listener looks whether its PS is still there (seconds).
+CHECK_S = 0.5
+#: Bound of a TLS handshake (an outsider that connects and says nothing is dropped by then).
+HANDSHAKE_S = 10.0
+
+
+class DataServer:
+    """Serve ``target``'s ``push_pull`` and ``pull`` on a data-plane listener.
+
+    Parameters
+    ----------
+    target
+        The PS (held weakly): coroutines ``push_pull(**kwargs)`` and ``pull(trainer)`` that
+        return ``(weights, statistics or None, version)``.
+    loop
+        The event loop the PS's coroutines run on (the worker's).
+    mode
+        ``"unix"`` or ``"tls"`` (see :mod:`.transport`).
+    name
+        Names the threads and the socket (the run and the shard).
+    host
+        The interface a TLS listener binds (the worker's own address).
+    server_tls
+        The server's TLS context (mode ``"tls"``).
+    ports
+        Ports a TLS listener may take (``[0]``: any).
+    stall_s
+        A frame that stalls this long in the middle drops its connection.
+    alive
+        Called every :data:`CHECK_S`; the server closes itself once it returns False.
+
+    Examples
+    --------
+    >>> import asyncio, numpy as np
+    >>> class PS:
+    ...     async def pull(self, trainer): return np.ones(2, np.float32), None, 7
+    >>> loop = asyncio.new_event_loop()
+    >>> threading.Thread(target=loop.run_forever, daemon=True).start()
+    >>> server = DataServer(PS(), loop, "unix", "demo")
+    >>> sorted(server.endpoint)
+    ['host', 'unix']
+    >>> server.close()
+    """
+
+    def __init__(
+        self,
+        target: Any,
+        loop: asyncio.AbstractEventLoop,
+        mode: str,
+        name: str,
+        *,
+        host: str = "127.0.0.1",
+        server_tls: ssl.SSLContext | None = None,
+        ports: list[int] | None = None,
+        stall_s: float = 30.0,
+        alive: Callable[[], bool] | None = None,
+    ):
+        self._target = weakref.ref(target)
+        self._loop = loop
+        self.mode = mode
+        self.name = name
+        self.stall_s = stall_s
+        self._alive = alive
+        self._tls = server_tls
+        self._closed = threading.Event()
+        self._lock = threading.Lock()
+        self._channels: set[Channel] = set()
+        self._path: str | None = None
+        self.endpoint: dict[str, Any] = {"host": transport.host_id()}
+        if mode == "unix":
+            self._sock, self._path = transport.listen_unix(name)
+            self.endpoint["unix"] = self._path
+        elif mode == "tls":
+            if server_tls is None:
+                raise ValueError("A TLS data plane needs the worker's TLS certificates.")
+            self._sock = transport.listen_tcp(host, ports or [0])
+            self.endpoint["tls"] = [host, self._sock.getsockname()[1]]
+        else:
+            raise ValueError(f"No data-plane server for mode {mode!r}.")
+        self._sock.settimeout(CHECK_S)
+        #: Connections refused (a failed handshake, a foreign uid, not our protocol).
+        self.refused = 0
+        self.served = 0
+        self._thread = threading.Thread(
+            target=self._accept_loop, name=f"transient-data-{name}", daemon=True
+        )
+        self._thread.start()
+
+    # -- life -----------------------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        return self._closed.is_set()
+
+    def close(self) -> None:
+        """Stop listening and drop every connection (their threads end at once)."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        try:
+            self._sock.close()
+        except OSError:
+            pass
+        if self._path is not None:
+            transport.remove_unix(self._path)
+        with self._lock:
+            channels = list(self._channels)
+        for chan in channels:
+            chan.close()
+
+    def cut(self) -> int:
+        """Drop every open connection but keep listening (a fault the chaos tests inject)."""
+        with self._lock:
+            channels = list(self._channels)
+        for chan in channels:
+            chan.close()
+        return len(channels)
+
+    def _gone(self) -> bool:
+        if self._target() is None:
+            return True
+        try:
+            return self._alive is not None and not self._alive()
+        except Exception:
+            return False
+
+    def _accept_loop(self) -> None:
+        while not self._closed.is_set():
+            if self._gone():
+                self.close()
+                break
+            try:
+                sock, _ = self._sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                break  # closed
+            threading.Thread(
+                target=self._connection,
+                args=(sock,),
+                name=f"transient-data-{self.name}-conn",
+                daemon=True,
+            ).start()
+
+    # -- one connection -------------------------------------------------------------------------
+    def _admit(self, sock: socket.socket) -> socket.socket | None:
+        """The connection as a member's, or None (closed) when it is not one."""
+        transport.tune(sock)
+        try:
+            if self.mode == "unix":
+                uid = transport.peer_uid(sock)
+                if uid != os.getuid():
+                    raise PermissionError(f"a process of uid {uid}")
+                return sock
+            assert self._tls is not None
+            sock.settimeout(HANDSHAKE_S)
+            tls = self._tls.wrap_socket(sock, server_side=True)
+            return tls
+        except (OSError, ssl.SSLError, ValueError) as e:
+            self.refused += 1
+            logger.info("Data plane %s refused a connection: %r", self.name, e)
+            sock.close()
+            return None
+
+    def _connection(self, raw: socket.socket) -> None:
+        sock = self._admit(raw)
+        if sock is None:
+            return
+        chan = Channel(sock)
+        with self._lock:
+            if self._closed.is_set():
+                chan.close()
+                return
+            self._channels.add(chan)
+        buffers = Buffers()
+        try:
+            while not self._closed.is_set():
+                # Idle until the peer sends (or goes); then the whole frame within stall_s.
+                chan.deadline = float("inf")
+                kind, meta, arrays = drive(chan, chan.recv_frame(buffers, stall=self.stall_s), None)
+                reply = self._call(kind, meta, arrays)
+                drive(chan, chan.send_frame(*reply), self.stall_s)
+                self.served += 1
+        except FrameError as e:
+            self.refused += 1
+            logger.info("Data plane %s dropped a peer: %r", self.name, e)
+        except (ConnectionError, TimeoutError, OSError, ssl.SSLError):
+            pass  # the peer went, stalled, or we are closing
+        finally:
+            with self._lock:
+                self._channels.discard(chan)
+            chan.close()
+
+    def _call(self, kind: int, meta: dict[str, Any], arrays: list[Any]) -> tuple[Any, ...]:
+        """Run the request on the PS's event loop; the reply frame ``(kind, meta, arrays)``."""
+        target = self._target()
+        if target is None:
+            raise ConnectionError("The parameter server is gone.")
+        try:
+            if kind == PUSH_PULL:
+                coro = target.push_pull(
+                    trainer=str(meta["trainer"]),
+                    grad=arrays[0],
+                    base_version=int(meta["base_version"]),
+                    local_step=int(meta["local_step"]),
+                    loss=float(meta.get("loss", 0.0)),
+                    images=int(meta.get("images", 0)),
+                    bn_delta=arrays[1] if len(arrays) > 1 else None,
+                    final=bool(meta.get("final", False)),
+                )
+            elif kind == PULL:
+                coro = target.pull(meta.get("trainer"))
+            else:
+                raise FrameError(f"Frame kind {kind} is not a request.")
+        except (KeyError, ValueError, TypeError, IndexError) as e:
+            return ERROR, {"error": f"bad request: {e!r}"[:500]}, []
+        del target
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        while True:
+            try:
+                weights, bn, version = future.result(timeout=CHECK_S)
+                break
+            except FutureTimeout:
+                if self._closed.is_set():
+                    future.cancel()
+                    raise ConnectionError("closing") from None
+            except Exception as e:  # the PS refused the call: the trainer sees why
+                return ERROR, {"error": repr(e)[:500]}, []
+        return REPLY, {"version": int(version)}, [weights, bn]
+
+
+def serve_ps(ps: Any, worker: Any, hp: Any, name: str) -> DataServer | None:
+    """Start the data plane of PS shard ``ps`` on its ``worker``; None when the bytes stay on
+    the actor.
+
+    ``hp.data_plane`` picks the transport (``"auto"``: the backend's, through
+    ``TRANSIENT_NB_DATA_PLANE``). A PS outside a worker (the unit tests' doubles) has one only
+    when a transport is named; a TLS one needs the worker's certificates (without them the
+    bytes stay on the actor, said in the log). Runs on the event loop of the PS's coroutines.
+    """
+    setting = str(hp.data_plane)
+    if setting == "dask" or (worker is None and setting == "auto"):
+        return None
+    mode = transport.resolve_mode(setting)
+    if mode == "dask":
+        return None
+    host, server_tls, ports = "127.0.0.1", None, None
+    if mode == "tls":
+        server_tls = transport.tls_contexts(getattr(worker, "security", None))[0]
+        if server_tls is None:
+            logger.warning(
+                "Data plane %s: no TLS certificates on this worker; the bytes stay on the actor.",
+                name,
+            )
+            return None
+        if worker is not None:
+            from distributed.comm import get_address_host
+
+            host = get_address_host(worker.address)
+        ports = transport.port_range(os.environ.get(transport.PORTS_ENV))
+    ref = weakref.ref(ps)
+
+    def alive() -> bool:
+        # The server lives as long as its PS is an actor of the worker (a released generation,
+        # or the run's end, closes it).
+        p = ref()
+        if p is None:
+            return False
+        return worker is None or any(a is p for a in worker.state.actors.values())
+
+    return DataServer(
+        ps,
+        asyncio.get_running_loop(),
+        mode,
+        name,
+        host=host,
+        server_tls=server_tls,
+        ports=ports,
+        stall_s=float(hp.call_timeout_s),
+        alive=alive,
+    )
