@@ -51,6 +51,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common
 from _common import fmt, log, md_table, median, spread
 
+#: ``--path`` -> ``HParams.data_plane`` of ours.
+PATHS = {"default": "auto", "cross-host": "tls", "actor": "dask"}
+#: The transport each path must use (a run that fell back to another is an error, not a figure).
+EXPECTED = {"default": "unix", "cross-host": "tls", "actor": "dask"}
 #: The paper's single PS saturated at about this many global steps/s (1.86M model; Li et al. §3).
 PAPER_PS_STEPS_S = 45.0
 BATCH = 128  # images counted per push (only reported to the PS)
@@ -90,17 +94,26 @@ def dask_push_loop(
     stop_at: float,
     timeout: float,
     variant: str = "current",
-) -> list[float]:
+    data_plane: str = "dask",
+) -> tuple[list[float], str]:
     """A no-compute trainer (a task on a gpu worker): the Trainer's PS round trip in a loop,
-    with its host-side work on the gradient and the weights (cast, split, merge)."""
+    with its host-side work on the gradient and the weights (cast, split, merge), through the
+    data plane as ``Trainer._connect`` opens it (or the actor, ``data_plane="dask"``); returns
+    the completion times and the transport used."""
     import numpy as np
     from _variants import cast_gradient, merge_replies
+    from distributed import get_worker
     from distributed.actor import Actor
 
     from transient_nb.training.ps import ParameterServer
+    from transient_nb.training.wire.client import connect_shards
 
     legacy = variant == "legacy"
     actors = [Actor(ParameterServer, addr, key) for addr, key in shards]
+    links = None
+    if data_plane != "dask":
+        endpoints = [ps.data_endpoint().result(timeout=timeout) for ps in actors]
+        links = connect_shards(endpoints, get_worker().security, timeout=5.0)
     rng = np.random.default_rng(abs(hash(name)) % 2**32)
     n = bounds[-1][1]
     grad32 = (rng.standard_normal(n) * 1e-4).astype(np.float32)
@@ -120,16 +133,18 @@ def dask_push_loop(
                 images=BATCH,
                 bn_delta=bn_delta if i == 0 else None,
             )
-            for i, (ps, (a, b)) in enumerate(zip(actors, bounds, strict=True))
+            for i, (ps, (a, b)) in enumerate(zip(links or actors, bounds, strict=True))
         ]
         replies = [f.result(timeout=timeout) for f in futures]
         merge_replies(replies)  # as the Trainer's merge
         return int(replies[0][2])
 
     times, _ = timed_loop(push, start_at, stop_at, len(actors))
+    for link in links or []:
+        link.close()
     for ps in actors:
         ps.unregister(name, True).result(timeout=timeout)
-    return times
+    return times, links[0].transport if links else "dask"
 
 
 def _warm_worker() -> bool:
@@ -148,10 +163,19 @@ class DaskBench:
     process) and puts shard i on host i, as ``train(shards=N)`` does.
     """
 
-    def __init__(self, trainers: int, variant: str = "current", shard_hosts: int = 0):
+    def __init__(
+        self,
+        trainers: int,
+        variant: str = "current",
+        shard_hosts: int = 0,
+        data_plane: str = "auto",
+    ):
         from distributed import Client
 
         self.variant = variant
+        self.data_plane = data_plane
+        #: The transports the trainers used, per run (what the table's "path" column says).
+        self.transports: list[set[str]] = []
         self.trainers = trainers
         self._cm = _common.transient_cluster(trainers, ps_hosts=max(1, shard_hosts))
         self.cluster = self._cm.__enter__()
@@ -186,7 +210,7 @@ class DaskBench:
         rng = np.random.default_rng(0)
         w0 = (rng.standard_normal(n) * 0.05).astype(np.float32)
         mask = np.ones(n, np.uint8)
-        hp = HParams(steps=10**9, wire_dtype=cfg["wire"]).to_dict()
+        hp = HParams(steps=10**9, wire_dtype=cfg["wire"], data_plane=self.data_plane).to_dict()
         cls = LegacyParameterServer if self.variant == "legacy" else ParameterServer
         hosts = self.ps_addrs
         futures = [
@@ -225,15 +249,17 @@ class DaskBench:
                 stop_at,
                 60.0,
                 self.variant,
+                self.data_plane,
                 workers=[addr],
                 allow_other_workers=False,
                 pure=False,
             )
             for k, addr in enumerate(self.gpu_addrs[: min(cfg["trainers"], self.trainers)])
         ]
-        times = self.client.gather(loops)
+        out = self.client.gather(loops)
         del actors, futures, loops
-        return times
+        self.transports.append({path for _, path in out})
+        return [times for times, _ in out]
 
     def ps_pids(self) -> list[int]:
         """The processes of the PS shards' hosts (for CPU accounting)."""
@@ -501,6 +527,15 @@ def main(argv: list[str] | None = None) -> int:
         help="legacy: the PS path before this round (_variants.py), for before/after figures",
     )
     p.add_argument(
+        "--path",
+        default="default",
+        choices=list(PATHS),
+        help="ours: the data plane's path. default: the local backend's (a Unix socket); "
+        "cross-host: what GCE uses between VMs (TCP with mutually authenticated TLS, the "
+        "cluster's certificates), here on one host; actor: the bytes on the Dask actor (the "
+        "path before round thirteen)",
+    )
+    p.add_argument(
         "--shard-processes",
         action="store_true",
         help="ours: one PS host (a process of its own) per shard, ps_hosts=shards, as "
@@ -546,6 +581,7 @@ def main(argv: list[str] | None = None) -> int:
                 most,
                 args.variant,
                 max(c["shards"] for c in configs) if args.shard_processes else 0,
+                PATHS[args.path],
             )
             log(f"dask cluster with {most} trainer workers up in {time.time() - t0:.1f} s")
         t0 = time.time()
@@ -567,6 +603,13 @@ def main(argv: list[str] | None = None) -> int:
                         f"shards={cfg['shards']} {cfg['wire']} trainers={cfg['trainers']}: "
                         f"{rate:.0f} steps/s, {ms:.2f} ms/round trip, PS CPU {cpu_ms:.2f} ms/step"
                     )
+        if "dask" in benches:
+            used = set().union(*benches["dask"].transports)
+            if used != {EXPECTED[args.path]}:
+                raise RuntimeError(
+                    f"--path {args.path} must use {EXPECTED[args.path]!r}; the trainers used "
+                    f"{sorted(used)}"
+                )
     finally:
         for b in benches.values():
             b.close()
@@ -631,7 +674,8 @@ def main(argv: list[str] | None = None) -> int:
         "round trip; PS cpu ms/step = CPU time (user + system) of the PS process(es) per global "
         "step, warm-up included (1000 / it = the steps/s one free core could serve);"
         f" rpc transport {args.rpc_transport}; dask/45 = x the paper's saturated PS; "
-        f"dask variant {args.variant}"
+        f"dask variant {args.variant}, data-plane path {args.path} "
+        f"({EXPECTED[args.path]})"
         + (
             ", one PS host (process) per shard."
             if args.shard_processes

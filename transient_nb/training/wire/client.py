@@ -27,10 +27,12 @@ from transient_nb.training.wire.frame import (
     PULL,
     PUSH_PULL,
     REPLY,
+    SETUP,
     Buffers,
     Channel,
     FrameError,
 )
+from transient_nb.training.wire.region import Region, aligned
 
 #: How long making a call may block on sending its request before it returns (seconds); the
 #: rest is sent by ``result``.
@@ -148,6 +150,9 @@ class DataClient:
         self.broken = False
         self.busy: Call | None = None
         self._buffers = Buffers()
+        #: On a Unix socket, the memory region shared with the PS (made at the first call).
+        self.region: Region | None = None
+        self._reply_bytes = 0  # room the last reply took: what the next one will need
 
     def close(self) -> None:
         """Close the connection (a call in flight fails)."""
@@ -171,14 +176,48 @@ class DataClient:
         self, kind: int, meta: dict[str, Any], arrays: list[np.ndarray | None]
     ) -> Generator[Any, None, Any]:
         chan = self.channel
-        yield from chan.send_frame(kind, meta, arrays)
+        offsets: list[int | None] = []
+        if chan.unix:
+            offsets = yield from self._stage(meta, arrays)
+        yield from chan.send_frame(kind, meta, arrays, offsets)
         yield SENT  # the call's first slice ends here: the caller gets on with its step
-        reply_kind, reply, out = yield from chan.recv_frame(self._buffers)
+        reply_kind, reply, out = yield from chan.recv_frame(self._buffers, region=self.region)
         if reply_kind == ERROR:
             raise RemoteError(str(reply.get("error", "the PS refused the call")))
         if reply_kind != REPLY or len(out) != 2:
             raise FrameError(f"Unexpected reply frame (kind {reply_kind}).")
+        self._reply_bytes = max(
+            self._reply_bytes, sum(aligned(a.nbytes) for a in out if a is not None)
+        )
         return out[0], out[1], int(reply["version"])
+
+    def _stage(
+        self, meta: dict[str, Any], arrays: list[np.ndarray | None]
+    ) -> Generator[Any, None, list[int | None]]:
+        """Put the request's arrays in the shared region (made, or made larger, first) and
+        leave room for the reply; their offsets."""
+        request = sum(aligned(a.nbytes) for a in arrays if a is not None)
+        room = max(self._reply_bytes, request)  # a push's reply is the size of its gradient
+        if request + room == 0:
+            return []  # nothing to share yet (a first pull): the reply comes inline
+        if self.region is None or self.region.size < request + room:
+            region = Region.create(request + room)
+            try:
+                yield from self.channel.send_frame(SETUP, {}, [], fd=region.fd)
+            finally:
+                region.close()  # the PS has its own descriptor now; the mapping stays
+            self.region = region
+        offsets: list[int | None] = []
+        at = 0
+        for a in arrays:
+            if a is None:
+                offsets.append(None)
+                continue
+            self.region.view(at, a.dtype, a.nbytes)[...] = a
+            offsets.append(at)
+            at += aligned(a.nbytes)
+        meta["reply_at"], meta["reply_room"] = at, self.region.size - at
+        return offsets
 
     # -- the actor's data methods ---------------------------------------------------------------
     def push_pull(

@@ -1,9 +1,11 @@
 """Frames of the data plane: one request or reply, and its deadline-bounded I/O on a socket.
 
 A frame is a fixed prefix (magic, kind, number of arrays, length of the metadata), a table of the
-arrays (dtype code and length in bytes), a small JSON object of metadata and the arrays' raw bytes,
-back to back. Arrays are received straight into buffers the receiver keeps from one frame to the
-next (:class:`Buffers`) and sent from the sender's own memory: no pickling, no copy in Python.
+arrays (dtype code, length in bytes, offset), a small JSON object of metadata and the arrays' raw
+bytes, back to back. Arrays are received straight into buffers the receiver keeps from one frame
+to the next (:class:`Buffers`) and sent from the sender's own memory: no pickling, no copy in
+Python. On a Unix socket an array may instead lie in the memory region the two ends share
+(:mod:`.region`; its entry says where): a ``SETUP`` frame hands the region's descriptor over.
 
 The I/O is written as generators that yield whenever the channel's deadline has passed before
 the frame is through. The driver decides what a yield means: the trainer's call returns
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import socket
 import ssl
 import struct
@@ -37,13 +40,18 @@ import numpy as np
 #: Requests, and replies (the high bit set).
 PUSH_PULL = 1
 PULL = 2
+SETUP = 3  # carries a shared region's descriptor (Unix sockets only); no reply
 REPLY = 0x81
 ERROR = 0x82
-KINDS = (PUSH_PULL, PULL, REPLY, ERROR)
+KINDS = (PUSH_PULL, PULL, SETUP, REPLY, ERROR)
 
 MAGIC = b"TNw1"
 PREFIX = struct.Struct("<4sBBHI")  # magic, kind, number of arrays, 0, metadata bytes
-ENTRY = struct.Struct("<BQ")  # dtype code (0: no array), bytes
+ENTRY = struct.Struct("<BQQ")  # dtype code (0: no array; | IN_REGION), bytes, offset
+#: Set in an entry's code when the array lies in the shared region, at the entry's offset.
+IN_REGION = 0x80
+#: Descriptors a frame may carry (a region's; more are closed unread).
+MAX_FDS = 1
 #: dtype codes; bfloat16 travels as its bits in int16 (numpy has no bfloat16).
 DTYPES: dict[int, np.dtype[Any]] = {
     1: np.dtype(np.float32),
@@ -82,13 +90,19 @@ class Buffers:
         return self._slots[slot][:nbytes].view(dtype)
 
 
-def encode_head(kind: int, meta: dict[str, Any], arrays: Sequence[np.ndarray | None]) -> bytes:
-    """The prefix, array table and metadata of a frame (the arrays follow as they are).
+def encode_head(
+    kind: int,
+    meta: dict[str, Any],
+    arrays: Sequence[np.ndarray | None],
+    offsets: Sequence[int | None] = (),
+) -> bytes:
+    """The prefix, array table and metadata of a frame (the arrays follow as they are, except
+    those with an offset: they lie in the shared region there).
 
     Examples
     --------
     >>> len(encode_head(PULL, {}, [np.zeros(3, np.float32), None]))
-    32
+    48
     """
     if kind not in KINDS:
         raise ValueError(f"Unknown frame kind {kind!r}.")
@@ -98,16 +112,20 @@ def encode_head(kind: int, meta: dict[str, Any], arrays: Sequence[np.ndarray | N
     if len(body) > MAX_META:
         raise ValueError(f"Metadata of {len(body)} bytes: at most {MAX_META}.")
     table = b""
-    for a in arrays:
+    for i, a in enumerate(arrays):
         if a is None:
-            table += ENTRY.pack(0, 0)
+            table += ENTRY.pack(0, 0, 0)
             continue
         code = CODES.get(a.dtype)
         if code is None:
             raise ValueError(f"No wire code for dtype {a.dtype}: use one of {list(CODES)}.")
         if not a.flags.c_contiguous:
             raise ValueError("Arrays on the wire must be C-contiguous.")
-        table += ENTRY.pack(code, a.nbytes)
+        offset = offsets[i] if i < len(offsets) else None
+        if offset is None:
+            table += ENTRY.pack(code, a.nbytes, 0)
+        else:
+            table += ENTRY.pack(code | IN_REGION, a.nbytes, offset)
     return PREFIX.pack(MAGIC, kind, len(arrays), 0, len(body)) + table + body
 
 
@@ -132,6 +150,9 @@ class Channel:
         self.sock = sock
         #: ``time.monotonic()`` by which the current step must be done (inf: no bound).
         self.deadline = math.inf
+        self.unix = sock.family == socket.AF_UNIX
+        #: Descriptors received with the last frame (its receiver takes and closes them).
+        self.fds: list[int] = []
 
     # -- the steps; each yields when the deadline has passed ------------------------------------
     def _arm(self) -> bool:
@@ -163,8 +184,9 @@ class Channel:
                 except (TimeoutError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
                     armed = False
 
-    def recv_into(self, view: memoryview) -> Step:
-        """Fill ``view`` from the socket."""
+    def recv_into(self, view: memoryview, fds: bool = False) -> Step:
+        """Fill ``view`` from the socket (with ``fds``, on a Unix socket, also take the
+        descriptors that come with the bytes)."""
         pos = 0
         armed = self._arm()
         while pos < len(view):
@@ -173,7 +195,10 @@ class Channel:
                 armed = self._arm()
                 continue
             try:
-                n = self.sock.recv_into(view[pos:])
+                if fds and self.unix:
+                    n = self._recv_with_fds(view[pos:])
+                else:
+                    n = self.sock.recv_into(view[pos:])
             except (TimeoutError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
                 armed = False
                 continue
@@ -181,24 +206,48 @@ class Channel:
                 raise ConnectionError("The peer closed the data-plane connection.")
             pos += n
 
+    def _recv_with_fds(self, view: memoryview) -> int:
+        data, fds, _, _ = socket.recv_fds(self.sock, len(view), MAX_FDS)
+        view[: len(data)] = data
+        for fd in fds[MAX_FDS:]:
+            os.close(fd)
+        self.fds += fds[:MAX_FDS]
+        return len(data)
+
     def send_frame(
-        self, kind: int, meta: dict[str, Any], arrays: Sequence[np.ndarray | None]
+        self,
+        kind: int,
+        meta: dict[str, Any],
+        arrays: Sequence[np.ndarray | None],
+        offsets: Sequence[int | None] = (),
+        fd: int | None = None,
     ) -> Step:
-        """Send one frame."""
-        head = encode_head(kind, meta, arrays)
-        yield from self.send_all([head, *(a for a in arrays if a is not None and a.nbytes)])
+        """Send one frame (arrays with an offset are already in the shared region; ``fd``, a
+        region's descriptor, goes with the frame's first bytes)."""
+        head = encode_head(kind, meta, arrays, offsets)
+        inline = [
+            a
+            for i, a in enumerate(arrays)
+            if a is not None and a.nbytes and (i >= len(offsets) or offsets[i] is None)
+        ]
+        if fd is not None:
+            # Blocking for the few bytes that carry the descriptor (a socket buffer holds them).
+            socket.send_fds(self.sock, [head[:1]], [fd])
+            head = head[1:]
+        yield from self.send_all([head, *inline])
 
     def recv_frame(
-        self, buffers: Buffers, stall: float | None = None
+        self, buffers: Buffers, stall: float | None = None, region: Any = None
     ) -> Generator[None, None, tuple[int, dict[str, Any], list[np.ndarray | None]]]:
-        """Receive one frame: ``(kind, metadata, arrays)``, the arrays in ``buffers``.
+        """Receive one frame: ``(kind, metadata, arrays)``, the arrays in ``buffers`` or, for
+        entries that say so, views of the shared ``region``.
 
         With ``stall``, the frame's first byte may take until the channel's deadline (the
         server waits for a request as long as its peer lives) and the rest of it ``stall``
         seconds from there.
         """
         prefix = memoryview(bytearray(PREFIX.size))
-        yield from self.recv_into(prefix[:1])
+        yield from self.recv_into(prefix[:1], fds=True)
         if stall is not None:
             self.deadline = time.monotonic() + stall
         yield from self.recv_into(prefix[1:])
@@ -213,20 +262,35 @@ class Channel:
         if not isinstance(meta, dict):
             raise FrameError("Frame metadata must be an object.")
         arrays: list[np.ndarray | None] = []
-        for slot, (code, nbytes) in enumerate(table):
+        for slot, (code, nbytes, offset) in enumerate(table):
             if code == 0:
                 arrays.append(None)
                 continue
-            dtype = DTYPES.get(code)
+            dtype = DTYPES.get(code & ~IN_REGION)
             if dtype is None or nbytes > MAX_ARRAY_BYTES or nbytes % dtype.itemsize:
                 raise FrameError(f"Bad array entry (code {code}, {nbytes} bytes).")
+            if code & IN_REGION:
+                if region is None:
+                    raise FrameError("An array in a shared region, but none was set up.")
+                try:
+                    arrays.append(region.view(offset, dtype, nbytes))
+                except ValueError as e:
+                    raise FrameError(str(e)) from None
+                continue
             out = buffers.get(slot, dtype, nbytes)
             yield from self.recv_into(out.data.cast("B"))
             arrays.append(out)
         return kind, meta, arrays
 
+    def take_fds(self) -> list[int]:
+        """The descriptors received so far (the caller owns them now)."""
+        fds, self.fds = self.fds, []
+        return fds
+
     def close(self) -> None:
         """Shut the connection down (a thread blocked on it wakes up) and close it."""
+        for fd in self.take_fds():
+            os.close(fd)
         try:
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:

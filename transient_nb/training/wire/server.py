@@ -32,11 +32,13 @@ from transient_nb.training.wire.frame import (
     PULL,
     PUSH_PULL,
     REPLY,
+    SETUP,
     Buffers,
     Channel,
     FrameError,
     drive,
 )
+from transient_nb.training.wire.region import Region, aligned
 
 logger = logging.getLogger(__name__)
 
@@ -214,13 +216,21 @@ class DataServer:
                 return
             self._channels.add(chan)
         buffers = Buffers()
+        region: Region | None = None
         try:
             while not self._closed.is_set():
                 # Idle until the peer sends (or goes); then the whole frame within stall_s.
-                chan.deadline = float("inf")
-                kind, meta, arrays = drive(chan, chan.recv_frame(buffers, stall=self.stall_s), None)
-                reply = self._call(kind, meta, arrays)
-                drive(chan, chan.send_frame(*reply), self.stall_s)
+                step = chan.recv_frame(buffers, stall=self.stall_s, region=region)
+                kind, meta, arrays = drive(chan, step, None)
+                fds = chan.take_fds()
+                if kind == SETUP:
+                    region = _adopt(fds)
+                    continue
+                for fd in fds:
+                    os.close(fd)
+                reply, meta_out, out = self._call(kind, meta, arrays)
+                offsets = _place(region, meta, out) if reply == REPLY else []
+                drive(chan, chan.send_frame(reply, meta_out, out, offsets), self.stall_s)
                 self.served += 1
         except FrameError as e:
             self.refused += 1
@@ -268,6 +278,42 @@ class DataServer:
             except Exception as e:  # the PS refused the call: the trainer sees why
                 return ERROR, {"error": repr(e)[:500]}, []
         return REPLY, {"version": int(version)}, [weights, bn]
+
+
+def _adopt(fds: list[int]) -> Region:
+    """The shared region a setup frame handed over (mapped; its descriptor closed)."""
+    if not fds:
+        raise FrameError("A setup frame without a region.")
+    for fd in fds[1:]:
+        os.close(fd)
+    try:
+        region = Region.adopt(fds[0])
+    except (ValueError, OSError) as e:
+        raise FrameError(f"Bad shared region: {e}") from None
+    region.close()  # mapped: the descriptor is no longer needed
+    return region
+
+
+def _place(region: Region | None, meta: dict[str, Any], arrays: list[Any]) -> list[int | None]:
+    """Copy reply arrays into the room the request left for them in the shared region; their
+    offsets (None: sent inline, when there is no region or no room)."""
+    at, room = meta.get("reply_at"), meta.get("reply_room")
+    if region is None or not isinstance(at, int) or not isinstance(room, int):
+        return []
+    offsets: list[int | None] = []
+    end = at + room
+    for a in arrays:
+        if a is None or at + a.nbytes > end:
+            offsets.append(None)
+            continue
+        try:
+            region.view(at, a.dtype, a.nbytes)[...] = a
+        except ValueError:  # outside the region: inline then
+            offsets.append(None)
+            continue
+        offsets.append(at)
+        at += aligned(a.nbytes)
+    return offsets
 
 
 def serve_ps(ps: Any, worker: Any, hp: Any, name: str) -> DataServer | None:
