@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from transient_nb.training.ps import ParameterServer, Reply
+from transient_nb.training.wire.codec import TORCH_DTYPES, as_numpy, from_wire, tensor
 
 
 class LegacyParameterServer(ParameterServer):
@@ -35,14 +36,22 @@ class LegacyParameterServer(ParameterServer):
 
 
 def cast_gradient(grad: np.ndarray, wire: str, legacy: bool) -> np.ndarray:
-    """The Trainer's cast of its float32 gradient for the wire."""
-    if wire != "float16":
+    """The Trainer's cast of its float32 gradient for the wire (``FlatModel.grads``)."""
+    if wire == "float32":
         return grad
     if legacy:
         return grad.astype(np.float16)
-    return torch.from_numpy(grad).half().numpy()
+    return as_numpy(torch.from_numpy(grad).to(TORCH_DTYPES[wire]))
 
 
-def merge_replies(replies: list[Any]) -> np.ndarray:
-    """The Trainer's merge of the shards' weights (``trainer._merge``)."""
-    return np.concatenate([np.asarray(r[0], dtype=np.float32) for r in replies])
+def merge_replies(replies: list[Any], wire: str = "float32", out: Any = None) -> Any:
+    """The Trainer's load of the shards' weights into its float32 vector (``FlatModel.load``:
+    torch casts into a buffer it keeps; ``out``)."""
+    if out is None:
+        out = torch.empty(sum(int(r[0].size) for r in replies))
+    o = 0
+    for r in replies:
+        k = int(r[0].size)
+        out[o : o + k].copy_(tensor(from_wire(r[0], wire)))
+        o += k
+    return out

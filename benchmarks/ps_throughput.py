@@ -101,6 +101,7 @@ def dask_push_loop(
     data plane as ``Trainer._connect`` opens it (or the actor, ``data_plane="dask"``); returns
     the completion times and the transport used."""
     import numpy as np
+    import torch
     from _variants import cast_gradient, merge_replies
     from distributed import get_worker
     from distributed.actor import Actor
@@ -120,6 +121,7 @@ def dask_push_loop(
     bn_delta = np.zeros(n_bn, np.float32) if n_bn else None
     for ps in actors:
         ps.register(name, 0).result(timeout=timeout)
+    weights = torch.zeros(n)  # the trainer's float32 weights (FlatModel.w)
 
     def push(version: int, step: int) -> int:
         grad = cast_gradient(grad32, wire, legacy)  # as the Trainer, every step
@@ -136,7 +138,7 @@ def dask_push_loop(
             for i, (ps, (a, b)) in enumerate(zip(links or actors, bounds, strict=True))
         ]
         replies = [f.result(timeout=timeout) for f in futures]
-        merge_replies(replies)  # as the Trainer's merge
+        merge_replies(replies, wire, weights)  # as the Trainer's load
         return int(replies[0][2])
 
     times, _ = timed_loop(push, start_at, stop_at, len(actors))

@@ -117,10 +117,13 @@ def test_request_bodies_of_a_spot_gpu_worker_and_the_on_demand_ps(fake: FakeGCE)
             "automaticRestart": True,
         }
         assert "--resources ps=1" in metadata_items(ps)["startup-script"]
-        # The firewall rule: the cluster's tag only, the Dask worker and nanny ports only.
+        # The firewall rule: the cluster's tag only, the Dask worker and nanny ports and the PS's
+        # data plane only.
         rule = fake.firewalls["body-dask"]
         assert rule["targetTags"] == ["body-vm"] and rule["sourceTags"] == ["body-vm"]
-        assert rule["allowed"] == [{"IPProtocol": "tcp", "ports": ["41000-41099", "41100-41199"]}]
+        assert rule["allowed"] == [
+            {"IPProtocol": "tcp", "ports": ["41000-41099", "41100-41199", "41200-41299"]}
+        ]
         assert "sourceRanges" not in rule  # the scheduler is on 127.0.0.1 here
         assert rule["direction"] == "INGRESS"
         # The dashboard is not exposed: it listens on the loopback interface.

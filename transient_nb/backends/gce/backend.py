@@ -254,6 +254,7 @@ class GCEBackend(Backend):
         termination_action: str | None = None,
         worker_ports: str | None = None,
         nanny_ports: str | None = None,
+        data_ports: str | None = None,
         firewall: bool | None = None,
         firewall_source_ranges: Sequence[str] | None = None,
         nthreads: int | None = None,
@@ -320,7 +321,12 @@ class GCEBackend(Backend):
             )
         self.worker_ports = str(get("worker-ports", worker_ports))
         self.nanny_ports = str(get("nanny-ports", nanny_ports))
-        for what, ports in (("worker_ports", self.worker_ports), ("nanny_ports", self.nanny_ports)):
+        self.data_ports = str(get("data-ports", data_ports))
+        for what, ports in (
+            ("worker_ports", self.worker_ports),
+            ("nanny_ports", self.nanny_ports),
+            ("data_ports", self.data_ports),
+        ):
             if not re.fullmatch(r"\d+(:\d+)?", ports):
                 raise ValueError(f"{what}={ports!r}: give a port or a range like '41000:41099'.")
         self.firewall = bool(get("firewall", firewall))
@@ -586,13 +592,16 @@ class GCEBackend(Backend):
                 logger.warning("Could not delete firewall rule %s: %s", rule, e)
 
     def firewall_body(self, scheduler_address: str) -> dict[str, Any]:
-        """The firewall rule: worker and nanny ports, from the cluster's VMs (and the scheduler)."""
+        """The firewall rule: worker, nanny and data-plane ports, from the cluster's VMs (and the
+        scheduler)."""
         sources = list(self.firewall_source_ranges)
         host = _host_of(scheduler_address)
         if host and not host.startswith("127.") and host not in ("localhost", "0.0.0.0"):
             # The local scheduler connects to its workers too.
             sources.append(f"{host}/32")
-        ports = [p.replace(":", "-") for p in (self.worker_ports, self.nanny_ports)]
+        ports = [
+            p.replace(":", "-") for p in (self.worker_ports, self.nanny_ports, self.data_ports)
+        ]
         if self.head:
             # The scheduler runs on the head VM (one of the tagged VMs): the workers dial it.
             ports.append(str(self.scheduler_port))
@@ -778,6 +787,7 @@ class GCEBackend(Backend):
             worker_ports=self.worker_ports,
             nanny_ports=self.nanny_ports,
             notice_s=self.notice_s,
+            data_ports=self.data_ports,
             tls_name=self.instance_name(spec.name),
         )
         body: dict[str, Any] = {

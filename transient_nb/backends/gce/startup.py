@@ -69,13 +69,19 @@ def worker_args(
     return args
 
 
-def worker_env(vm: dict[str, Any], notice_s: float) -> dict[str, str]:
-    """Environment of a VM's Dask worker: who the VM is, its notice, TLS only."""
+def worker_env(
+    vm: dict[str, Any], notice_s: float, data_ports: str = "41200:41299"
+) -> dict[str, str]:
+    """Environment of a VM's Dask worker: who the VM is, its notice, TLS only (the PS's data
+    plane too: TLS with the worker's certificates, on ``data_ports``, which the firewall opens).
+    """
     return {
         "TRANSIENT_NB_VM": json.dumps(vm, sort_keys=True),
         "TRANSIENT_NB_NOTICE_S": f"{notice_s:g}",
         "DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON": repr(WORKER_PRE_SPAWN_ENVIRON),
         "DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION": "True",
+        "TRANSIENT_NB_DATA_PLANE": "tls",
+        "TRANSIENT_NB_DATA_PORTS": data_ports,
     }
 
 
@@ -91,6 +97,7 @@ def startup_script(
     nanny_ports: str,
     notice_s: float,
     tls_name: str | None = None,
+    data_ports: str = "41200:41299",
 ) -> str:
     """The bash startup script of a VM: fetch the TLS files, run the Dask worker, power off.
 
@@ -114,6 +121,8 @@ def startup_script(
         Dask worker options.
     notice_s
         Seconds between the metadata notice and the VM's stop.
+    data_ports
+        Ports the PS's data plane may listen on (``gce.data-ports``).
     tls_name
         The name the VM's certificate is issued to (its instance name; default ``vm["name"]``).
 
@@ -141,7 +150,7 @@ def startup_script(
         )
     )
     tls = ' --tls-ca-file "$TLS/ca.pem" --tls-cert "$TLS/cert.pem" --tls-key "$TLS/key.pem"'
-    env = worker_env(vm, notice_s)
+    env = worker_env(vm, notice_s, data_ports)
     exports = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items())
     gpu_check = ""
     if vm.get("gpu"):

@@ -83,7 +83,7 @@ class DataServer:
     >>> server = DataServer(PS(), loop, "unix", "demo")
     >>> sorted(server.endpoint)
     ['host', 'unix']
-    >>> server.close()
+    >>> server.close(); loop.call_soon_threadsafe(loop.stop)
     """
 
     def __init__(
