@@ -50,9 +50,11 @@ def certs(tmp_path: Path) -> dict[str, Any]:
     """A cluster CA's files for a member PS and a member trainer, and an outsider's pair."""
     ca = ClusterCA.create("wire")
     outsider = ClusterCA.create("other")
+    ps_files = ca.write_files(str(tmp_path / "ps"), "ps-0")
     return {
         "ca": ca,
-        "ps": security_from_files(ca.write_files(str(tmp_path / "ps"), "ps-0"), "worker"),
+        "ca_file": ps_files["ca"],
+        "ps": security_from_files(ps_files, "worker"),
         "trainer": security_from_files(ca.write_files(str(tmp_path / "w"), "w-0"), "worker"),
         "outsider": outsider.write_files(str(tmp_path / "x"), "w-0"),
     }

@@ -71,7 +71,9 @@ class Call:
                 pass
         except StopIteration as stop:
             self._value, self._done = stop.value, True
-        except BaseException as e:
+        except RemoteError as e:  # the PS refused this call: its frame is through
+            self._error, self._done = e, True
+        except BaseException as e:  # the frame is cut: the connection cannot go on
             self._error, self._done = e, True
             self._client.broken = True
         if self._done:

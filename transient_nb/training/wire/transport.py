@@ -187,10 +187,13 @@ def connect(endpoint: dict[str, Any], client_tls: ssl.SSLContext | None, timeout
 
     ``endpoint`` is what the PS published (``host``, ``unix``, ``tls``). Returns
     ``(socket, transport)``, or ``(None, None)`` when there is none this trainer can use (the
-    Dask actor then carries the bytes).
+    Dask actor then carries the bytes): a Unix socket on another host, TLS without certificates.
+    Raises ``OSError`` when the transport is there but the PS does not answer on it.
     """
     path = endpoint.get("unix")
-    if path and endpoint.get("host") == host_id() and os.path.exists(path):
+    if path and endpoint.get("host") == host_id():
+        # On the PS's host: a socket that is gone is a PS that is gone (an OSError), not a
+        # reason to take another path.
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         tune(sock)
         sock.settimeout(timeout)
