@@ -91,7 +91,11 @@ class HeadPSVM(TransientVM):
         )
         args += ["--tls-ca-file", tls["ca"], "--tls-cert", tls["cert"], "--tls-key", tls["key"]]
         vm = {"name": self.name, "role": "ps", "gpu": None, "zone": self.spec.zone, "spot": False}
-        env = {**os.environ, **worker_env(vm, backend.notice_s, backend.data_ports), "CUDA_VISIBLE_DEVICES": ""}
+        env = {
+            **os.environ,
+            **worker_env(vm, backend.notice_s, backend.data_ports),
+            "CUDA_VISIBLE_DEVICES": "",
+        }
         self._log = open(os.path.join(self._folder, "worker.log"), "ab")
         self.proc = subprocess.Popen(
             args,
