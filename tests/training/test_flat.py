@@ -163,3 +163,18 @@ def test_the_decay_mask_is_one_byte_an_entry_and_set_flat_fills_a_single_tensor(
     only = [torch.zeros(2, 3)]
     set_flat(only, np.arange(6, dtype=np.float32))
     assert only[0].tolist() == [[0, 1, 2], [3, 4, 5]]
+
+
+def test_a_bfloat16_wire_hands_out_its_bits_and_loads_them_back_as_numbers():
+    from transient_nb.training.flat import FlatModel
+
+    net = torch.nn.Linear(3, 2)
+    flat = FlatModel(net, "bfloat16")
+    net(torch.ones(1, 3)).sum().backward()
+    grad, _ = flat.grads()
+    assert grad.dtype == np.int16  # numpy has no bfloat16: its bits travel
+    back = torch.from_numpy(grad).view(torch.bfloat16).float()
+    torch.testing.assert_close(back, flat.g, rtol=8e-3, atol=0)
+    bits = torch.tensor([1.5, -2.0, 0.25, 3.0, 8.0, 1e-6], dtype=torch.bfloat16)
+    flat.load([bits.view(torch.int16).numpy()], [(0, 6)])
+    torch.testing.assert_close(net.weight.detach().reshape(-1), bits.float())

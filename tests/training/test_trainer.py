@@ -425,6 +425,7 @@ def test_a_trainer_is_named_after_its_vm_and_draws_batches_of_its_own(monkeypatc
         "ps_failures": 0,
         "rejoins": 0,
         "generation": -1,
+        "data_plane": "dask",
     }
     # The seed depends on the base seed and the name: same inputs, same batches.
     assert (
@@ -461,6 +462,7 @@ def test_run_answers_with_the_counters_and_reraises_what_the_loop_raised(loop, t
             "ps_failures": 0,
             "rejoins": 0,
             "generation": 0,
+            "data_plane": "dask",
         }
     )
     # Stopped at the end: the PS no longer counts it as registered.
@@ -1249,3 +1251,56 @@ def test_a_trainer_built_in_a_worker_takes_its_name_hooks_its_drain_and_reads_th
     outside = _trainer(lambda timeout: (0, []))
     assert outside.worker is None and outside._drain not in agent._hooks
     assert outside._custom_locate is True
+
+
+# -- the data plane (transient_nb.training.wire): the bytes beside the actor ----------------------
+@pytest.mark.parametrize("pipeline", [False, True])
+def test_with_a_data_plane_the_gradients_bypass_the_actor(loop, tmp_path, pipeline):
+    hp = HP.with_(pipeline=pipeline, data_plane="unix")
+    double = _double(loop, tmp_path, hp=hp)
+    trainer = _trainer(Published(double), hp=hp)
+    thread, box = _start(trainer)
+    thread.join(120 * PATIENCE)
+    total = hp.steps + (1 if pipeline else 0)
+    assert box["result"]["state"] == "finished" and box["result"]["accepted"] == total
+    assert box["result"]["data_plane"] == "unix"
+    assert double.ps.version == total and double.ps.accepted == {"w-0": total}
+    # The actor kept the control (the endpoint, registration); the bytes went beside it.
+    assert "push_pull" not in double.called and "pull" not in double.called
+    assert double.called[:2] == ["data_endpoint", "register"]
+    assert trainer._links is None  # closed at the end
+
+
+def test_the_actor_carries_the_bytes_when_the_run_says_so(loop, tmp_path):
+    hp = HP.with_(steps=5, data_plane="dask")
+    double = _double(loop, tmp_path, hp=hp)
+    trainer = _trainer(Published(double), hp=hp)
+    assert trainer.train()["data_plane"] == "dask"
+    assert "data_endpoint" not in double.called and double.called.count("push_pull") == 5
+
+
+def test_a_cut_data_plane_is_rejoined_and_training_goes_on(loop, tmp_path):
+    hp = HP.with_(steps=40, data_plane="unix")
+    double = _double(loop, tmp_path, hp=hp)
+    trainer = _trainer(Published(double), hp=hp)
+    thread, box = _start(trainer)
+    _until(lambda: double.ps.version >= 10)
+    assert double.ps._data_server.cut() == 1
+    thread.join(120 * PATIENCE)
+    assert box["result"]["state"] == "finished" and trainer.ps_failures == 1
+    assert trainer.rejoins == 1 and box["result"]["data_plane"] == "unix"
+    assert double.called.count("data_endpoint") == 2  # connected anew
+    assert double.ps.gaps <= 1  # at most the gradient that was on the wire
+
+
+def test_a_ps_loop_frozen_past_the_call_timeout_is_rejoined(loop, tmp_path):
+    hp = HP.with_(steps=30, data_plane="unix")
+    double = _double(loop, tmp_path, hp=hp)
+    trainer = _trainer(Published(double), hp=hp)
+    thread, box = _start(trainer)
+    _until(lambda: double.ps.version >= 5)
+    loop.call_soon_threadsafe(time.sleep, 3 * hp.call_timeout_s)  # the PS's loop stops
+    thread.join(120 * PATIENCE)
+    assert box["result"]["state"] == "finished" and trainer.ps_failures >= 1
+    lost = [e for e in trainer.posted if e["kind"] == "trainer-ps-lost"]
+    assert lost and "no reply within" in lost[0]["error"]
