@@ -83,6 +83,8 @@ def test_command_line_and_environment(tmp_path: Path, monkeypatch: pytest.Monkey
     cmd, env = backend.command(spec("ps-0", role="ps"), "tcp://127.0.0.1:8786")
     assert cmd[cmd.index("--resources") + 1] == "ps=1"
     assert env["CUDA_VISIBLE_DEVICES"] == ""  # the PS host never takes a GPU
+    # One host: the PS's data plane is a Unix socket (a run's data_plane may say otherwise).
+    assert env["TRANSIENT_NB_DATA_PLANE"] == "unix"
 
 
 # -- one VM, real processes, against a real scheduler -------------------------------------------
@@ -289,3 +291,61 @@ async def test_vm_dies_with_its_owner_even_when_its_scheduler_lives(s: Any, tmp_
         await wait_for(lambda: not s.workers, timeout=30)
     finally:
         proc.kill()
+
+
+@pytest.mark.slow
+def test_the_ps_data_plane_admits_only_members_on_both_of_its_paths(tmp_path: Path) -> None:
+    """A real local cluster: its PS's data plane is a Unix socket only this user can reach (the
+    default) or, on the cross-host path, TLS only the cluster's certificates open."""
+    import ssl
+    import stat
+
+    from tests.training.wire.outsiders import (
+        knock_tls,
+        knock_unix_as_nobody,
+        outsider_contexts,
+        refused,
+    )
+    from transient_nb import TransientCluster, train
+    from transient_nb.backends.tls import ClusterCA
+
+    with TransientCluster(workers=1, preemption="none", provisioning_delay=0) as cluster:
+        cluster.wait_for_workers(timeout=180)
+        for path in ("auto", "tls"):
+            run = train(
+                cluster,
+                model="resnet8",
+                data="digits",
+                steps=10**6,
+                batch_size=16,
+                eval_every=10**6,
+                checkpoint_every=10**6,
+                data_plane=path,
+            )
+            try:
+                wait_for_sync(lambda run=run: run.step >= 5, timeout=180)
+                endpoint = run._ps[0].data_endpoint().result(timeout=30)
+                if path == "auto":
+                    sock = endpoint["unix"]
+                    assert "tls" not in endpoint
+                    assert stat.S_IMODE(os.stat(os.path.dirname(sock)).st_mode) == 0o700
+                    assert stat.S_IMODE(os.stat(sock).st_mode) == 0o600
+                    if os.getuid() == 0:  # another user: the folder keeps it out
+                        assert knock_unix_as_nobody(sock) == "no entry"
+                else:
+                    assert "unix" not in endpoint
+                    member = cluster.backend.ca.write_files(str(tmp_path / "m"), "w-0")
+                    ctx = ssl.create_default_context(cafile=member["ca"])
+                    ctx.check_hostname = False
+                    ctx.load_cert_chain(member["cert"], member["key"])
+                    assert knock_tls(endpoint, ctx) == b"T"
+                    outsider = ClusterCA.create("x").write_files(str(tmp_path / "x"), "w-0")
+                    for who, context in outsider_contexts(member["ca"], outsider).items():
+                        assert refused(endpoint, context), who
+                step = run.step
+                wait_for_sync(lambda run=run, step=step: run.step >= step + 3, timeout=60)
+            finally:
+                run.stop(wait=True, timeout=60)
+            finished = [e for e in run.events() if e.get("kind") == "train-finished"][-1]
+            used = {t["data_plane"] for t in json.loads(finished["trainers"])}
+            assert used == {"unix" if path == "auto" else "tls"}

@@ -472,6 +472,54 @@ def test_end_to_end_notice_drain_and_replacement_in_the_next_zone(tmp_path: Path
 
 
 # -- issue 11: ownership ------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_the_ps_data_plane_is_mutual_tls_with_the_clusters_certificates(tmp_path: Path) -> None:
+    """On GCE the gradients cross hosts: the PS's data plane is TLS with the cluster's
+    certificates on the firewall's data ports; a trainer uses it, an outsider is refused."""
+    import ssl
+
+    from tests.training.wire.outsiders import knock_tls, outsider_contexts, refused
+    from transient_nb import train
+    from transient_nb.backends.tls import ClusterCA
+
+    fake = FakeGCE(str(tmp_path / "vms"), project=PROJECT, run_vms=True)
+    try:
+        with TransientCluster(**options(fake), name="dp") as cluster:
+            cluster.wait_for_workers(1, timeout=90)
+            run = train(
+                cluster,
+                model="resnet8",
+                data="digits",
+                steps=10**6,
+                batch_size=16,
+                eval_every=10**6,
+                checkpoint_every=10**6,
+            )
+            try:
+                wait_for_sync(lambda: run.step >= 5, timeout=180)
+                endpoint = run._ps[0].data_endpoint().result(timeout=30)
+                # TLS only (the VMs are other hosts), on a port the firewall rule opens.
+                assert "unix" not in endpoint
+                assert 41200 <= endpoint["tls"][1] <= 41299
+                ca = cluster.backend.ca
+                member = ca.write_files(str(tmp_path / "m"), "dp-w-0")
+                ctx = ssl.create_default_context(cafile=member["ca"])
+                ctx.check_hostname = False
+                ctx.load_cert_chain(member["cert"], member["key"])
+                assert knock_tls(endpoint, ctx) == b"T"  # a holder of the cluster's certificate
+                outsider = ClusterCA.create("intruder").write_files(str(tmp_path / "x"), "dp-w-0")
+                for who, context in outsider_contexts(member["ca"], outsider).items():
+                    assert refused(endpoint, context), who
+                step = run.step
+                wait_for_sync(lambda: run.step >= step + 3, timeout=60)  # trains on
+            finally:
+                run.stop(wait=True, timeout=60)
+            finished = of_kind(run.events(), "train-finished")[-1]
+            assert {t["data_plane"] for t in json.loads(finished["trainers"])} == {"tls"}
+    finally:
+        fake.close()
+
+
 def test_a_name_clash_never_deletes_someone_elses_vm_or_firewall(fake: FakeGCE) -> None:
     # A colleague's cluster "demo" already runs in the project.
     fake.add_foreign_instance("us-central1-a", "demo-ps-0", {"team": "colleague"})

@@ -21,6 +21,7 @@ from transient_nb.training.wire.server import DataServer, serve_ps
 from transient_nb.training.wire.transport import tls_contexts
 
 from .conftest import N, make_ps
+from .outsiders import knock_tls, knock_unix_as_nobody, outsider_contexts, refused
 
 
 def _server(ps, loop, mode, certs=None, **kw):
@@ -70,6 +71,14 @@ def test_push_pull_and_pull_are_the_ps_own_coroutines_on_its_loop(ps, loop, cert
 
 
 def test_the_reply_lands_in_the_region_shared_with_the_trainer(ps, loop):
+    replies = []
+    real = ps._reply
+
+    def recorded():
+        replies.append(real())
+        return replies[-1]
+
+    ps._reply = recorded
     server = _server(ps, loop, "unix")
     client = _client(server, "unix")
     assert client.region is None
@@ -77,6 +86,10 @@ def test_the_reply_lands_in_the_region_shared_with_the_trainer(ps, loop):
         trainer="w-0", grad=np.zeros(N, np.float32), base_version=0, local_step=1
     ).result(timeout=10)
     assert client.region is not None and np.shares_memory(w, client.region.bytes)
+    # The PS wrote its reply straight into the shared memory (one copy of the weights, not
+    # two): what the trainer writes there, the PS's reply array shows.
+    w[0] = 123.0
+    assert replies[-1][0] == 123.0 and not np.shares_memory(replies[-1], ps.w)
     first = client.region
     w, _, _ = client.pull("w-0").result(timeout=10)
     assert client.region is first and np.shares_memory(w, first.bytes)
@@ -97,38 +110,14 @@ def test_a_refused_call_is_the_ps_error_and_the_connection_goes_on(ps, loop):
 
 
 # -- only members ------------------------------------------------------------------------------------
-def _handshake(server, context):
-    host, port = server.endpoint["tls"]
-    raw = socket.create_connection((host, port), timeout=5)
-    try:
-        sock = context.wrap_socket(raw) if context is not None else raw
-        sock.settimeout(5)
-        sock.sendall(PREFIX.pack(MAGIC, PULL, 0, 0, 2) + b"{}")
-        return sock.recv(1)  # a member gets the reply's first byte
-    finally:
-        raw.close()
-
-
 def test_over_tls_only_holders_of_the_clusters_certificates_get_in(ps, loop, certs):
     server = _server(ps, loop, "tls", certs)
-    assert _handshake(server, tls_contexts(certs["trainer"])[1]) == b"T"  # a member
-    outsiders = []
-    # A certificate from another CA, offered with the cluster's CA trusted.
-    other = ssl.create_default_context(cafile=certs["ca_file"])
-    other.check_hostname = False
-    other.load_cert_chain(certs["outsider"]["cert"], certs["outsider"]["key"])
-    outsiders.append(other)
-    # No certificate at all.
-    none = ssl.create_default_context(cafile=certs["ca_file"])
-    none.check_hostname = False
-    outsiders.append(none)
-    outsiders.append(None)  # plain TCP, our frames in clear
-    for ctx in outsiders:
-        with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
-            if _handshake(server, ctx) == b"":
-                raise ConnectionError("closed")
-    wait_for_sync(lambda: server.refused >= 3, timeout=10)
-    assert ps.registered == set()  # nothing reached the PS
+    assert knock_tls(server.endpoint, tls_contexts(certs["trainer"])[1]) == b"T"  # a member
+    outsiders = outsider_contexts(certs["ca_file"], certs["outsider"])
+    for who, ctx in outsiders.items():
+        assert refused(server.endpoint, ctx), who
+    wait_for_sync(lambda: server.refused >= len(outsiders), timeout=10)
+    assert ps.registered == set() and ps.computing == {}  # nothing reached the PS
     server.close()
 
 
@@ -148,33 +137,13 @@ def test_a_trainer_refuses_a_ps_that_is_not_the_clusters(ps, loop, certs, tmp_pa
 def test_over_unix_another_user_cannot_reach_the_socket_or_use_it(ps, loop):
     server = _server(ps, loop, "unix")
     path = server.endpoint["unix"]
-
-    def as_nobody(loosen: bool) -> int:
-        if loosen:  # a misconfigured folder: the uid check still refuses
-            os.chmod(os.path.dirname(path), 0o755)
-            os.chmod(path, 0o777)
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - the child
-            code = 3
-            try:
-                os.setgid(65534)
-                os.setuid(65534)
-                s = socket.socket(socket.AF_UNIX)
-                s.settimeout(5)
-                s.connect(path)
-                s.sendall(PREFIX.pack(MAGIC, PULL, 0, 0, 2) + b"{}")
-                code = 0 if s.recv(1) else 2  # 2: connected, then dropped unanswered
-            except PermissionError:
-                code = 1  # the folder's and socket's modes keep it out
-            except OSError:
-                code = 2
-            os._exit(code)
-        return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-
-    assert as_nobody(loosen=False) == 1
-    refused = server.refused
-    assert as_nobody(loosen=True) == 2
-    assert server.refused == refused + 1
+    assert knock_unix_as_nobody(path) == "no entry"  # the 0700 folder and 0600 socket
+    # A folder made too open by mistake: the server's uid check still drops the stranger.
+    os.chmod(os.path.dirname(path), 0o755)
+    os.chmod(path, 0o777)
+    before = server.refused
+    assert knock_unix_as_nobody(path) == "dropped"
+    assert server.refused == before + 1
     assert _client(server, "unix").pull("w-0").result(timeout=10)[2] == 0  # members still in
     server.close()
 

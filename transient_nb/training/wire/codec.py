@@ -9,6 +9,9 @@ gradients' entries subnormal and flushes those under 6e-8 to zero) at float16's 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import numpy as np
@@ -16,6 +19,37 @@ import torch
 
 #: Wire formats of gradients and weights between trainers and the PS, and their torch dtypes.
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+#: ... and the numpy dtypes they travel as.
+NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": np.int16}
+
+#: Where the next reply may be written instead of a fresh buffer (see :func:`reply_into`).
+_REPLY_INTO: ContextVar[list[np.ndarray] | None] = ContextVar("reply_into", default=None)
+
+
+@contextmanager
+def reply_into(buffer: np.ndarray) -> Iterator[None]:
+    """Let the next :func:`to_wire` of this context write its copy into ``buffer`` (once, if
+    the sizes and dtypes match) rather than into a fresh array.
+
+    The data plane's server wraps a call with it, so that the PS's reply lands straight in the
+    memory it shares with the trainer: one copy of the weights per reply instead of two. The
+    call runs as a task on the PS's loop, which inherits this context; nothing else changes for
+    the PS (its reply is still a buffer of its own, not its live weights).
+
+    Examples
+    --------
+    >>> out = np.zeros(3, np.float32)
+    >>> with reply_into(out):
+    ...     a = to_wire(np.ones(3, np.float32), "float32")
+    ...     b = to_wire(np.ones(3, np.float32), "float32")
+    >>> a is out, np.shares_memory(b, out)
+    (True, False)
+    """
+    token = _REPLY_INTO.set([buffer])
+    try:
+        yield
+    finally:
+        _REPLY_INTO.reset(token)
 
 
 def as_numpy(t: torch.Tensor) -> np.ndarray:
@@ -43,6 +77,16 @@ def to_wire(x: np.ndarray, wire_dtype: str) -> np.ndarray:
     >>> to_wire(w, "bfloat16").dtype
     dtype('int16')
     """
+    room = _REPLY_INTO.get()
+    if room:
+        out = room[0]
+        if out.dtype == NUMPY_DTYPES[wire_dtype] and out.shape == x.shape:
+            room.pop()  # once: a second copy in the same call gets a buffer of its own
+            target = torch.from_numpy(out)
+            if wire_dtype == "bfloat16":
+                target = target.view(torch.bfloat16)
+            target.copy_(torch.from_numpy(x))
+            return out
     if wire_dtype == "float32":
         return x.copy()
     return as_numpy(torch.from_numpy(x).to(TORCH_DTYPES[wire_dtype]))

@@ -27,6 +27,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from transient_nb.training.wire import transport
+from transient_nb.training.wire.codec import reply_into
 from transient_nb.training.wire.frame import (
     ERROR,
     PULL,
@@ -228,7 +229,7 @@ class DataServer:
                     continue
                 for fd in fds:
                     os.close(fd)
-                reply, meta_out, out = self._call(kind, meta, arrays)
+                reply, meta_out, out = self._call(kind, meta, arrays, _room(region, meta, arrays))
                 offsets = _place(region, meta, out) if reply == REPLY else []
                 drive(chan, chan.send_frame(reply, meta_out, out, offsets), self.stall_s)
                 self.served += 1
@@ -242,8 +243,14 @@ class DataServer:
                 self._channels.discard(chan)
             chan.close()
 
-    def _call(self, kind: int, meta: dict[str, Any], arrays: list[Any]) -> tuple[Any, ...]:
-        """Run the request on the PS's event loop; the reply frame ``(kind, meta, arrays)``."""
+    def _call(
+        self, kind: int, meta: dict[str, Any], arrays: list[Any], room: Any = None
+    ) -> tuple[Any, ...]:
+        """Run the request on the PS's event loop; the reply frame ``(kind, meta, arrays)``.
+
+        ``room``: where in the shared region the reply's weights may be written directly
+        (:func:`~transient_nb.training.wire.codec.reply_into`).
+        """
         target = self._target()
         if target is None:
             raise ConnectionError("The parameter server is gone.")
@@ -266,7 +273,11 @@ class DataServer:
         except (KeyError, ValueError, TypeError, IndexError) as e:
             return ERROR, {"error": f"bad request: {e!r}"[:500]}, []
         del target
-        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        if room is not None:
+            with reply_into(room):  # the task made now inherits this context
+                future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        else:
+            future = asyncio.run_coroutine_threadsafe(coro, self._loop)
         while True:
             try:
                 weights, bn, version = future.result(timeout=CHECK_S)
@@ -294,15 +305,37 @@ def _adopt(fds: list[int]) -> Region:
     return region
 
 
+def _room(region: Region | None, meta: dict[str, Any], arrays: list[Any]) -> Any:
+    """Where a push's new weights may be written in the shared region: the start of the room the
+    request left for its reply, as an array of the gradient's dtype and size (a push's reply is
+    the same size as its gradient); None when there is no such room."""
+    at, room = meta.get("reply_at"), meta.get("reply_room")
+    if region is None or not arrays or arrays[0] is None or not isinstance(at, int):
+        return None
+    grad = arrays[0]
+    if not isinstance(room, int) or grad.nbytes > room:
+        return None
+    try:
+        return region.view(at, grad.dtype, grad.nbytes)
+    except ValueError:
+        return None
+
+
 def _place(region: Region | None, meta: dict[str, Any], arrays: list[Any]) -> list[int | None]:
-    """Copy reply arrays into the room the request left for them in the shared region; their
-    offsets (None: sent inline, when there is no region or no room)."""
+    """Copy reply arrays into the room the request left for them in the shared region (or find
+    them there already); their offsets (None: sent inline, when there is no region or no
+    room)."""
     at, room = meta.get("reply_at"), meta.get("reply_room")
     if region is None or not isinstance(at, int) or not isinstance(room, int):
         return []
     offsets: list[int | None] = []
     end = at + room
+    base = region.bytes.ctypes.data
     for a in arrays:
+        if a is not None and a.nbytes and base <= a.ctypes.data < base + region.size:
+            offsets.append(a.ctypes.data - base)  # written there by the PS itself
+            at = aligned(a.ctypes.data - base + a.nbytes)
+            continue
         if a is None or at + a.nbytes > end:
             offsets.append(None)
             continue
