@@ -89,7 +89,7 @@ def test_the_reply_lands_in_the_region_shared_with_the_trainer(ps, loop):
     # The PS wrote its reply straight into the shared memory (one copy of the weights, not
     # two): what the trainer writes there, the PS's reply array shows.
     w[0] = 123.0
-    assert replies[-1][0] == 123.0 and not np.shares_memory(replies[-1], ps.w)
+    assert replies[-1][0][0] == 123.0 and not np.shares_memory(replies[-1][0], ps.w)
     first = client.region
     w, _, _ = client.pull("w-0").result(timeout=10)
     assert client.region is first and np.shares_memory(w, first.bytes)
