@@ -357,6 +357,18 @@ def run_through_ps(
     return list(poller.per_trainer.values()), poller.steps
 
 
+def data_planes(run: Any) -> list[str]:
+    """The data planes (``unix``, ``tls``, ``dask``) the run's trainers used, from its
+    ``train-finished`` event."""
+    import json
+
+    finished = [e for e in run.events() if e.get("kind") == "train-finished"]
+    if not finished:
+        return []
+    trainers = json.loads(finished[-1].get("trainers") or "[]")
+    return sorted({str(t.get("data_plane")) for t in trainers})
+
+
 def steady_window(
     step_times: Sequence[Sequence[float]], warmup_s: float
 ) -> tuple[float, float] | None:

@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         run.wait(timeout=600)
         summary = run.summary()
+        planes = _common.data_planes(run)
         client = cluster.get_client()
         reports = [r for r in client.run(device_report).values() if not r["name"].startswith("ps-")]
         gpus = int(getattr(cluster.backend, "gpus", 0))
@@ -88,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         f"\n{summary['steps']} steps, reason {summary['reason']}, accuracy {summary['accuracy']}; "
         f"{gpus} GPU(s) on the machine; check: {verdict}"
     )
+    print(f"data plane of the trainers: {', '.join(planes) or 'unknown'}")
     return 1 if verdict.startswith("FAILED") else 0
 
 

@@ -8,7 +8,9 @@
 # OUT_DIR/suite.json (every table as rows, plus each step's exit status and wall time).
 # Steps: worker efficiency on CUDA at batch 128 for resnet32 and resnet32-t2t (plain and pipelined
 # trainers); gpu_scaling (1, 2, 4 trainers through the PS against 1, 2, 4 plain processes); a short
-# real training run on dask-cuda workers that checks which device each trainer used.
+# real training run on dask-cuda workers that checks which device (and which data plane) each
+# trainer used; the PS data plane against the torch.distributed.rpc peer on its default path (a
+# Unix socket and shared memory) and its cross-host path (TLS), and its carriers side by side.
 set -uo pipefail
 out="${1:?usage: gpu_suite.sh OUT_DIR [--tiny]}"
 tiny="${2:-}"
@@ -32,6 +34,9 @@ if [ "$tiny" = "--tiny" ]; then
     step efficiency-pipelined worker_efficiency.py --tiny --pipeline
     step scaling gpu_scaling.py --tiny
     step devices gpu_devices.py --tiny
+    step dataplane ps_throughput.py --tiny
+    step dataplane-cross-host ps_throughput.py --tiny --path cross-host
+    step carriers dataplane_candidates.py --tiny
 else
     for model in resnet32 resnet32-t2t; do
         step "efficiency-$model" worker_efficiency.py --device cuda --model "$model" --batch 128 --repeats 1 --seconds 10
@@ -39,6 +44,10 @@ else
     done
     step scaling gpu_scaling.py --trainers 1 2 4
     step devices gpu_devices.py
+    for path in default cross-host; do
+        step "dataplane-$path" ps_throughput.py --path "$path" --models resnet32 resnet32-t2t --shards 1 --wire float32 float16 bfloat16 --trainers 1 4 --repeats 1
+    done
+    step carriers dataplane_candidates.py --repeats 1
 fi
 
 "$py" - "$out" <<'PY'

@@ -87,6 +87,19 @@ def test_ps_throughput():
     assert_positive(rows, *numbers)
 
 
+def test_dataplane_candidates():
+    header, rows = run_tiny("dataplane_candidates.py")
+    assert header == [
+        "carrier",
+        "round trips/s",
+        "server CPU ms",
+        "client CPU ms",
+        "server / update",
+    ]
+    assert [r["carrier"] for r in rows] == ["unix", "tls"]
+    assert_positive(rows, *header[1:])
+
+
 def test_worker_efficiency():
     header, rows = run_tiny("worker_efficiency.py")
     assert header[:5] == ["device", "model", "batch", "threads", "pipeline"]
@@ -94,20 +107,28 @@ def test_worker_efficiency():
     assert_positive(rows, "plain steps/s", "ps steps/s", "efficiency")
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 def test_gpu_suite_runs_on_cpu(tmp_path):
-    """The GPU suite's --tiny form: pipelined worker efficiency, scaling and the device check,
-    with every table in suite.json."""
+    """The GPU suite's --tiny form: pipelined worker efficiency, scaling, the device check and the
+    data plane (both paths against the peer, and its carriers), with every table in
+    suite.json."""
     proc = subprocess.run(
         ["bash", str(BENCHMARKS / "gpu_suite.sh"), str(tmp_path), "--tiny"],
         capture_output=True,
         text=True,
-        timeout=540,
+        timeout=840,
         env={**os.environ, "PYTHON": sys.executable},
     )
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     suite = json.loads((tmp_path / "suite.json").read_text())["steps"]
-    assert set(suite) == {"efficiency-pipelined", "scaling", "devices"}
+    assert set(suite) == {
+        "efficiency-pipelined",
+        "scaling",
+        "devices",
+        "dataplane",
+        "dataplane-cross-host",
+        "carriers",
+    }
     assert all(step["exit"] == 0 for step in suite.values())
     (eff,) = suite["efficiency-pipelined"]["rows"]
     assert eff["pipeline"] == "on"
@@ -118,6 +139,18 @@ def test_gpu_suite_runs_on_cpu(tmp_path):
     devices = suite["devices"]["rows"]
     assert [(r["worker"], r["device"]) for r in devices] == [("w-0", "cpu"), ("w-1", "cpu")]
     assert any("check: cpu run" in note for note in suite["devices"]["notes"])
+    assert "data plane of the trainers: unix" in suite["devices"]["notes"]
+    # The data plane against the peer, on both paths, and its carriers.
+    for name, path in (
+        ("dataplane", "default (unix)"),
+        ("dataplane-cross-host", "cross-host (tls)"),
+    ):
+        assert len(suite[name]["rows"]) == 2
+        assert_positive(suite[name]["rows"], "dask steps/s", "rpc steps/s", "dask PS cpu ms/step")
+        assert any(f"data-plane path {path}" in note for note in suite[name]["notes"])
+    carriers = suite["carriers"]["rows"]
+    assert [r["carrier"] for r in carriers] == ["unix", "tls"]
+    assert_positive(carriers, "round trips/s", "server CPU ms", "client CPU ms")
 
 
 def test_recovery():
