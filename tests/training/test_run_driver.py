@@ -70,12 +70,18 @@ class Done:
     def release(self) -> None:
         self.released = True
 
+    def add_done_callback(self, fn: Any) -> None:
+        fn(self)  # done already: at once, as a Dask future does
+
 
 class Pending(Done):
     """A future that never finishes (a call to a frozen host)."""
 
     def done(self) -> bool:
         return False
+
+    def add_done_callback(self, fn: Any) -> None:
+        pass  # never done: never called
 
     def result(self, timeout: float | None = None) -> Any:
         raise TimeoutError("still pending")
@@ -1426,3 +1432,26 @@ def test_the_ps_moves_once_the_new_hosts_in_the_zone_asked_for_have_joined(tmp_p
     assert run._ps_move_hosts() == ["tls://new1:1", "tls://new2:1"]
     run._ps_zone = "us-east1-c"  # moved: nothing more to do until the cluster asks again
     assert run._ps_move_hosts() is None
+
+
+def test_the_driver_wakes_for_an_event_a_trainer_at_hand_and_a_stop(tmp_path):
+    """The loop sleeps until something needs it (at most a poll): an event on the run's topic,
+    a trainer actor that is ready to run, a stop."""
+    run = driver(tmp_path)
+    assert not run._wake.is_set()
+    run._on_event((0.0, {"kind": "joined", "worker": "w-1", "role": "worker"}))
+    assert run._wake.is_set() and run._events.get_nowait()["worker"] == "w-1"
+    run._wake.clear()
+    run._bounds = [(0, 12)]
+    run._want_trainer("w-0", "tls://w0:1")
+    run._client.reply = Pending()
+    run._submit_trainers()
+    assert not run._wake.is_set()  # still being created
+    run._slots.clear()
+    run._want_trainer("w-2", "tls://w2:1")
+    run._client.reply = Done(object())
+    run._submit_trainers()
+    assert run._wake.is_set()  # created: the next turn starts it
+    run._wake.clear()
+    run.stop(wait=False)
+    assert run._wake.is_set()
