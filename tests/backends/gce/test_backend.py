@@ -483,6 +483,7 @@ def test_the_ps_data_plane_is_mutual_tls_with_the_clusters_certificates(tmp_path
     from transient_nb.backends.tls import ClusterCA
 
     fake = FakeGCE(str(tmp_path / "vms"), project=PROJECT, run_vms=True)
+    (tmp_path / "ckpt").mkdir()  # a "bucket" that exists
     try:
         with TransientCluster(**options(fake), name="dp") as cluster:
             cluster.wait_for_workers(1, timeout=90)
@@ -494,6 +495,8 @@ def test_the_ps_data_plane_is_mutual_tls_with_the_clusters_certificates(tmp_path
                 batch_size=16,
                 eval_every=10**6,
                 checkpoint_every=10**6,
+                # The fake's VMs share this machine's disk ("local://": not refused as host-local).
+                checkpoint_url=f"local://{tmp_path}/ckpt",
             )
             try:
                 wait_for_sync(lambda: run.step >= 5, timeout=180)
