@@ -35,13 +35,16 @@ class LegacyParameterServer(ParameterServer):
         return w, self.bn, self.version
 
 
-def cast_gradient(grad: np.ndarray, wire: str, legacy: bool) -> np.ndarray:
-    """The Trainer's cast of its float32 gradient for the wire (``FlatModel.grads``)."""
-    if wire == "float32":
-        return grad
+def cast_gradient(grad: np.ndarray, wire: str, legacy: bool, out: Any = None) -> np.ndarray:
+    """The Trainer's copy of its float32 gradient into its host buffer in the wire dtype
+    (``FlatModel.grads``: a copy in every dtype, a cast in float16 and bfloat16); ``out``, that
+    buffer (a torch tensor of the wire dtype, kept by the caller)."""
     if legacy:
-        return grad.astype(np.float16)
-    return as_numpy(torch.from_numpy(grad).to(TORCH_DTYPES[wire]))
+        return grad.astype(np.float16) if wire == "float16" else grad
+    if out is None:
+        out = torch.empty(grad.shape, dtype=TORCH_DTYPES[wire])
+    out.copy_(torch.from_numpy(grad))
+    return as_numpy(out)
 
 
 def merge_replies(replies: list[Any], wire: str = "float32", out: Any = None) -> Any:

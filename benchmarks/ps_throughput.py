@@ -108,6 +108,7 @@ def dask_push_loop(
 
     from transient_nb.training.ps import ParameterServer
     from transient_nb.training.wire.client import connect_shards
+    from transient_nb.training.wire.codec import TORCH_DTYPES
 
     legacy = variant == "legacy"
     actors = [Actor(ParameterServer, addr, key) for addr, key in shards]
@@ -122,9 +123,10 @@ def dask_push_loop(
     for ps in actors:
         ps.register(name, 0).result(timeout=timeout)
     weights = torch.zeros(n)  # the trainer's float32 weights (FlatModel.w)
+    host = torch.empty(n, dtype=TORCH_DTYPES[wire])  # its gradient's host buffer
 
     def push(version: int, step: int) -> int:
-        grad = cast_gradient(grad32, wire, legacy)  # as the Trainer, every step
+        grad = cast_gradient(grad32, wire, legacy, host)  # as the Trainer, every step
         # As Trainer._send: every shard's call goes out before any reply is awaited.
         futures = [
             ps.push_pull(

@@ -216,7 +216,7 @@ class DataServer:
                 chan.close()
                 return
             self._channels.add(chan)
-        buffers = Buffers()
+        buffers, replies = Buffers(), Buffers()
         region: Region | None = None
         try:
             while not self._closed.is_set():
@@ -229,7 +229,8 @@ class DataServer:
                     continue
                 for fd in fds:
                     os.close(fd)
-                reply, meta_out, out = self._call(kind, meta, arrays, _room(region, meta, arrays))
+                room = _room(region, meta, arrays, kind, replies)
+                reply, meta_out, out = self._call(kind, meta, arrays, room)
                 offsets = _place(region, meta, out) if reply == REPLY else []
                 drive(chan, chan.send_frame(reply, meta_out, out, offsets), self.stall_s)
                 self.served += 1
@@ -305,15 +306,20 @@ def _adopt(fds: list[int]) -> Region:
     return region
 
 
-def _room(region: Region | None, meta: dict[str, Any], arrays: list[Any]) -> Any:
-    """Where a push's new weights may be written in the shared region: the start of the room the
-    request left for its reply, as an array of the gradient's dtype and size (a push's reply is
-    the same size as its gradient); None when there is no such room."""
-    at, room = meta.get("reply_at"), meta.get("reply_room")
-    if region is None or not arrays or arrays[0] is None or not isinstance(at, int):
+def _room(
+    region: Region | None, meta: dict[str, Any], arrays: list[Any], kind: int, spare: Buffers
+) -> Any:
+    """Where a push's new weights may be written: an array of the gradient's dtype and size (a
+    push's reply is the same size as its gradient) at the start of the room the request left in
+    the shared region, else in a buffer this connection keeps for its replies (a reply is sent
+    before the next request is read, so the buffer is free again by then); None for a pull."""
+    if kind != PUSH_PULL or not arrays or arrays[0] is None:
         return None
     grad = arrays[0]
-    if not isinstance(room, int) or grad.nbytes > room:
+    if region is None:
+        return spare.get(0, grad.dtype, grad.nbytes)
+    at, room = meta.get("reply_at"), meta.get("reply_room")
+    if not isinstance(at, int) or not isinstance(room, int) or grad.nbytes > room:
         return None
     try:
         return region.view(at, grad.dtype, grad.nbytes)
