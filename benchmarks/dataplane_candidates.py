@@ -152,8 +152,10 @@ class Updater:
 
     def __call__(self, grad: Any) -> Any:
         from transient_nb.training.optim import momentum_sgd_
+        from transient_nb.training.wire.codec import tensor
 
-        momentum_sgd_(self.w, self.v, grad, self.decay, 0.01, 0.9)
+        # (a received frame may be read-only; it is only read)
+        momentum_sgd_(self.w, self.v, tensor(grad), self.decay, 0.01, 0.9)
         self.version += 1
         return self.w.copy()
 
@@ -219,8 +221,12 @@ def serve(carrier: str, n: int, certs: dict[str, str], info: Any, stop: Any) -> 
         client_public, client_secret = zmq.curve_keypair()
         auth = ThreadAuthenticator(ctx)
         auth.start()
-        auth.configure_curve_callback(domain="*", credentials_provider=None)
-        auth.configure_curve(domain="*", location=zmq.auth.CURVE_ALLOW_ANY)
+
+        class Members:  # ZAP: only the client's public key gets in
+            def callback(self, domain: str, key: bytes) -> bool:
+                return key == client_public  # z85, as the authenticator passes it
+
+        auth.configure_curve_callback(domain="*", credentials_provider=Members())
         sock = ctx.socket(zmq.REP)
         sock.curve_secretkey, sock.curve_publickey, sock.curve_server = (
             server_secret,
