@@ -95,6 +95,16 @@ def ps_process(certs):
         p.join(30)
 
 
+def _freeze(proc) -> None:
+    """SIGSTOP the PS process and wait until the kernel has stopped it (every thread)."""
+    import psutil
+
+    from tests.conftest import wait_for_sync
+
+    os.kill(proc.pid, signal.SIGSTOP)
+    wait_for_sync(lambda: psutil.Process(proc.pid).status() == psutil.STATUS_STOPPED, timeout=30)
+
+
 def _client(endpoint, mode, certs):
     return DataClient(endpoint, tls_contexts(certs["trainer"])[1] if mode == "tls" else None)
 
@@ -107,7 +117,7 @@ def test_a_frozen_ps_is_waited_for_in_slices_and_its_reply_counts_once_it_resume
     client = _client(endpoint, mode, certs)
     grad = np.ones(N, np.float32)
     assert client.push_pull(trainer="t", grad=grad, base_version=0, local_step=1).result(30)[2] == 1
-    os.kill(proc.pid, signal.SIGSTOP)
+    _freeze(proc)
     call = client.push_pull(trainer="t", grad=grad, base_version=1, local_step=2)
     for _ in range(3):  # each slice is bounded, and nothing is lost between slices
         t0 = time.monotonic()
@@ -145,7 +155,7 @@ def test_a_ps_killed_in_the_middle_of_a_reply_is_an_error_at_once(ps_process, ce
 def test_a_call_given_up_cuts_the_connection(ps_process, certs):
     proc, endpoint = ps_process("unix")
     client = _client(endpoint, "unix", certs)
-    os.kill(proc.pid, signal.SIGSTOP)
+    _freeze(proc)
     call = client.pull("t")
     with pytest.raises(TimeoutError):
         call.result(timeout=0.2)

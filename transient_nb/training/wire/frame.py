@@ -153,10 +153,20 @@ class Channel:
         self.unix = sock.family == socket.AF_UNIX
         #: Descriptors received with the last frame (its receiver takes and closes them).
         self.fds: list[int] = []
+        #: Non-blocking: a step yields whenever the socket has nothing more (an event loop then
+        #: waits for it; the deadline is the loop's business).
+        self.nonblocking = False
+
+    def set_nonblocking(self) -> None:
+        """Drive this channel from an event loop (see :attr:`nonblocking`)."""
+        self.nonblocking = True
+        self.sock.setblocking(False)
 
     # -- the steps; each yields when the deadline has passed ------------------------------------
     def _arm(self) -> bool:
         """Set the socket's timeout to what is left; False when nothing is left."""
+        if self.nonblocking:
+            return True
         if self.deadline == math.inf:
             self.sock.settimeout(None)
             return True
@@ -183,6 +193,8 @@ class Channel:
                     pos += self.sock.send(view[pos:])
                 except (TimeoutError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
                     armed = False
+                except BlockingIOError:  # non-blocking: the loop waits until it is writable
+                    yield
 
     def recv_into(self, view: memoryview, fds: bool = False) -> Step:
         """Fill ``view`` from the socket (with ``fds``, on a Unix socket, also take the
@@ -201,6 +213,9 @@ class Channel:
                     n = self.sock.recv_into(view[pos:])
             except (TimeoutError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
                 armed = False
+                continue
+            except BlockingIOError:  # non-blocking: the loop waits until it is readable
+                yield
                 continue
             if n == 0:
                 raise ConnectionError("The peer closed the data-plane connection.")
@@ -231,7 +246,7 @@ class Channel:
             if a is not None and a.nbytes and (i >= len(offsets) or offsets[i] is None)
         ]
         if fd is not None:
-            # Blocking for the few bytes that carry the descriptor (a socket buffer holds them).
+            # The few bytes that carry the descriptor: a socket buffer always has room for them.
             socket.send_fds(self.sock, [head[:1]], [fd])
             head = head[1:]
         yield from self.send_all([head, *inline])
@@ -287,14 +302,18 @@ class Channel:
         fds, self.fds = self.fds, []
         return fds
 
-    def close(self) -> None:
-        """Shut the connection down (a thread blocked on it wakes up) and close it."""
-        for fd in self.take_fds():
-            os.close(fd)
+    def shutdown(self) -> None:
+        """Shut the connection down, from any thread: whoever waits on it sees it end."""
         try:
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
+
+    def close(self) -> None:
+        """Shut the connection down (a thread blocked on it wakes up) and close it."""
+        for fd in self.take_fds():
+            os.close(fd)
+        self.shutdown()
         self.sock.close()
 
 

@@ -1,10 +1,13 @@
-"""The PS's end of the data plane: a listener and one thread per trainer connection.
+"""The PS's end of the data plane: a listener, and each trainer's connection served beside the
+PS's update.
 
-A connection's thread reads a request into buffers it keeps, hands the call to the PS on the
-worker's event loop (``push_pull`` and ``pull`` stay the actor's own coroutines, so an update is
-as atomic as when Dask calls it), waits for the reply and sends it from its own thread. The
-socket work (and the TLS) runs beside the event loop, not on it; the update itself releases the
-GIL (torch kernels), so connections overlap their I/O with other trainers' updates.
+On a Unix socket only frame heads travel (the arrays are in the region the trainer shares,
+:mod:`.region`), so a connection is served by the PS's own event loop: the request is read, the
+PS's ``push_pull`` (or ``pull``) awaited in place, as atomic as when Dask calls it, and the reply
+head written, with no thread in between. Over TLS the arrays themselves travel and are encrypted,
+so each connection has a thread of its own: it reads a request into buffers it keeps, hands the
+call to the PS's loop, and encrypts and sends the reply beside it (the update releases the GIL in
+torch's kernels, the TLS in OpenSSL).
 
 Bounds (chaos suite): a request or a reply that stalls for ``stall_s`` in the middle drops the
 connection (the trainer has given up and rejoins by then); an idle connection lives as long as
@@ -17,10 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import socket
 import ssl
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -147,17 +152,15 @@ class DataServer:
             pass
         if self._path is not None:
             transport.remove_unix(self._path)
-        with self._lock:
-            channels = list(self._channels)
-        for chan in channels:
-            chan.close()
+        self.cut()
 
     def cut(self) -> int:
-        """Drop every open connection but keep listening (a fault the chaos tests inject)."""
+        """Drop every open connection but keep listening (a fault the chaos tests inject);
+        returns how many there were. Each connection sees its end and closes itself."""
         with self._lock:
             channels = list(self._channels)
         for chan in channels:
-            chan.close()
+            chan.shutdown()
         return len(channels)
 
     def _gone(self) -> bool:
@@ -179,6 +182,13 @@ class DataServer:
                 continue
             except OSError:
                 break  # closed
+            if self.mode == "unix":
+                # Only frame heads cross a Unix socket (the arrays are in the shared region):
+                # served on the PS's own loop, with no thread between the bytes and the update.
+                admitted = self._admit(sock)
+                if admitted is not None:
+                    asyncio.run_coroutine_threadsafe(self._serve_on_loop(admitted), self._loop)
+                continue
             threading.Thread(
                 target=self._connection,
                 args=(sock,),
@@ -244,20 +254,74 @@ class DataServer:
                 self._channels.discard(chan)
             chan.close()
 
-    def _call(
-        self, kind: int, meta: dict[str, Any], arrays: list[Any], room: Any = None
-    ) -> tuple[Any, ...]:
-        """Run the request on the PS's event loop; the reply frame ``(kind, meta, arrays)``.
+    async def _serve_on_loop(self, sock: socket.socket) -> None:
+        """One Unix connection, served by the PS's loop (see :meth:`_accept_loop`)."""
+        loop = asyncio.get_running_loop()
+        chan = Channel(sock)
+        chan.set_nonblocking()
+        with self._lock:
+            if self._closed.is_set():
+                chan.close()
+                return
+            self._channels.add(chan)
+        fd = sock.fileno()
+        readable = asyncio.Event()
+        loop.add_reader(fd, readable.set)
+        buffers, replies = Buffers(), Buffers()
+        region: Region | None = None
+        try:
+            while not self._closed.is_set():
+                chan.deadline = math.inf  # idle as long as the peer lives
+                step = chan.recv_frame(buffers, stall=self.stall_s, region=region)
+                kind, meta, arrays = await _pump(chan, step, readable)
+                fds = chan.take_fds()
+                if kind == SETUP:
+                    region = _adopt(fds)
+                    continue
+                for extra in fds:
+                    os.close(extra)
+                room = _room(region, meta, arrays, kind, replies)
+                reply, meta_out, out = await self._call_here(kind, meta, arrays, room)
+                offsets = _place(region, meta, out) if reply == REPLY else []
+                chan.deadline = time.monotonic() + self.stall_s
+                await _pump_out(chan, chan.send_frame(reply, meta_out, out, offsets), loop, fd)
+                self.served += 1
+        except FrameError as e:
+            self.refused += 1
+            logger.info("Data plane %s dropped a peer: %r", self.name, e)
+        except (ConnectionError, TimeoutError, OSError):
+            pass  # the peer went, stalled, or we are closing
+        finally:
+            loop.remove_reader(fd)
+            with self._lock:
+                self._channels.discard(chan)
+            chan.close()
 
-        ``room``: where in the shared region the reply's weights may be written directly
-        (:func:`~transient_nb.training.wire.codec.reply_into`).
-        """
+    async def _call_here(
+        self, kind: int, meta: dict[str, Any], arrays: list[Any], room: Any
+    ) -> tuple[Any, ...]:
+        """:meth:`_call` on the PS's own loop: the PS's coroutine is awaited in place."""
+        made = self._request(kind, meta, arrays)
+        if isinstance(made, tuple):
+            return made
+        try:
+            if room is not None:
+                with reply_into(room):
+                    weights, bn, version = await made
+            else:
+                weights, bn, version = await made
+        except Exception as e:  # the PS refused the call: the trainer sees why
+            return ERROR, {"error": repr(e)[:500]}, []
+        return REPLY, {"version": int(version)}, [weights, bn]
+
+    def _request(self, kind: int, meta: dict[str, Any], arrays: list[Any]) -> Any:
+        """The PS's coroutine for a request, or an error reply frame for a bad one."""
         target = self._target()
         if target is None:
             raise ConnectionError("The parameter server is gone.")
         try:
             if kind == PUSH_PULL:
-                coro = target.push_pull(
+                return target.push_pull(
                     trainer=str(meta["trainer"]),
                     grad=arrays[0],
                     base_version=int(meta["base_version"]),
@@ -267,13 +331,23 @@ class DataServer:
                     bn_delta=arrays[1] if len(arrays) > 1 else None,
                     final=bool(meta.get("final", False)),
                 )
-            elif kind == PULL:
-                coro = target.pull(meta.get("trainer"))
-            else:
-                raise FrameError(f"Frame kind {kind} is not a request.")
+            if kind == PULL:
+                return target.pull(meta.get("trainer"))
         except (KeyError, ValueError, TypeError, IndexError) as e:
             return ERROR, {"error": f"bad request: {e!r}"[:500]}, []
-        del target
+        raise FrameError(f"Frame kind {kind} is not a request.")
+
+    def _call(
+        self, kind: int, meta: dict[str, Any], arrays: list[Any], room: Any = None
+    ) -> tuple[Any, ...]:
+        """Run the request on the PS's event loop; the reply frame ``(kind, meta, arrays)``.
+
+        ``room``: where in the shared region the reply's weights may be written directly
+        (:func:`~transient_nb.training.wire.codec.reply_into`).
+        """
+        coro = self._request(kind, meta, arrays)
+        if isinstance(coro, tuple):
+            return coro
         if room is not None:
             with reply_into(room):  # the task made now inherits this context
                 future = asyncio.run_coroutine_threadsafe(coro, self._loop)
@@ -290,6 +364,47 @@ class DataServer:
             except Exception as e:  # the PS refused the call: the trainer sees why
                 return ERROR, {"error": repr(e)[:500]}, []
         return REPLY, {"version": int(version)}, [weights, bn]
+
+
+async def _pump(chan: Channel, step: Any, readable: asyncio.Event) -> Any:
+    """Drive a receiving step of a non-blocking channel from the loop: on until the socket has
+    nothing more, then wait for it to be readable (until the channel's deadline)."""
+    while True:
+        try:
+            next(step)
+        except StopIteration as stop:
+            return stop.value
+        readable.clear()
+        if chan.deadline == math.inf:
+            await readable.wait()
+            continue
+        left = chan.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("The data-plane frame stalled.")
+        await asyncio.wait_for(readable.wait(), left)
+
+
+async def _pump_out(chan: Channel, step: Any, loop: asyncio.AbstractEventLoop, fd: int) -> None:
+    """Drive a sending step of a non-blocking channel: a frame head goes at once; more waits
+    for the socket to be writable (until the channel's deadline)."""
+    writable: asyncio.Event | None = None
+    try:
+        while True:
+            try:
+                next(step)
+            except StopIteration:
+                return
+            if writable is None:
+                writable = asyncio.Event()
+                loop.add_writer(fd, writable.set)
+            writable.clear()
+            left = chan.deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("The data-plane reply stalled.")
+            await asyncio.wait_for(writable.wait(), left)
+    finally:
+        if writable is not None:
+            loop.remove_writer(fd)
 
 
 def _adopt(fds: list[int]) -> Region:
