@@ -242,3 +242,34 @@ def test_serve_ps_follows_the_runs_setting(loop, tmp_path, certs, monkeypatch):
     assert server.mode == "tls" and server.endpoint["tls"][0] == "127.0.0.1"
     del worker.state.actors["ps"]  # the actor released: its server goes
     wait_for_sync(lambda: server.closed, timeout=10)
+
+
+def test_the_ps_metrics_the_policy_learns_from_count_the_data_planes_pushes(loop, tmp_path):
+    """The policy learns the PS's capacity from shard 0's ``metrics`` (steps/s served): pushes
+    over the data plane are the PS's own ``push_pull``, so they are counted there as before."""
+    ps = make_ps(tmp_path, metrics_interval_s=0.05)
+    events = []
+
+    class Worker:  # what the PS posts its events through
+        name = "ps-0"
+
+        def log_event(self, topic, event):
+            events.append(event)
+
+    ps._worker = Worker()
+    server = _server(ps, loop, "unix")
+    client = _client(server, "unix")
+    grad = np.zeros(N, np.float32)
+    version = 0
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 0.5:
+        version = client.push_pull(
+            trainer="w-0", grad=grad, base_version=version, local_step=version + 1
+        ).result(timeout=10)[2]
+    metrics = [e for e in events if e["kind"] == "metrics"]
+    assert metrics and sum(e["updates"] for e in metrics) <= version
+    assert sum(e["updates"] for e in metrics) >= version - max(e["updates"] for e in metrics)
+    assert all(e["steps_per_s"] > 0 and e["shard"] == 0 for e in metrics)
+    assert metrics[-1]["step"] <= version
+    client.close()
+    server.close()
