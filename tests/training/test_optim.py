@@ -40,3 +40,28 @@ def test_a_float16_gradient_from_the_wire_is_widened_and_decay_skips_its_zeros()
     momentum_sgd_(w, v, np.zeros(4, np.float16), np.zeros(4, np.float32), lr=0.5, momentum=0.5)
     np.testing.assert_array_equal(v, [1.0, 0.25, -0.125, 0.5])  # momentum carries it on
     np.testing.assert_array_equal(w, [-0.5, 1.375, 2.3125, 0.75])
+
+
+def test_a_bfloat16_gradient_is_widened_in_a_buffer_each_thread_keeps():
+    import threading
+
+    import torch
+
+    from transient_nb.training import optim
+
+    def step(out):
+        w, v = np.full(3, 2.0, np.float32), np.zeros(3, np.float32)
+        g = torch.tensor([1.0, -0.5, 0.25], dtype=torch.bfloat16)
+        momentum_sgd_(w, v, g, np.zeros(3, np.float32), lr=1.0, momentum=0.9)
+        out.append((w.tolist(), optim._scratch.buf.data_ptr()))
+
+    here: list = []
+    step(here)
+    step(here)
+    assert here[0][0] == [1.0, 2.5, 1.75]
+    assert here[0][1] == here[1][1]  # the same buffer, call after call
+    other: list = []
+    thread = threading.Thread(target=step, args=(other,))
+    thread.start()
+    thread.join()
+    assert other[0][0] == [1.0, 2.5, 1.75] and other[0][1] != here[0][1]  # one per thread
