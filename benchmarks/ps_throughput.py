@@ -299,7 +299,8 @@ class RpcParameterServer:
         self.bn = bn
         self.version = 0
         self.active: set[str] = set()
-        self.fp16 = self.hp.wire_dtype == "float16"
+        # The reply's dtype (None: float32, a copy).
+        self.wire = {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(self.hp.wire_dtype)
         self.lock = threading.Lock()
 
     @staticmethod
@@ -324,7 +325,7 @@ class RpcParameterServer:
             momentum_sgd_(
                 self.w.numpy(),
                 self.v.numpy(),
-                grad.numpy(),
+                grad,  # a tensor (float32, float16 or bfloat16, which numpy cannot hold)
                 self.decay.numpy(),
                 lr,
                 self.hp.momentum,
@@ -332,7 +333,7 @@ class RpcParameterServer:
             if bn_delta is not None and self.bn is not None:
                 self.bn += bn_delta
             self.version += 1
-            out = self.w.half() if self.fp16 else self.w.clone()
+            out = self.w.to(self.wire) if self.wire is not None else self.w.clone()
             return out, None if self.bn is None else self.bn.clone(), self.version
 
 
@@ -351,10 +352,11 @@ def rpc_push_loop(
 
     n = bounds[-1][1]
     g32 = torch.randn(n) * 1e-4
+    dtypes = {"float16": torch.float16, "bfloat16": torch.bfloat16}
     bn_delta = torch.zeros(n_bn) if n_bn else None
 
     def push(version: int, step: int) -> int:
-        g = g32.half() if wire == "float16" else g32
+        g = g32.to(dtypes[wire]) if wire != "float32" else g32
         # Clones: rpc would send a view's whole storage.
         pieces = [g[a:b].clone() if len(bounds) > 1 else g for a, b in bounds]
         futures = [
