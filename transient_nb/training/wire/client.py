@@ -135,7 +135,7 @@ class DataClient:
     >>> w, bn, version = client.pull("w-0").result(timeout=5)
     >>> client.transport, w.tolist(), bn, version
     ('unix', [0.0, 1.0, 2.0], None, 7)
-    >>> client.close(); server.close(); loop.call_soon_threadsafe(loop.stop)
+    >>> client.close(); server.close(); _ = loop.call_soon_threadsafe(loop.stop)
     """
 
     def __init__(

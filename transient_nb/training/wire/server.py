@@ -86,10 +86,11 @@ class DataServer:
     ...     async def pull(self, trainer): return np.ones(2, np.float32), None, 7
     >>> loop = asyncio.new_event_loop()
     >>> threading.Thread(target=loop.run_forever, daemon=True).start()
-    >>> server = DataServer(PS(), loop, "unix", "demo")
+    >>> ps = PS()  # held: a server lives only as long as its PS
+    >>> server = DataServer(ps, loop, "unix", "demo")
     >>> sorted(server.endpoint)
     ['host', 'unix']
-    >>> server.close(); loop.call_soon_threadsafe(loop.stop)
+    >>> server.close(); _ = loop.call_soon_threadsafe(loop.stop)
     """
 
     def __init__(
