@@ -461,7 +461,9 @@ def _zoned(prices: tuple[float, float]) -> tuple[RecordingCluster, TransientPoli
     other = Kind("t4", "us-east1-c", True, prices[1])
     cluster = RecordingCluster({"t4": 4})
     cluster.zone = "us-central1-a"
-    cluster.policy = ReplacementPolicy("t4", "us-central1-a", True, fallback_zones=["us-east1-c"])
+    cluster.placement = ReplacementPolicy(
+        "t4", "us-central1-a", True, fallback_zones=["us-east1-c"]
+    )
     policy = TransientPolicy(cluster, "cost-per-step", planner=Planner([home, other], 0.143))
     now = time.time()
     cluster.add("train-started", now - 7200, run="r", steps=64_000)
@@ -487,8 +489,8 @@ def test_new_workers_go_to_the_zone_that_revokes_less():
     plan = asyncio.run(policy.adapt())
     assert plan is not None and plan.chosen.config.counts.get(other, 0) >= 1
     assert policy.planner.hazard_per_h(home) > 10 * policy.planner.hazard_per_h(other)
-    assert cluster.policy.preferred_zones == {"t4": "us-east1-c"}
-    assert [p.zone for p in cluster.policy.candidates("t4")] == ["us-east1-c", "us-central1-a"]
+    assert cluster.placement.preferred_zones == {"t4": "us-east1-c"}
+    assert [p.zone for p in cluster.placement.candidates("t4")] == ["us-east1-c", "us-central1-a"]
     (decision,) = cluster.posted
     assert decision["acted"] is True and decision["zones"] == {"t4": "us-east1-c"}
     assert "us-east1-c" in decision["reason"]
@@ -502,11 +504,11 @@ def test_new_workers_go_to_the_zone_that_revokes_less():
 def test_a_zone_is_not_changed_without_a_reason_and_a_cheaper_one_is_taken():
     cluster, policy, _, _ = _zoned((0.2, 0.2))
     asyncio.run(policy.adapt())
-    assert cluster.policy.preferred_zones == {}  # same price, same odds: the cluster's own zone
+    assert cluster.placement.preferred_zones == {}  # same price, same odds: the cluster's own zone
     cheaper, policy, _, other = _zoned((0.3, 0.2))
     plan = asyncio.run(policy.adapt())
     assert plan is not None and policy.zones_of(plan) == {"t4": other.zone}
-    assert cheaper.policy.preferred_zones == {"t4": "us-east1-c"}
+    assert cheaper.placement.preferred_zones == {"t4": "us-east1-c"}
 
 
 def test_the_ps_zone_and_the_rates_of_far_workers_come_from_the_event_log():
@@ -748,7 +750,7 @@ class ZonedCluster(RecordingCluster):
         self.ps_move_zone = None
         self.moves: list[tuple[str, str]] = []
         self.preferred: dict[str, str] = {}
-        self.policy = SimpleNamespace(
+        self.placement = SimpleNamespace(
             zones=lambda: list(zones),
             prefer_zone=lambda gpu, zone: self.preferred.__setitem__(gpu, zone),
         )
@@ -870,11 +872,11 @@ def test_no_ps_move_while_one_is_under_way_nor_where_no_other_region_is_allowed(
     cluster.ps_move_zone = "us-east1-c"  # asked for, no ps-move event yet
     assert policy.ps_move(outdone, now) is None
     cluster.ps_move_zone = None
-    cluster.policy = SimpleNamespace(zones=lambda: ["us-central1-a", "us-central1-b"])
+    cluster.placement = SimpleNamespace(zones=lambda: ["us-central1-a", "us-central1-b"])
     assert policy.ps_move(outdone, now) is None
     # A cluster with no replacement policy (its workers go to its own zone only), which knows no
     # PS moves either.
-    del cluster.policy, cluster.ps_move_zone
+    del cluster.placement, cluster.ps_move_zone
     assert policy.ps_move(outdone, now) is None
     assert policy.planner.ps_zone == "us-central1-a"  # weighed elsewhere, planned here
 
@@ -1179,7 +1181,7 @@ def test_workers_to_come_go_where_the_cluster_places_their_type_first():
     pc, pwo = P100, Kind("p100", "us-west1-b", False, 1.46)
     cluster = RecordingCluster({"k80": 3, "p100": 1})
     cluster.zone = "us-east1-c"
-    cluster.policy = SimpleNamespace(preferred_zones={"p100": "us-west1-b"})
+    cluster.placement = SimpleNamespace(preferred_zones={"p100": "us-west1-b"})
     cluster.on_demand = {"k80": 1}
     policy = TransientPolicy(cluster, "cost-per-step", planner=Planner([kc, ke, pc, pwo], 0.19))
     _od_vm(cluster, "w-0", "k80", T0, zone=kc.zone, spot=False)

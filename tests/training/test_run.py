@@ -580,7 +580,7 @@ def test_the_ps_moves_to_another_region_mid_run_and_the_trainers_follow():
     goes on to its steps, each trainer is paced anew for its distance from the PS, and the old
     PS host is given back once the run has moved."""
     with TransientCluster(**TWO_REGIONS) as cluster:
-        cluster.policy.prefer_zone("k80", "us-east1-c")
+        cluster.placement.prefer_zone("k80", "us-east1-c")
         cluster.scale(2)
         cluster.wait_for_workers(2, timeout=120)
         zones = {n: vm.spec.zone for n, vm in cluster.workers.items()}
@@ -632,7 +632,7 @@ def test_the_ps_moves_to_another_region_mid_run_and_the_trainers_follow():
         i for i, e in enumerate(events) if e["kind"] == "deleted" and e["worker"] == "ps-0"
     )
     assert events.index(move) < i_moved < i_gone
-    assert cluster.policy.ps_zone == "us-east1-c"
+    assert cluster.placement.ps_zone == "us-east1-c"
     # Each trainer paced for its distance from the PS, before and after the move.
     paced: dict[str, list[bool]] = {}
     for e in events:
@@ -693,4 +693,4 @@ def test_a_new_ps_host_lost_before_the_run_moved_fails_the_move_and_a_second_one
     assert new_ps == [("ps-0", "us-central1-a"), ("ps-1", "us-east1-c"), ("ps-2", "us-east1-c")]
     # The run never took its PS for lost: the failed move did not touch it.
     assert not [e for e in events if e["kind"] in ("ps-lost", "ps-recovered")]
-    assert cluster.policy.ps_zone == "us-east1-c"
+    assert cluster.placement.ps_zone == "us-east1-c"

@@ -458,7 +458,7 @@ def run_setup(
         joined = _joined_workers(event_log(cluster))
         final_mix = {g: n for g, n in cluster.mix.items() if n}
         final_on_demand = dict(getattr(cluster, "on_demand", {}) or {})
-        ps_zone = getattr(getattr(cluster, "policy", None), "ps_zone", None)
+        ps_zone = getattr(getattr(cluster, "placement", None), "ps_zone", None)
         ps_hosts = cluster.ps_hosts
         decisions = [e for e in run.events() if e.get("kind") == "policy-decision"]
         zones = workers_by_zone(event_log(cluster))

@@ -247,7 +247,7 @@ class TransientPolicy:
                     [
                         *dict(getattr(cluster, "mix", None) or {}),
                         cluster.gpu,
-                        *getattr(cluster.policy, "fallback_gpus", []),
+                        *getattr(cluster.placement, "fallback_gpus", []),
                     ]
                 )
             )
@@ -256,7 +256,7 @@ class TransientPolicy:
             # distance from the PS (the PS hosts run in the cluster's zone: a worker in another
             # region steps slower).
             zones = list(
-                dict.fromkeys([cluster.zone, *getattr(cluster.policy, "fallback_zones", [])])
+                dict.fromkeys([cluster.zone, *getattr(cluster.placement, "fallback_zones", [])])
             )
             kinds = kinds_from_catalog(
                 cluster.catalog, gpus, zones, cluster.machine_type, spot=cluster.spot
@@ -583,7 +583,7 @@ class TransientPolicy:
         return Configuration.of(counts, self._shards())
 
     def _first_zone(self, gpu: str) -> str:
-        replacement = getattr(self.cluster, "policy", None)
+        replacement = getattr(self.cluster, "placement", None)
         preferred = getattr(replacement, "preferred_zones", None) or {}
         return str(preferred.get(gpu, getattr(self.cluster, "zone", "")))
 
@@ -755,7 +755,7 @@ class TransientPolicy:
             # Done before a new PS host would serve a step: a PS moved 38 steps before the end
             # (round eleven) billed a host for nothing.
             return None
-        replacement = getattr(self.cluster, "policy", None)
+        replacement = getattr(self.cluster, "placement", None)
         zones = list(getattr(replacement, "zones", lambda: [])() or [])
         others = {region_of(z): z for z in reversed(zones) if region_of(z) != region_of(here)}
         best: tuple[str, Plan] | None = None
@@ -791,7 +791,7 @@ class TransientPolicy:
             if shards > self._shards():
                 # A PS host first: the run splits its PS once the host has joined.
                 self.cluster.scale_ps(shards)
-            prefer = getattr(getattr(self.cluster, "policy", None), "prefer_zone", None)
+            prefer = getattr(getattr(self.cluster, "placement", None), "prefer_zone", None)
             if prefer is not None:
                 # New workers of each type (and replacements) go where the plan put them; the
                 # ones already running stay until they are preempted or given back.

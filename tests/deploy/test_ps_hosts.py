@@ -1,0 +1,45 @@
+"""Tests for transient_nb.deploy.ps_hosts: part of TransientCluster, on the local backend, with real processes.
+
+Cluster tests are plain synchronous tests with Dask's ``cleanup`` fixture (it checks that no
+thread, loop or instance leaks), except the trace replay, which runs the cluster asynchronously
+under ``gen_test``. Every cluster starts its VMs at once (``provisioning_delay=0``) with short
+notices so that the suite stays fast.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import (
+    index_of,
+    of_kind,
+)
+from tests.deploy.cluster_helpers import (
+    snapshot,
+)
+from transient_nb import TransientCluster
+
+
+def test_scale_ps_adds_billed_ps_hosts_and_refuses_what_it_cannot_do(cleanup: None) -> None:
+    # 1 T4 ($0.22/h) and 2 PS hosts ($0.19/h each) fit under $0.65/h; a third PS host does not.
+    with TransientCluster(
+        workers=1, provisioning_delay=0, max_hourly_cost=0.65, name="more-ps"
+    ) as cluster:
+        for bad, match in [
+            (0, r"scale_ps: n=0 must be a whole number of at least 1"),
+            ("2", r"scale_ps: n='2' must be a whole number"),
+            (9, r"scale_ps\(9\): at most 4 PS hosts"),
+            (3, r"above max_hourly_cost=\$0.65/h"),
+        ]:
+            with pytest.raises(ValueError, match=match):
+                cluster.scale_ps(bad)
+        assert cluster.ps_hosts == 1 and of_kind(snapshot(cluster), "ps-hosts") == []
+        cluster.scale_ps(2)
+        cluster.wait_for_workers(timeout=120)  # the PS hosts count too
+        with pytest.raises(ValueError, match=r"cannot give back a shard's host"):
+            cluster.scale_ps(1)
+        events = snapshot(cluster)
+        i = index_of(events, "ps-hosts", hosts=2, hosts_from=1)
+        assert index_of(events, "joined", i, worker="ps-1", role="ps") > i
+        billed = cluster.cost().per_vm
+    assert (billed.loc[["ps-0", "ps-1"], "cost"] > 0).all()
