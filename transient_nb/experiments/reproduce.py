@@ -40,7 +40,8 @@ from typing import Any
 import pandas as pd
 
 from transient_nb.catalog.lifetimes import PAPER_LIFETIME_CDF
-from transient_nb.eventlog.folds import Bill, event_log, summarize
+from transient_nb.eventlog.bill import Bill
+from transient_nb.eventlog.folds import event_log, summarize
 from transient_nb.training.emulation import (
     PAPER_PS_STEPS_PER_S,
     PAPER_TWO_SHARD_GAIN,

@@ -16,7 +16,7 @@ from bokeh.layouts import column, row
 from bokeh.models import ColumnDataSource, HoverTool, Range1d
 from bokeh.plotting import figure
 
-from transient_nb.eventlog.folds import Bill
+from transient_nb.eventlog.bill import Bill
 
 ROLLOVER = 100_000
 #: Most cost points one update adds (a whole run fed at once stays a readable curve).
