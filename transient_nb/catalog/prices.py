@@ -17,6 +17,10 @@ import yaml
 
 from transient_nb import config
 
+#: The minimum billed seconds of a VM where a catalog does not say (Compute Engine's: per-second
+#: billing, at least one minute). The one place this rule is written.
+BILLING_MINIMUM_S = 60.0
+
 
 @dataclass(frozen=True)
 class Price:
@@ -64,7 +68,7 @@ class PriceCatalog:
     date: str
     source: str
     regions: dict[str, Region]
-    minimum_s: float = 60.0
+    minimum_s: float = BILLING_MINIMUM_S
     increment_s: float = 1.0
 
     @classmethod
@@ -111,7 +115,7 @@ class PriceCatalog:
                 date=str(data.get("date", "undated")),
                 source=str(data.get("source", origin)),
                 regions=regions,
-                minimum_s=float(billing.get("minimum", 60)),
+                minimum_s=float(billing.get("minimum", BILLING_MINIMUM_S)),
                 increment_s=float(billing.get("increment", 1)),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as e:

@@ -36,6 +36,7 @@ from transient_nb.eventlog.records import events_frame
 from transient_nb.eventlog.vocabulary import (
     CONTROL_TOPIC,
     EVENTS_RPC,
+    ClusterStart,
     move_ps_message,
 )
 from transient_nb.ticker import Ticker
@@ -167,14 +168,14 @@ class RemoteCluster:
         assert self.client.scheduler is not None
         return self.client.scheduler
 
-    def _started(self) -> Mapping[str, Any]:
-        return next((e for e in self.monitor.events if e.get("kind") == "started"), {})
+    def _started(self) -> ClusterStart:
+        return ClusterStart.of(self.monitor.events)
 
     @property
     def catalog(self) -> PriceCatalog | None:
         """The price catalog the owning cluster bills with (None if it cannot be loaded)."""
         if self._catalog is None:
-            name = self._started().get("catalog")
+            name = self._started().catalog
             try:
                 self._catalog = PriceCatalog.load(name) if name else None
             except (ValueError, OSError):
@@ -184,7 +185,7 @@ class RemoteCluster:
     @property
     def time_scale(self) -> float:
         """Simulated seconds per wall second of the owning cluster."""
-        return float(self._started().get("time_scale", 1.0))
+        return self._started().time_scale
 
     @property
     def gpu(self) -> str | None:
@@ -198,8 +199,7 @@ class RemoteCluster:
         for e in reversed(events):
             if e.get("kind") in ("scale", "started") and e.get("mix"):
                 return {str(g): int(n) for g, n in e["mix"].items()}
-        started = self._started()
-        return {str(started.get("gpu")): int(started.get("workers") or 0)} if started else {}
+        return self._started().mix
 
     @property
     def zone(self) -> str | None:

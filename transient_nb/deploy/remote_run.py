@@ -15,6 +15,7 @@ from typing import Any
 
 import pandas as pd
 
+from transient_nb.catalog.prices import BILLING_MINIMUM_S
 from transient_nb.eventlog.folds import event_log
 from transient_nb.training.hparams import HParams
 from transient_nb.training.resume import run_history, summarize_run
@@ -140,7 +141,7 @@ class RemoteRun:
 
     def _minimum_s(self) -> float:
         catalog = getattr(self.cluster, "catalog", None)
-        return float(catalog.minimum_s) if catalog is not None else 60.0
+        return float(catalog.minimum_s) if catalog is not None else BILLING_MINIMUM_S
 
     # -- control -------------------------------------------------------------------------------
     def wait(self, timeout: float | None = None) -> RemoteRun:

@@ -16,12 +16,13 @@ from typing import Any
 
 import pandas as pd
 
-from transient_nb.eventlog.vocabulary import BILLING_ENDS
+from transient_nb.catalog.prices import BILLING_MINIMUM_S
+from transient_nb.eventlog.vocabulary import BILLING_ENDS, ClusterStart
 
 Event = Mapping[str, Any]
 
 
-def bill(seconds: float, hourly: float, minimum_s: float = 60.0) -> float:
+def bill(seconds: float, hourly: float, minimum_s: float = BILLING_MINIMUM_S) -> float:
     """Dollars for a VM that ran ``seconds``: per-second billing with a minimum charge.
 
     Examples
@@ -128,7 +129,7 @@ class CostReport:
 def compute_costs(
     events: Iterable[Mapping[str, Any]],
     now: float | None = None,
-    minimum_s: float = 60.0,
+    minimum_s: float = BILLING_MINIMUM_S,
     time_scale: float | None = None,
 ) -> CostReport:
     """Bill every VM of a run from its events (the whole log at once; :class:`Bill` folds it).
@@ -185,7 +186,7 @@ class Bill:
     0.09
     """
 
-    def __init__(self, minimum_s: float = 60.0, time_scale: float | None = None):
+    def __init__(self, minimum_s: float = BILLING_MINIMUM_S, time_scale: float | None = None):
         self.minimum_s = minimum_s
         self.time_scale = 1.0 if time_scale is None else float(time_scale)
         #: A given time scale wins over the ``started`` event's.
@@ -209,7 +210,7 @@ class Bill:
         kind = e.get("kind")
         if kind == "started" and not self._scale_known:
             self._scale_known = True
-            self.time_scale = float(e.get("time_scale") or 1.0)
+            self.time_scale = ClusterStart(e).time_scale
             if self.time_scale != 1.0 and self._fixed:
                 # Only when "started" comes after VMs stopped (never in a real log): re-bill them.
                 self._fixed = self._fixed_od = 0.0

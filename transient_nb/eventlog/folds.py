@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from transient_nb.catalog.prices import BILLING_MINIMUM_S
 from transient_nb.eventlog.bill import Bill, CostReport
 from transient_nb.eventlog.vocabulary import BILLING_ENDS, LIFECYCLE
 
@@ -234,7 +235,7 @@ class RunSummary:
     the times of those rare events only; the bill is a :class:`Bill`.
     """
 
-    def __init__(self, minimum_s: float = 60.0, bill: Bill | None = None):
+    def __init__(self, minimum_s: float = BILLING_MINIMUM_S, bill: Bill | None = None):
         self.bill = bill if bill is not None else Bill(minimum_s)
         self._own_bill = bill is None
         self.started: Event | None = None
@@ -404,7 +405,7 @@ class RunSummary:
         return cluster_rate / one_worker, "over the median rate of trainers on GPUs of their own"
 
 
-def summarize(events: Iterable[Event], minimum_s: float = 60.0) -> dict[str, Any]:
+def summarize(events: Iterable[Event], minimum_s: float = BILLING_MINIMUM_S) -> dict[str, Any]:
     """The summary of a run, from its event log alone (a run record will do).
 
     Keys: run, model, data, reason, error,
@@ -441,7 +442,9 @@ HISTORY_COLUMNS = [
 ]
 
 
-def history(events: Iterable[Event], t0: float, minimum_s: float = 60.0) -> pd.DataFrame:
+def history(
+    events: Iterable[Event], t0: float, minimum_s: float = BILLING_MINIMUM_S
+) -> pd.DataFrame:
     """One row per ``metrics`` event: the training curve with the money spent at each point.
 
     Parameters
@@ -517,7 +520,7 @@ class ClusterState:
     """
 
     run_id: str | None = None
-    minimum_s: float = 60.0
+    minimum_s: float = BILLING_MINIMUM_S
     #: Events read so far (the index of the next one in the log).
     n_events: int = 0
     #: The first ``started`` event ({} before it).
@@ -774,4 +777,4 @@ def is_closed(cluster: Any, events: Sequence[Event]) -> bool:
 
 def minimum_s_of(cluster: Any) -> float:
     """Minimum billed seconds of ``cluster``'s price catalog (60 without one)."""
-    return float(getattr(getattr(cluster, "catalog", None), "minimum_s", 60.0))
+    return float(getattr(getattr(cluster, "catalog", None), "minimum_s", BILLING_MINIMUM_S))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 #: Topic under which every transient_nb event is logged on the scheduler.
@@ -344,6 +345,70 @@ def make_event(kind: str, **fields: Any) -> dict[str, Any]:
     event: dict[str, Any] = {"kind": kind, "time": time.time()}
     event.update(fields)
     return event
+
+
+class ClusterStart:
+    """What a cluster's ``started`` event says: the one reader of its fields.
+
+    Built from the event itself (:meth:`of` finds the first one in a log); a log without one
+    reads as an empty event (time scale 1, no catalog).
+
+    Examples
+    --------
+    >>> start = ClusterStart.of([{"kind": "requested"}, {"kind": "started", "time_scale": 120,
+    ...                          "catalog": "paper-2019", "gpu": "k80", "workers": 2}])
+    >>> start.time_scale, start.catalog, start.mix
+    (120.0, 'paper-2019', {'k80': 2})
+    >>> ClusterStart.of([]).time_scale
+    1.0
+    """
+
+    def __init__(self, event: Mapping[str, Any] | None = None):
+        self.event: Mapping[str, Any] = event or {}
+
+    @classmethod
+    def of(cls, events: Iterable[Any]) -> ClusterStart:
+        """The first ``started`` event of ``events`` (anything else in the log is skipped)."""
+        return cls(
+            next(
+                (e for e in events or () if isinstance(e, Mapping) and e.get("kind") == "started"),
+                None,
+            )
+        )
+
+    def __bool__(self) -> bool:
+        return bool(self.event)
+
+    def get(self, field: str, default: Any = None) -> Any:
+        """Any other field of the event (see :data:`EVENTS`)."""
+        return self.event.get(field, default)
+
+    @property
+    def time_scale(self) -> float:
+        """Simulated seconds per wall second (1 where the event does not say)."""
+        return float(self.event.get("time_scale") or 1.0)
+
+    @property
+    def catalog(self) -> str | None:
+        """The name (or path) of the price catalog the cluster bills with."""
+        name = self.event.get("catalog")
+        return str(name) if name else None
+
+    @property
+    def mix(self) -> dict[str, int]:
+        """GPU type -> workers asked for at the start (a one-type cluster's ``gpu`` and
+        ``workers`` where no mix is given); {} without an event."""
+        mix = self.event.get("mix")
+        if mix:
+            return {str(g): int(n) for g, n in mix.items()}
+        if not self.event:
+            return {}
+        return {str(self.event.get("gpu")): int(self.event.get("workers") or 0)}
+
+    @property
+    def zones(self) -> list[str]:
+        """The zones the cluster may use: its own, then its fallback zones."""
+        return [str(z) for z in self.event.get("zones") or [self.event.get("zone")] if z]
 
 
 def move_ps_message(zone: Any, reason: Any = "") -> dict[str, Any]:

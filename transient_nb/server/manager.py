@@ -32,7 +32,7 @@ from distributed.core import ConnectionPool
 from transient_nb import config
 from transient_nb.backends.tls import security_from_registry
 from transient_nb.catalog.mix import on_demand_value, parse_mix
-from transient_nb.catalog.prices import PriceCatalog, shipped_catalogs
+from transient_nb.catalog.prices import BILLING_MINIMUM_S, PriceCatalog, shipped_catalogs
 from transient_nb.deploy import registry
 from transient_nb.deploy.detached import launch_head
 from transient_nb.eventlog.folds import GONE_STATES, MAX_GONE_ROWS, ClusterState, RunProgress
@@ -41,6 +41,7 @@ from transient_nb.eventlog.records import read_run_record
 from transient_nb.eventlog.vocabulary import (
     CONTROL_TOPIC,
     EVENTS_RPC,
+    ClusterStart,
     move_ps_message,
 )
 
@@ -150,7 +151,7 @@ def make_cluster_model(
     status: str = "running",
     owner: str = "kernel",
     now: float | None = None,
-    minimum_s: float = 60.0,
+    minimum_s: float = BILLING_MINIMUM_S,
     state: ClusterState | None = None,
 ) -> dict[str, Any]:
     """The JSON model of one cluster that the panel shows.
@@ -220,7 +221,7 @@ def make_cluster_model(
         "gpu": _plain(entry.get("gpu", started.get("gpu"))),
         "zone": _plain(entry.get("zone", started.get("zone"))),
         # The zones it may use (its own, then its fallbacks) and where its PS runs now.
-        "zones": [str(z) for z in started.get("zones") or [started.get("zone")] if z],
+        "zones": ClusterStart(started).zones,
         "ps_zone": next(
             (r["zone"] for r in rows if r["role"] == "ps" and r["state"] not in GONE_STATES),
             None,
@@ -725,10 +726,10 @@ def _catalog_minimum_s(name: str) -> float:
     try:
         return PriceCatalog.load(name).minimum_s
     except (ValueError, OSError):
-        return 60.0
+        return BILLING_MINIMUM_S
 
 
 def _minimum_s(entry: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) -> float:
     """Minimum billed seconds of the cluster's price catalog (60 if it cannot be loaded)."""
-    name = next((e.get("catalog") for e in events if e.get("kind") == "started"), None)
-    return _catalog_minimum_s(str(name)) if name else 60.0
+    name = ClusterStart.of(events).catalog
+    return _catalog_minimum_s(name) if name else BILLING_MINIMUM_S

@@ -45,6 +45,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from transient_nb.eventlog.vocabulary import ClusterStart
+
 #: Per-worker steps/s of the paper's ResNet-32 (T2T, 1.86M parameters) at batch 128 in an
 #: asynchronous cluster with one PS, measured by Li et al. (ICAC 2019, §3 of
 #: ``reference/paper-facts.md``).
@@ -232,10 +234,7 @@ _FIRST_EVENTS = 50
 
 
 def _time_scale_of(events: Any) -> float:
-    for e in events or ():
-        if isinstance(e, dict) and e.get("kind") == "started":
-            return float(e.get("time_scale") or 1.0)
-    return 1.0
+    return ClusterStart.of(events).time_scale
 
 
 def _env_time_scale() -> float | None:

@@ -21,6 +21,7 @@ from typing import Any
 import pandas as pd
 
 from transient_nb import config
+from transient_nb.catalog.prices import BILLING_MINIMUM_S
 from transient_nb.eventlog.folds import Event, history, summarize
 from transient_nb.eventlog.records import read_run_record
 from transient_nb.training import checkpoint
@@ -174,7 +175,7 @@ def _started(events: Iterable[Mapping[str, Any]]) -> Mapping[str, Any]:
     return next((e for e in events if e.get("kind") == "train-started"), {})
 
 
-def summarize_run(events: Sequence[Event], minimum_s: float = 60.0) -> dict[str, Any]:
+def summarize_run(events: Sequence[Event], minimum_s: float = BILLING_MINIMUM_S) -> dict[str, Any]:
     """:func:`~transient_nb.eventlog.folds.summarize`, joined with every earlier attempt of a resumed run.
 
     Steps and accuracy are the latest attempt's; wall time, money, preemptions, recoveries and
@@ -204,7 +205,9 @@ def summarize_run(events: Sequence[Event], minimum_s: float = 60.0) -> dict[str,
     return s
 
 
-def run_history(events: Sequence[Event], t0: float, minimum_s: float = 60.0) -> pd.DataFrame:
+def run_history(
+    events: Sequence[Event], t0: float, minimum_s: float = BILLING_MINIMUM_S
+) -> pd.DataFrame:
     """:func:`~transient_nb.eventlog.folds.history`, with the earlier attempts' rows first.
 
     Time and money go on from where the earlier attempt's rows end.

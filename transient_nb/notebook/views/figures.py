@@ -16,6 +16,7 @@ from bokeh.layouts import column, row
 from bokeh.models import ColumnDataSource, HoverTool, Range1d
 from bokeh.plotting import figure
 
+from transient_nb.catalog.prices import BILLING_MINIMUM_S
 from transient_nb.eventlog.bill import Bill
 
 ROLLOVER = 100_000
@@ -122,7 +123,11 @@ class Cost(Component):
     bill at the decision to the expected total at the expected end of the run."""
 
     def __init__(
-        self, t0: float | None = None, height: int = 260, width: int = 480, minimum_s: float = 60.0
+        self,
+        t0: float | None = None,
+        height: int = 260,
+        width: int = 480,
+        minimum_s: float = BILLING_MINIMUM_S,
     ):
         super().__init__(t0)
         self.minimum_s = minimum_s
@@ -429,7 +434,7 @@ class RunFigures:
     1
     """
 
-    def __init__(self, t0: float | None = None, minimum_s: float = 60.0):
+    def __init__(self, t0: float | None = None, minimum_s: float = BILLING_MINIMUM_S):
         self.accuracy = AccuracyLoss(t0)
         self.cost = Cost(t0, minimum_s=minimum_s)
         self.workers = Workers(t0)
