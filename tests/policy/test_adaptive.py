@@ -361,7 +361,7 @@ def test_by_default_it_chooses_among_the_mix_and_the_fallbacks_at_catalog_prices
     cluster = SimpleNamespace(
         mix={"k80": 1, "v100": 1},
         gpu="k80",
-        policy=SimpleNamespace(fallback_gpus=["p100", "k80"]),
+        placement=SimpleNamespace(fallback_gpus=["p100", "k80"]),
         catalog=catalog,
         zone="us-central1-a",
         machine_type="n1-standard-4",
@@ -1121,7 +1121,7 @@ def test_by_default_it_weighs_every_zone_the_cluster_may_use_and_prices_its_ps_o
     catalog = PriceCatalog.load("paper-2019")
     cluster = SimpleNamespace(
         gpu="k80",
-        policy=SimpleNamespace(fallback_zones=["us-east1-c"]),
+        placement=SimpleNamespace(fallback_zones=["us-east1-c"]),
         catalog=catalog,
         zone="us-central1-a",
         machine_type="n1-standard-4",

@@ -10,7 +10,9 @@ and deletes.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
+import signal
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -62,6 +64,18 @@ class VMSpec:
             "price_on_demand": self.price.on_demand,
             "slot": self.slot,
         }
+
+
+def die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """``preexec_fn`` of a VM's process: the kernel kills it when its parent dies.
+
+    A VM must not outlive the process that owns it (a kernel, a head), even one killed with
+    SIGKILL: Linux's ``PR_SET_PDEATHSIG``. Elsewhere, a no-op.
+    """
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
 
 
 class CapacityError(RuntimeError):

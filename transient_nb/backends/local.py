@@ -17,7 +17,6 @@ the scheduler nor to a worker.
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import json
 import logging
 import os
@@ -40,6 +39,7 @@ from transient_nb.backends.base import (
     CapacityError,
     TransientVM,
     VMSpec,
+    die_with_parent,
 )
 from transient_nb.backends.tls import CLIENT_CN, ClusterCA
 from transient_nb.worker.preload import WORKER_PRELOADS
@@ -73,15 +73,6 @@ def _dask_cuda_available() -> bool:
     except Exception:
         return False
     return True
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    # A VM must not outlive the kernel that owns it, even when that kernel is killed with SIGKILL.
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 class LocalVM(TransientVM):
@@ -128,7 +119,7 @@ class LocalVM(TransientVM):
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: one kill stops nanny and worker
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
         )
         self.backend.live_pids.add(self.proc.pid)
         self._watch_task = asyncio.ensure_future(self._watch())

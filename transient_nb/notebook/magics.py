@@ -26,7 +26,7 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
 
-from transient_nb import config
+from transient_nb import config, limits
 from transient_nb.catalog.mix import format_mix, parse_mix, zero_mix
 from transient_nb.deploy import registry
 
@@ -781,13 +781,7 @@ class TransientMagics(Magics):
                     train_kwargs.get("checkpoint_url"),
                     str(config.get("backend", override_with=cluster_kwargs.get("backend"))),
                 )
-                budget = train_kwargs.get("budget")
-                if budget is not None and (
-                    isinstance(budget, bool)
-                    or not isinstance(budget, (int, float))
-                    or not budget > 0
-                ):
-                    raise ValueError(f"budget={budget!r} must be a positive number of dollars.")
+                limits.dollars(train_kwargs.get("budget"), "budget")
         with _usage_errors("cluster: "):
             cluster = TransientCluster(**cluster_kwargs)
         if train_kwargs is None:

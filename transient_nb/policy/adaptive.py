@@ -52,7 +52,7 @@ from typing import Any
 
 from dask.utils import parse_timedelta
 
-from transient_nb import config
+from transient_nb import config, limits
 from transient_nb.catalog.lifetimes import HOUR
 from transient_nb.eventlog.folds import event_log
 from transient_nb.policy.history import Observations, PolicyHistory
@@ -142,20 +142,24 @@ def check_goal(
     deadline_s: float | None = None
     if goal == "deadline":
         try:
-            deadline_s = parse_timedelta(deadline, default="seconds")
-        except (ValueError, TypeError, KeyError, IndexError):
+            deadline_s = limits.duration(deadline, "deadline", "2h")
+        except ValueError:
             deadline_s = None
-        if not deadline_s or deadline_s <= 0:
+        if deadline_s is None:
             raise ValueError(
                 f"goal='deadline' needs deadline= a positive duration such as '2h', "
                 f"not {deadline!r}."
             )
     if goal == "budget":
-        if not (isinstance(budget, (int, float)) and not isinstance(budget, bool) and budget > 0):
+        try:
+            dollars = limits.dollars(budget, "budget")
+        except ValueError:
+            dollars = None
+        if dollars is None:
             raise ValueError(
                 f"goal='budget' needs budget= a positive number of dollars, not {budget!r}."
             )
-        return deadline_s, float(budget)
+        return deadline_s, dollars
     return deadline_s, None
 
 

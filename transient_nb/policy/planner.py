@@ -46,7 +46,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from transient_nb.catalog.lifetimes import HOUR, PAPER_LIFETIME_CDF, PAPER_STARTUP_S
+from transient_nb.catalog.lifetimes import HOUR, PAPER_STARTUP_S, paper_curve
 from transient_nb.policy.history import Observations
 from transient_nb.training.emulation import (
     CROSS_REGION_SLOWDOWN,
@@ -94,11 +94,10 @@ def paper_hazard_per_h(gpu: str) -> float:
     --------
     >>> round(paper_hazard_per_h("k80"), 4)
     0.0812
-    >>> round(paper_hazard_per_h("t4"), 4)  # not measured by the paper: the CPU servers' figure
-    0.0408
+    >>> paper_hazard_per_h("t4") == paper_hazard_per_h("k80")  # not measured: the K80's curve
+    True
     """
-    cdf = PAPER_LIFETIME_CDF.get(gpu.lower(), PAPER_LIFETIME_CDF["cpu"])
-    first_hour = dict(cdf)[1]
+    first_hour = dict(paper_curve(gpu))[1]
     return -math.log(1.0 - first_hour)
 
 

@@ -27,7 +27,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import psutil
 
-from transient_nb.backends.base import TransientVM, VMSpec
+from transient_nb.backends.base import TransientVM, VMSpec, die_with_parent
 from transient_nb.backends.gce.startup import worker_args, worker_env
 
 if TYPE_CHECKING:
@@ -37,17 +37,6 @@ logger = logging.getLogger(__name__)
 
 #: Seconds between two checks that the PS process still runs.
 POLL_S = 0.2
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    # If the head process is killed, its PS worker must not stay behind on the VM.
-    import ctypes
-    import signal
-
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 class HeadPSVM(TransientVM):
@@ -99,7 +88,7 @@ class HeadPSVM(TransientVM):
             stdin=subprocess.DEVNULL,
             stdout=self._log,
             stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
         )
         self._watch_task = asyncio.ensure_future(self._watch())
         await self.running()
