@@ -29,7 +29,7 @@ from transient_nb.backends.gce.labels import (
     LABEL_ID,
     LABEL_PID,
     LABEL_ROLE,
-    _label_value,
+    label_value,
     firewall_owner,
     this_host,
 )
@@ -48,7 +48,7 @@ def _owner_alive(labels: dict[str, str], registry_path: str | None) -> tuple[boo
     cid = labels.get(LABEL_ID)
     for entry in registry.entries(registry_path):
         if (
-            _label_value(str(entry["name"])) == cluster
+            label_value(str(entry["name"])) == cluster
             and int(entry.get("pid") or -2) == pid
             and not entry["stale"]
             # A new cluster of the same name in a recycled pid is not the owner.

@@ -7,7 +7,7 @@ from transient_nb.backends.gce.labels import (
     LABEL_HOST,
     LABEL_ID,
     LABEL_PID,
-    _label_value,
+    label_value,
     firewall_description,
     firewall_id,
     firewall_owner,
@@ -16,9 +16,9 @@ from transient_nb.backends.gce.labels import (
 
 
 def test_label_values_are_what_gce_accepts():
-    assert _label_value("My.Host_Name-1") == "my-host_name-1"
-    assert len(_label_value("x" * 100)) == 63
-    assert this_host() and this_host() == _label_value(this_host())
+    assert label_value("My.Host_Name-1") == "my-host_name-1"
+    assert len(label_value("x" * 100)) == 63
+    assert this_host() and this_host() == label_value(this_host())
 
 
 def test_a_firewall_rule_says_whose_it_is_and_a_foreign_one_says_nothing():

@@ -86,7 +86,7 @@ from transient_nb.backends.gce.labels import (
     LABEL_ID,
     LABEL_PID,
     LABEL_ROLE,
-    _label_value,
+    label_value,
     firewall_description,
     firewall_id,
     this_host,
@@ -698,7 +698,7 @@ class GCEBackend(Backend):
         """Labels of one of this cluster's VMs in ``role`` (``worker``, ``ps``, ``head``)."""
         labels = {
             LABEL: "true",
-            LABEL_CLUSTER: _label_value(self.cluster_name),
+            LABEL_CLUSTER: label_value(self.cluster_name),
             LABEL_ROLE: role,
             LABEL_HOST: this_host(),
             LABEL_PID: str(os.getpid()),

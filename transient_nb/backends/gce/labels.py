@@ -25,14 +25,14 @@ LABEL_ID = "transient-nb-id"
 LABEL_HEAD = "transient-nb-head"
 
 
-def _label_value(value: str) -> str:
+def label_value(value: str) -> str:
     # Label values: at most 63 lowercase letters, digits, "-" and "_".
     return re.sub(r"[^a-z0-9_-]", "-", value.lower())[:63]
 
 
 def this_host() -> str:
     """This machine's name as a label value (the owner of the VMs it creates)."""
-    return _label_value(socket.gethostname()) or "unknown"
+    return label_value(socket.gethostname()) or "unknown"
 
 
 _FIREWALL_DESC = re.compile(
@@ -56,7 +56,7 @@ def firewall_owner(rule: dict[str, Any]) -> dict[str, str] | None:
     m = _FIREWALL_DESC.match(str(rule.get("description", "")))
     if not m:
         return None
-    owner = {LABEL_CLUSTER: _label_value(m[1]), LABEL_HOST: m[2], LABEL_PID: m[3]}
+    owner = {LABEL_CLUSTER: label_value(m[1]), LABEL_HOST: m[2], LABEL_PID: m[3]}
     if m[4]:
         owner[LABEL_ID] = m[4]
     return owner
