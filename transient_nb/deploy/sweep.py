@@ -29,8 +29,8 @@ from transient_nb.backends.gce.labels import (
     LABEL_ID,
     LABEL_PID,
     LABEL_ROLE,
-    label_value,
     firewall_owner,
+    label_value,
     this_host,
 )
 from transient_nb.deploy import registry

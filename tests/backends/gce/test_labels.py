@@ -7,10 +7,10 @@ from transient_nb.backends.gce.labels import (
     LABEL_HOST,
     LABEL_ID,
     LABEL_PID,
-    label_value,
     firewall_description,
     firewall_id,
     firewall_owner,
+    label_value,
     this_host,
 )
 

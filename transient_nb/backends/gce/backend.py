@@ -86,9 +86,9 @@ from transient_nb.backends.gce.labels import (
     LABEL_ID,
     LABEL_PID,
     LABEL_ROLE,
-    label_value,
     firewall_description,
     firewall_id,
+    label_value,
     this_host,
 )
 from transient_nb.backends.gce.startup import startup_script
