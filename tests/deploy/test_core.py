@@ -123,3 +123,10 @@ def test_preemptions_are_replaced_billed_and_recorded(cleanup: None) -> None:
     with pytest.raises(KeyError):
         registry.lookup("main-path")
     assert of_kind(record, "deleted", worker="ps-0")
+
+
+def test_the_old_name_of_the_placement_policy_warns_and_gives_it() -> None:
+    cluster = object.__new__(TransientCluster)  # no cluster started: only the property is asked
+    cluster.placement = placement = object()  # type: ignore[assignment]
+    with pytest.warns(DeprecationWarning, match="TransientCluster.placement"):
+        assert cluster.policy is placement

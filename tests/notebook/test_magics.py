@@ -237,7 +237,7 @@ def test_a_cluster_session(ip: InteractiveShell) -> None:
     assert isinstance(cluster, TransientCluster)
     assert ip.user_ns["c2"] is cluster
     assert (cluster.name, cluster.time_scale, cluster.notice_s) == ("magic-demo", 2.0, 1.0)
-    assert cluster.policy is not None
+    assert cluster.placement is not None
     shown = widgets_shown(captured)
     assert len(shown) == 1 and "ClusterPanel magic-demo" in shown[0].data["text/plain"]
     # Returned as the cell's result, the cluster is not displayed a second time...
@@ -277,7 +277,7 @@ def test_a_cluster_session(ip: InteractiveShell) -> None:
     move = wait_for_sync(lambda: of_kind(cluster.monitor.events, "ps-move", zone="us-east1-c"), 30)
     assert move[0]["zone_from"] == "us-central1-a" and move[0]["reason"] == "closer"
     wait_for_sync(lambda: cluster.ps_move_zone is None, 120)
-    assert cluster.policy.ps_zone == "us-east1-c"
+    assert cluster.placement.ps_zone == "us-east1-c"
 
     with capture_output() as out:
         magic(ip, "preempt w-1 --no-notice")

@@ -275,7 +275,7 @@ def test_a_global_gpu_quota_is_named_with_how_to_raise_it_and_is_not_a_stockout(
         assert "GPUS_ALL_REGIONS" in e[0]["reason"]
         # A global quota: no other zone or GPU type is tried.
         assert [b["name"] for b in fake.inserted()] == ["quota-ps-0", "quota-w-0"]
-        assert cluster.policy.stocked_out() == []
+        assert cluster.placement.stocked_out() == []
     out = capsys.readouterr().out
     assert "Quota GPUS_ALL_REGIONS (all regions) is used up" in out
     assert f"gcloud compute project-info describe --project {PROJECT}" in out
@@ -326,7 +326,7 @@ def test_repeated_preemptions_move_workers_to_the_next_zone(fake: FakeGCE) -> No
         log = events(cluster)
         assert of_kind(log, "preempted", worker="w-0")[0]["source"] == "lost"
         assert of_kind(log, "stockout") == []
-        assert cluster.policy.preempting("t4", "us-central1-a")
+        assert cluster.placement.preempting("t4", "us-central1-a")
         assert "again-w-0" not in fake.instance_names()
 
 
@@ -402,7 +402,7 @@ def test_a_kernel_that_exits_without_closing_deletes_its_vms(fake: FakeGCE, tmp_
 def test_end_to_end_notice_drain_and_replacement_in_the_next_zone(tmp_path: Path) -> None:
     from distributed import Client
 
-    from transient_nb.worker.preload import register_drain_hook
+    from transient_nb.worker.drain import register_drain_hook
 
     fake = FakeGCE(str(tmp_path / "vms"), project=PROJECT, run_vms=True, notice_s=2.0)
     try:
@@ -518,7 +518,7 @@ def test_transient_errors_are_retried_with_backoff_and_are_not_stockouts(fake: F
         log = events(cluster)
         assert of_kind(log, "stockout") == [] and of_kind(log, "provision-failed") == []
         assert [e["zone"] for e in of_kind(log, "running")] == ["us-central1-a"] * 2
-        assert cluster.policy.stocked_out() == []  # us-central1-a is not avoided
+        assert cluster.placement.stocked_out() == []  # us-central1-a is not avoided
         retried = cluster.backend.api.retried
         assert any("backendError" in r for r in retried)
         assert any("rateLimitExceeded" in r for r in retried)
@@ -598,7 +598,7 @@ def test_the_ps_host_uses_the_fallback_zones(fake: FakeGCE) -> None:
     with TransientCluster(**options(fake, fallback_zones=["us-central1-b"]), name="psz") as c:
         e = wait_for_sync(lambda: of_kind(events(c), "running", role="ps"), timeout=30)
         assert e[0]["zone"] == "us-central1-b"
-        assert c.policy.ps_zone == "us-central1-b"  # workers' fallbacks near it come first
+        assert c.placement.ps_zone == "us-central1-b"  # workers' fallbacks near it come first
         (s,) = of_kind(events(c), "stockout")
         assert s["worker"] == "ps-0" and s["gpu"] is None
     assert fake.instance_names() == []
@@ -727,8 +727,8 @@ def test_a_gpu_gce_does_not_offer_in_a_zone_is_never_asked_for_there(fake: FakeG
         **options(fake, fallback_zones=["us-central1-b"], fallback_gpus=["v100"]),
         name="offered",
     ) as cluster:
-        assert ("v100", "us-central1-b") in cluster.policy.not_offered
-        assert [(p.gpu, p.zone) for p in cluster.policy.placements("t4")] == [
+        assert ("v100", "us-central1-b") in cluster.placement.not_offered
+        assert [(p.gpu, p.zone) for p in cluster.placement.placements("t4")] == [
             ("t4", "us-central1-a"),
             ("t4", "us-central1-b"),
             ("v100", "us-central1-a"),
