@@ -140,7 +140,7 @@ def _add_goal_options(r: argparse.ArgumentParser, flag: str, help: str) -> None:
 
 
 def _policy_kwargs(args: argparse.Namespace, goal_text: str) -> tuple[str | None, dict[str, Any]]:
-    from transient_nb.policy.adaptive import parse_goal
+    from transient_nb.policy.goals import parse_goal
 
     goal, kwargs = parse_goal(goal_text)
     if args.gpus:
@@ -395,7 +395,7 @@ def run(args: argparse.Namespace) -> int:
         )
     goal, policy_kwargs = _policy_kwargs(args, args.adapt) if args.adapt else (None, {})
     if goal is not None:
-        from transient_nb.policy.adaptive import check_goal
+        from transient_nb.policy.goals import check_goal
 
         check_goal(goal, policy_kwargs.get("deadline"), policy_kwargs.get("budget"))
     if args.detach:

@@ -428,7 +428,7 @@ class RemoteCluster:
         arguments are those of :meth:`transient_nb.TransientCluster.adapt`. Its decisions are
         ``policy-decision`` events, seen here as any other.
         """
-        from transient_nb.policy.adaptive import check_goal
+        from transient_nb.policy.goals import check_goal
 
         if goal is not None:  # checked here first: a mistake is reported before any change
             check_goal(goal, kwargs.get("deadline"), kwargs.get("budget"))

@@ -543,7 +543,7 @@ class TransientMagics(Magics):
         return self._adopt(cluster, args.var, not args.no_panel)
 
     def _do_adapt(self, args: argparse.Namespace) -> None:
-        from transient_nb.policy.adaptive import parse_goal
+        from transient_nb.policy.goals import parse_goal
 
         with _usage_errors():
             goal, kwargs = parse_goal(args.goal)

@@ -645,7 +645,7 @@ class ClusterManager:
         ``goal``: ``"deadline:2h"``, ``"budget:20"``, ``"cost-per-step"`` or ``"off"`` (as in
         ``%transient_cluster adapt``); checked here, before the cluster is asked.
         """
-        from transient_nb.policy.adaptive import check_goal, parse_goal
+        from transient_nb.policy.goals import check_goal, parse_goal
 
         if not isinstance(goal, str) or not goal.strip():
             raise ValueError(
