@@ -409,25 +409,3 @@ class ClusterStart:
     def zones(self) -> list[str]:
         """The zones the cluster may use: its own, then its fallback zones."""
         return [str(z) for z in self.event.get("zones") or [self.event.get("zone")] if z]
-
-
-def move_ps_message(zone: Any, reason: Any = "") -> dict[str, Any]:
-    """The control request that moves a cluster's PS hosts to ``zone``, its form checked (the
-    owning cluster checks the zone against those it may use).
-
-    Examples
-    --------
-    >>> move_ps_message(" us-east1-c ", "closer")
-    {'action': 'move-ps', 'zone': 'us-east1-c', 'reason': 'closer'}
-    """
-    if not isinstance(zone, str) or not zone.strip():
-        raise ValueError(
-            f"move_ps({zone!r}): give a zone name such as 'us-east1-c' (the cluster's zone or "
-            "one of its fallback_zones)."
-        )
-    if not isinstance(reason, str):
-        raise ValueError(f"move_ps({zone!r}, reason={reason!r}): the reason is text.")
-    msg: dict[str, Any] = {"action": "move-ps", "zone": zone.strip()}
-    if reason:
-        msg["reason"] = reason
-    return msg
