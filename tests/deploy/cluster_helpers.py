@@ -1,5 +1,10 @@
 """Helpers of the tests of a TransientCluster's parts (tests/deploy/test_*.py): its event log read
-as stories (a preemption and its replacement), VM states, and bills done by hand."""
+as stories (a preemption and its replacement), VM states, and bills done by hand.
+
+Cluster tests are plain synchronous tests with Dask's ``cleanup`` fixture (it checks that no
+thread, loop or instance leaks), except the trace replay, which runs the cluster asynchronously
+under ``gen_test``. Every cluster starts its VMs at once (``provisioning_delay=0``) with short
+notices so that the suite stays fast."""
 
 from __future__ import annotations
 

@@ -1,10 +1,4 @@
-"""Tests for transient_nb.deploy.core: part of TransientCluster, on the local backend, with real processes.
-
-Cluster tests are plain synchronous tests with Dask's ``cleanup`` fixture (it checks that no
-thread, loop or instance leaks), except the trace replay, which runs the cluster asynchronously
-under ``gen_test``. Every cluster starts its VMs at once (``provisioning_delay=0``) with short
-notices so that the suite stays fast.
-"""
+"""Tests for transient_nb.deploy.core: the event log, the bill and the run record of a real cluster."""
 
 from __future__ import annotations
 

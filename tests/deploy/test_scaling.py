@@ -1,10 +1,4 @@
-"""Tests for transient_nb.deploy.scaling: part of TransientCluster, on the local backend, with real processes.
-
-Cluster tests are plain synchronous tests with Dask's ``cleanup`` fixture (it checks that no
-thread, loop or instance leaks), except the trace replay, which runs the cluster asynchronously
-under ``gen_test``. Every cluster starts its VMs at once (``provisioning_delay=0``) with short
-notices so that the suite stays fast.
-"""
+"""Tests for transient_nb.deploy.scaling: the mix, its on-demand share, give-backs, limits."""
 
 from __future__ import annotations
 

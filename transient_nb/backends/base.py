@@ -13,10 +13,11 @@ import asyncio
 import ctypes
 import logging
 import signal
+import subprocess
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import IO, Any
 
 from distributed.core import Status, rpc
 from distributed.deploy.spec import ProcessInterface
@@ -76,6 +77,27 @@ def die_with_parent() -> None:  # pragma: no cover - runs in the child between f
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:
         pass
+
+
+def start_process(
+    cmd: Sequence[str], env: Mapping[str, str], log_path: str, *, new_session: bool = False
+) -> tuple[subprocess.Popen[bytes], IO[bytes]]:
+    """Start a VM's process, its output appended to ``log_path``; the process and the open log.
+
+    It dies with this process (:func:`die_with_parent`); ``new_session``: in a process group of
+    its own, so that one kill stops a nanny and its worker.
+    """
+    log = open(log_path, "ab")
+    proc = subprocess.Popen(
+        list(cmd),
+        env=dict(env),
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=new_session,
+        preexec_fn=die_with_parent,
+    )
+    return proc, log
 
 
 class CapacityError(RuntimeError):

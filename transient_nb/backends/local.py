@@ -39,7 +39,7 @@ from transient_nb.backends.base import (
     CapacityError,
     TransientVM,
     VMSpec,
-    die_with_parent,
+    start_process,
 )
 from transient_nb.backends.tls import CLIENT_CN, ClusterCA
 from transient_nb.worker.preload import WORKER_PRELOADS
@@ -111,15 +111,8 @@ class LocalVM(TransientVM):
         await asyncio.sleep(self.delay_s)
         cmd, env = self.backend.command(self.spec, self.scheduler_address)
         os.makedirs(self.backend.log_dir, exist_ok=True)
-        self._log = open(os.path.join(self.backend.log_dir, f"{self.name}.log"), "ab")
-        self.proc = subprocess.Popen(
-            cmd,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group: one kill stops nanny and worker
-            preexec_fn=die_with_parent,
+        self.proc, self._log = start_process(
+            cmd, env, os.path.join(self.backend.log_dir, f"{self.name}.log"), new_session=True
         )
         self.backend.live_pids.add(self.proc.pid)
         self._watch_task = asyncio.ensure_future(self._watch())

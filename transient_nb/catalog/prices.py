@@ -146,25 +146,20 @@ class PriceCatalog:
 
     def gpu_price(self, gpu: str, zone: str) -> Price:
         """Hourly price of one GPU of type ``gpu`` in ``zone``."""
-        region = self.region(zone)
-        if gpu not in region.gpus:
-            known = ", ".join(sorted(region.gpus)) or "none"
-            raise ValueError(
-                f"Unknown GPU type {gpu!r} in {zone} (catalog {self.name!r}): use one of {known}, "
-                "or load a price catalog that lists it."
-            )
-        return region.gpus[gpu]
+        return self._price(self.region(zone).gpus, gpu, "GPU type", zone)
 
     def machine_price(self, machine: str, zone: str) -> Price:
         """Hourly price of the VM part (cores, memory) of machine type ``machine``."""
-        region = self.region(zone)
-        if machine not in region.machines:
-            known = ", ".join(sorted(region.machines)) or "none"
+        return self._price(self.region(zone).machines, machine, "machine type", zone)
+
+    def _price(self, table: dict[str, Price], key: str, what: str, zone: str) -> Price:
+        if key not in table:
+            known = ", ".join(sorted(table)) or "none"
             raise ValueError(
-                f"Unknown machine type {machine!r} in {zone} (catalog {self.name!r}): use one of "
-                f"{known}, or load a price catalog that lists it."
+                f"Unknown {what} {key!r} in {zone} (catalog {self.name!r}): use one of {known}, "
+                "or load a price catalog that lists it."
             )
-        return region.machines[machine]
+        return table[key]
 
     def worker_price(self, gpu: str | None, machine: str, zone: str) -> Price:
         """Hourly price of a worker VM: its machine type plus its GPU (if any)."""

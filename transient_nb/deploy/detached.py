@@ -335,17 +335,3 @@ def launch_gce(
         },
     )
     return registry.lookup(name)
-
-
-def forget_gone_heads(found: list[dict[str, Any]], project: str, zones: list[str]) -> None:
-    """Remove the local registry entries of detached clusters whose head VM is gone, among the
-    instances a sweep of ``zones`` found (a head elsewhere was not seen, not found gone)."""
-    for entry in registry.entries():
-        head = entry.get("head_vm") or {}
-        if head.get("project") != project or head.get("zone") not in zones:
-            continue
-        if not any(
-            f["kind"] == "instance" and f["name"] == head.get("instance") and f["alive"]
-            for f in found
-        ):
-            registry.forget(entry)

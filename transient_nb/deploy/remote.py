@@ -26,16 +26,7 @@ from distributed.core import Status
 
 from transient_nb.backends.tls import security_from_registry
 from transient_nb.catalog.prices import PriceCatalog
-from transient_nb.deploy import registry
-from transient_nb.deploy.messages import (
-    ControlRequest,
-    adapt_message,
-    move_ps_message,
-    preempt_message,
-    scale_message,
-    scale_ps_message,
-    stop_message,
-)
+from transient_nb.deploy import messages, registry
 from transient_nb.deploy.remote_run import RemoteRun
 from transient_nb.eventlog.bill import CostReport
 from transient_nb.eventlog.folds import ClusterState
@@ -253,7 +244,7 @@ class RemoteCluster:
 
     # -- control ----------------------------------------------------------------------------------------
     async def _control(self, msg: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
-        req = ControlRequest(msg)
+        req = messages.ControlRequest(msg)
         since = len(self.monitor.events)
         await self._scheduler.log_event(topic=CONTROL_TOPIC, msg=req.msg)
         timeout = self.answer_timeout if timeout is None else timeout
@@ -390,12 +381,12 @@ class RemoteCluster:
         or ``"v100=1"``). The owning cluster checks the types against its catalog and the
         on-demand counts against the mix, and answers with its error if one is wrong.
         """
-        return self._request(scale_message(n, gpu, on_demand))
+        return self._request(messages.scale_message(n, gpu, on_demand))
 
     def scale_ps(self, n: int) -> dict[str, Any]:
         """Ask the owning cluster to keep ``n`` PS hosts (see
         :meth:`transient_nb.TransientCluster.scale_ps`); returns its answer."""
-        return self._request(scale_ps_message(n))
+        return self._request(messages.scale_ps_message(n))
 
     def move_ps(self, zone: str, reason: str = "") -> dict[str, Any]:
         """Ask the owning cluster to move its PS hosts to ``zone`` (see
@@ -404,7 +395,7 @@ class RemoteCluster:
         The owning cluster answers with its error for a zone it may not use (neither its own
         nor one of its ``fallback_zones``) or while a move is under way.
         """
-        return self._request(move_ps_message(zone, reason))
+        return self._request(messages.move_ps_message(zone, reason))
 
     def adapt(self, goal: str | None = None, **kwargs: Any) -> dict[str, Any]:
         """Start (or, with ``goal=None``, stop) the owning cluster's transient-aware policy.
@@ -414,13 +405,13 @@ class RemoteCluster:
         ``policy-decision`` events, seen here as any other.
         """
         # Checked here first: a mistake is reported before any change.
-        return self._request(adapt_message(goal, **kwargs))
+        return self._request(messages.adapt_message(goal, **kwargs))
 
     def preempt(self, target: int | str = 1, notice: bool = True) -> dict[str, Any]:
         """Ask the owning cluster to preempt ``target`` workers (a count) or the worker named so."""
         if isinstance(target, str):
-            return self._request(preempt_message(worker=target, notice=notice))
-        return self._request(preempt_message(count=target, notice=notice))
+            return self._request(messages.preempt_message(worker=target, notice=notice))
+        return self._request(messages.preempt_message(count=target, notice=notice))
 
     def shutdown(self, timeout: float = 300.0) -> dict[str, Any]:
         """Ask the owning process to close the cluster, then close this handle.
@@ -431,7 +422,7 @@ class RemoteCluster:
         """
         try:
             if self.status == Status.running:
-                answer = self._request(stop_message())
+                answer = self._request(messages.stop_message())
             else:
                 # The mirror gave up on a slow scheduler (MAX_FAILURES reads in a row): the owner
                 # may well be alive, and "stop" must still reach it rather than leave it running.

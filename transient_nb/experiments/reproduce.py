@@ -29,7 +29,7 @@ run at that rate; costs are billed over the same window and extrapolated the sam
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pandas as pd
@@ -107,6 +107,30 @@ def _pace(setup: Setup, wall_pace: float) -> float:
     return wall_pace * _rate("k80") / max(_rate("k80"), fastest)
 
 
+def _run_paced(
+    setups: Sequence[Setup],
+    steps_of: Callable[[Setup], int],
+    wall_pace: float,
+    seed: int,
+    prices: str,
+    options: Mapping[str, Any],
+) -> pd.DataFrame:
+    """Run every setup (``steps_of(setup)`` steps, its fastest type paced at a K80's wall
+    rate); one row each, indexed by setup."""
+    rows = [
+        run_setup(
+            setup,
+            steps=steps_of(setup),
+            wall_pace=_pace(setup, wall_pace),
+            seed=seed,
+            prices=prices,
+            **options,
+        )
+        for setup in setups
+    ]
+    return pd.DataFrame(rows).set_index("setup")
+
+
 def mixed_table(
     setups: Sequence[Setup] = MIXED_SETUPS,
     *,
@@ -123,18 +147,9 @@ def mixed_table(
     the paper's lifetimes of its own types, and a wall pace at which its fastest type asks this
     host for a K80's rate (so the host keeps every pace).
     """
-    rows = []
-    for setup in setups:
-        r = run_setup(
-            setup,
-            steps=steps_per_worker * setup.workers,
-            wall_pace=_pace(setup, wall_pace),
-            seed=seed,
-            prices=prices,
-            **options,
-        )
-        rows.append(r)
-    ours = pd.DataFrame(rows).set_index("setup")
+    ours = _run_paced(
+        setups, lambda s: steps_per_worker * s.workers, wall_pace, seed, prices, options
+    )
     slow, dear = ours.iloc[0], ours.iloc[-1]
     return pd.DataFrame(
         {
@@ -172,19 +187,7 @@ def dynamic_table(
     static one. ``join s``: simulated seconds from each scale-up to the new trainer's first step.
     """
     steps = steps_per_worker * max(s.most_workers for s in setups)
-    rows = []
-    for setup in setups:
-        rows.append(
-            run_setup(
-                setup,
-                steps=steps,
-                wall_pace=_pace(setup, wall_pace),
-                seed=seed,
-                prices=prices,
-                **options,
-            )
-        )
-    ours = pd.DataFrame(rows).set_index("setup")
+    ours = _run_paced(setups, lambda s: steps, wall_pace, seed, prices, options)
     base = ours.iloc[0]
     return pd.DataFrame(
         {

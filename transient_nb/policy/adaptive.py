@@ -8,17 +8,8 @@ left, and acts only through the cluster's public API (``cluster.scale(mix)``). E
 us-central1-a, 1 PS shard: ETA 1.90 h -> 1.20 h, +0.44 $/h, expected $2.10 to finish"``, and the
 cluster's probability of losing 1, 2 or 3 workers within the next hour.
 
-What it learns from the event log (:meth:`TransientPolicy.observe`):
-
-- each GPU type's step rate, from the trainers' ``worker-metrics`` (local steps over time);
-- each GPU type's and zone's revocations (``preempted`` events of Spot workers) and exposure
-  (hours its workers ran), which update the paper's prior hazard;
-- the run's progress and target (``train-started`` and ``metrics``) and the money spent;
-- the PS's service rate (shard 0's ``metrics``: global steps/s against the workers pushing):
-  where it serves clearly fewer steps than fewer workers did, grown in proportion (or, before
-  that was seen, than their GPUs' rates), the PS is the bottleneck, its capacity is what it
-  serves, and the workers' rates of that moment are not their GPUs'
-  (:meth:`~transient_nb.policy.planner.Planner.observe_ps`).
+What it learns from the event log is :class:`~transient_nb.policy.learning.PolicyLearning`'s
+(step rates, revocations and exposure, progress, money, the PS's service rate).
 
 Its clock is the cluster's: on a local cluster with ``time_scale`` (simulated seconds per wall
 second), deadlines, start-up delays, hazards and ETAs are in simulated time, as the bill is, and

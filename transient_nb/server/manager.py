@@ -33,17 +33,8 @@ from transient_nb import config
 from transient_nb.backends.tls import security_from_registry
 from transient_nb.catalog.mix import parse_mix
 from transient_nb.catalog.prices import BILLING_MINIMUM_S, PriceCatalog, shipped_catalogs
-from transient_nb.deploy import registry
+from transient_nb.deploy import messages, registry
 from transient_nb.deploy.detached import launch_head
-from transient_nb.deploy.messages import (
-    ControlRequest,
-    adapt_message,
-    move_ps_message,
-    preempt_message,
-    scale_message,
-    scale_ps_message,
-    stop_message,
-)
 from transient_nb.eventlog.folds import GONE_STATES, MAX_GONE_ROWS, ClusterState, RunProgress
 from transient_nb.eventlog.format import policy_text
 from transient_nb.eventlog.records import read_run_record
@@ -579,7 +570,7 @@ class ClusterManager:
                 f"Cluster {name!r} is stale: the process that owned it (pid {entry.get('pid')}) "
                 "is gone, so nothing can act on it. Stop it to remove it from the list."
             )
-        req = ControlRequest(msg)
+        req = messages.ControlRequest(msg)
         tracked, status = await self._fetch(name, entry)
         if status != "running":
             raise ValueError(f"Cluster {name!r} is {status}: its scheduler does not answer.")
@@ -609,21 +600,21 @@ class ClusterManager:
         run on demand (never revoked), a number or a mix such as ``"p100=1"`` (0: none; left
         out: as before). The owning cluster checks the counts against its mix.
         """
-        return await self._control(name, scale_message(workers, gpu, on_demand))
+        return await self._control(name, messages.scale_message(workers, gpu, on_demand))
 
     async def move_ps(self, name: str, zone: Any, reason: Any = "") -> dict[str, Any]:
         """Ask cluster ``name`` to move its PS hosts to ``zone`` (one of its ``zones``: its own
         and its fallback zones); a run moves its PS onto the new hosts from the PS's state."""
-        return await self._control(name, move_ps_message(zone, reason))
+        return await self._control(name, messages.move_ps_message(zone, reason))
 
     async def scale_ps(self, name: str, hosts: Any) -> dict[str, Any]:
         """Ask cluster ``name`` to keep ``hosts`` PS hosts (it only grows; at most 4): a run
         started without ``shards=`` splits its PS onto them."""
-        return await self._control(name, scale_ps_message(hosts))
+        return await self._control(name, messages.scale_ps_message(hosts))
 
     async def preempt(self, name: str, worker: Any, notice: Any = True) -> dict[str, Any]:
         """Preempt worker ``worker`` of cluster ``name``, with or without the notice."""
-        return await self._control(name, preempt_message(worker=worker, notice=notice))
+        return await self._control(name, messages.preempt_message(worker=worker, notice=notice))
 
     async def adapt(self, name: str, goal: Any) -> dict[str, Any]:
         """Turn a transient-aware policy on for cluster ``name``, or off.
@@ -639,7 +630,7 @@ class ClusterManager:
                 "(e.g. budget:20), cost-per-step, or off."
             )
         name_, args = parse_goal(goal)
-        return await self._control(name, adapt_message(name_, **args))
+        return await self._control(name, messages.adapt_message(name_, **args))
 
     async def stop(self, name: str) -> dict[str, Any]:
         """Stop cluster ``name``; a stale entry (its owner is gone) is just removed."""
@@ -652,7 +643,7 @@ class ClusterManager:
             registry.unregister(name)
             self._refreshed_at = 0.0
             return {"action": "stop", "answered": True, "removed": True}
-        return await self._control(name, stop_message())
+        return await self._control(name, messages.stop_message())
 
     async def close(self) -> None:
         """Close connections (server shutdown). Clusters started from the panel are detached:

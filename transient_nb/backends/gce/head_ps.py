@@ -27,7 +27,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import psutil
 
-from transient_nb.backends.base import TransientVM, VMSpec, die_with_parent
+from transient_nb.backends.base import TransientVM, VMSpec, start_process
 from transient_nb.backends.gce.startup import worker_args, worker_env
 
 if TYPE_CHECKING:
@@ -81,15 +81,7 @@ class HeadPSVM(TransientVM):
         args += ["--tls-ca-file", tls["ca"], "--tls-cert", tls["cert"], "--tls-key", tls["key"]]
         vm = {"name": self.name, "role": "ps", "gpu": None, "zone": self.spec.zone, "spot": False}
         env = {**os.environ, **worker_env(vm, backend.notice_s), "CUDA_VISIBLE_DEVICES": ""}
-        self._log = open(os.path.join(self._folder, "worker.log"), "ab")
-        self.proc = subprocess.Popen(
-            args,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            preexec_fn=die_with_parent,
-        )
+        self.proc, self._log = start_process(args, env, os.path.join(self._folder, "worker.log"))
         self._watch_task = asyncio.ensure_future(self._watch())
         await self.running()
 
