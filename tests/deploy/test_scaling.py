@@ -263,3 +263,13 @@ def test_scaling_above_the_limits_is_refused_from_every_client(cleanup: None) ->
         assert reply["ok"] is False and "above max_workers=2" in reply["error"]
         assert cluster._target == 1
         assert of_kind(snapshot(cluster), "scale") == []
+
+
+def test_dasks_adaptive_form_is_refused_with_the_goals_to_use_instead() -> None:
+    from distributed.deploy.adaptive import Adaptive
+
+    cluster = object.__new__(TransientCluster)  # refused before the cluster is touched
+    with pytest.raises(ValueError, match=r"adapt\(minimum, maximum=\.\.\.\) is Dask's"):
+        cluster.adapt(minimum=1, maximum=4)
+    with pytest.raises(ValueError, match=r"adapt\(goal='deadline', deadline='2h'\)"):
+        cluster.adapt(Adaptive)

@@ -19,6 +19,17 @@ from transient_nb.deploy.provisioning import Provisioning
 logger = logging.getLogger(__name__)
 
 
+#: Keywords of Dask's ``Cluster.adapt``, which a transient cluster refuses (see ``adapt``).
+DASK_ADAPT = (
+    "minimum",
+    "maximum",
+    "minimum_cores",
+    "maximum_cores",
+    "minimum_memory",
+    "maximum_memory",
+)
+
+
 class Scaling(Provisioning):
     """``scale`` (a number, or a mix of GPU types; an on-demand share) and ``adapt``."""
 
@@ -261,15 +272,31 @@ class Scaling(Provisioning):
         return [(by_name[h.name], h.p_revoked_1h) for h in give_back_order(held)[:n]]
 
     # -- the transient-aware policy ------------------------------------------------------------------
-    def adapt(self, goal: str | None = None, **kwargs: Any) -> Any:  # type: ignore[override]
+    def adapt(
+        self,
+        Adaptive: Any = None,
+        minimum: float | None = None,
+        maximum: float | None = None,
+        minimum_cores: int | None = None,
+        maximum_cores: int | None = None,
+        minimum_memory: str | None = None,
+        maximum_memory: str | None = None,
+        *,
+        goal: str | None = None,
+        **kwargs: Any,
+    ) -> Any:
         """Let a :class:`~transient_nb.policy.adaptive.TransientPolicy` choose the GPU mix for a goal.
 
         Unlike Dask's ``adapt`` (which sizes a cluster to its task queue), the policy sizes it
         to a training goal, from the run's progress, the workers' step rates, revocations and
-        prices; every change is a ``policy-decision`` event with its reason.
+        prices; every change is a ``policy-decision`` event with its reason. Dask's form
+        (an ``Adaptive`` class, ``minimum``/``maximum``) is refused with that advice: a transient
+        cluster's GPU workers run trainers, not a task queue.
 
         Parameters
         ----------
+        Adaptive
+            The goal may come first, as a positional argument (``cluster.adapt("cost-per-step")``).
         goal
             ``"deadline"`` (with ``deadline="2h"``), ``"budget"`` (with ``budget=20``) or
             ``"cost-per-step"``; None stops a running policy (the cluster keeps its mix).
@@ -293,6 +320,17 @@ class Scaling(Provisioning):
         """
         from transient_nb.policy.adaptive import TransientPolicy
 
+        if isinstance(Adaptive, str):
+            goal, Adaptive = Adaptive, None
+        given = (minimum, maximum, minimum_cores, maximum_cores, minimum_memory, maximum_memory)
+        dask_form = [k for k, v in zip(DASK_ADAPT, given, strict=True) if v is not None]
+        if Adaptive is not None or dask_form:
+            raise ValueError(
+                f"adapt({', '.join(dask_form) or 'Adaptive'}=...) is Dask's adaptive scaling to a "
+                "task queue; a transient cluster sizes its GPU workers to a training goal: "
+                "adapt(goal='deadline', deadline='2h'), adapt(goal='budget', budget=20) or "
+                "adapt(goal='cost-per-step')."
+            )
         previous = getattr(self, "_policy", None)
         policy = None if goal is None else TransientPolicy(self, goal, **kwargs)  # checks first
         if previous is not None:
