@@ -1,0 +1,78 @@
+"""The public API's pages, one per name of ``transient_nb.__all__``, written at each build.
+
+The root package is lazy (a module ``__getattr__``), so each object is documented where it is
+defined (``transient_nb.deploy.cluster.TransientCluster``), found through its ``__module__``.
+A name added to ``__all__`` gets its page at the next build; nobody keeps a list by hand.
+References to the short names (``transient_nb.TransientCluster``, as the docstrings write them)
+are resolved to those pages by :func:`resolve_short_name`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from pathlib import Path
+from typing import Any
+
+#: Where the pages go, under the source folder (ignored by git: see docs/.gitignore).
+FOLDER = "reference/api"
+
+#: Members of the bases that are Dask's own (documented by Dask, not here).
+DASK_BASES = "SpecCluster"
+
+
+def public() -> dict[str, str]:
+    """Public name -> the module that defines it, for every name of ``transient_nb.__all__``."""
+    import transient_nb
+
+    out = {}
+    for name in transient_nb.__all__:
+        if name.startswith("_"):
+            continue
+        obj = getattr(transient_nb, name)
+        out[name] = obj.__module__
+    return out
+
+
+def page(name: str, module: str) -> str:
+    obj = getattr(importlib.import_module(module), name)
+    title = f"{name}\n{'=' * len(name)}\n\n.. currentmodule:: {module}\n\n"
+    if inspect.isclass(obj):
+        bases = [b.__name__ for b in inspect.getmro(obj)]
+        inherited = f"   :inherited-members: {DASK_BASES}\n" if DASK_BASES in bases else ""
+        return (
+            f"{title}.. autoclass:: {name}\n   :members:\n{inherited}   :show-inheritance:\n"
+        )
+    return f"{title}.. autofunction:: {name}\n"
+
+
+def write_pages(app: Any, config: Any) -> None:
+    """``config-inited``: write ``reference/api/NAME.rst`` for each public name (when changed)."""
+    folder = Path(app.srcdir) / FOLDER
+    folder.mkdir(parents=True, exist_ok=True)
+    names = public()
+    for name, module in names.items():
+        path = folder / f"{name}.rst"
+        text = page(name, module)
+        if not path.exists() or path.read_text() != text:
+            path.write_text(text)
+    for stale in folder.glob("*.rst"):
+        if stale.stem not in names:
+            stale.unlink()
+
+
+def resolve_short_name(app: Any, env: Any, node: Any, contnode: Any) -> Any:
+    """``missing-reference``: ``transient_nb.NAME`` -> where NAME is defined."""
+    target = str(node.get("reftarget", ""))
+    if node.get("refdomain") != "py" or not target.startswith("transient_nb."):
+        return None
+    parts = target.split(".")
+    names = public()
+    if len(parts) < 2 or parts[1] not in names:
+        return None
+    full = ".".join((names[parts[1]], *parts[1:]))
+    domain = env.get_domain("py")
+    node["reftarget"] = full
+    return domain.resolve_xref(
+        env, node["refdoc"], app.builder, node["reftype"], full, node, contnode
+    )
