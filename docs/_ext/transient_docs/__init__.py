@@ -22,7 +22,9 @@ def setup(app: Any) -> dict[str, Any]:
     app.add_directive("transient-config", config_keys.ConfigDirective)
     app.add_directive("transient-screenshot", screenshots.ScreenshotDirective)
     app.connect("config-inited", public_api.write_pages)
-    # After intersphinx (priority 500): first our short names, then what is left over.
+    app.connect("autodoc-process-signature", public_api.forwarded_signature)
+    # After intersphinx (priority 500): our short names (transient_nb.TransientCluster).
     app.connect("missing-reference", public_api.resolve_short_name, priority=600)
-    app.connect("missing-reference", inventories.missing_reference, priority=900)
+    # What is still unresolved then (conf.py sets nitpicky): reported, or left as plain text.
+    app.connect("warn-missing-reference", inventories.warn_missing_reference)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -19,7 +19,7 @@ from docutils import nodes
 from sphinx.util import logging
 from sphinx.util.docutils import SphinxDirective
 
-from transient_docs.nodes import code, inline, paragraph, section, table
+from transient_docs.nodes import code, definitions, paragraph, section
 
 logger = logging.getLogger(__name__)
 
@@ -138,22 +138,22 @@ class ConfigDirective(SphinxDirective):
         for group, members in groups.items():
             title = f"transient.{group}" if group else "transient"
             sec = section(title, "config-" + (group or "top"))
-            rows: list[Any] = []
+            items: list[Any] = []
             for k in members:
                 target = nodes.target("", "", ids=["config-" + "-".join(k.path)])
                 self.state.document.note_explicit_target(target)
-                meaning: list[nodes.Node] = [*inline(k.comment or k.schema.get("description", ""))]
-                rows.append(
-                    [
-                        [
-                            nodes.paragraph("", "", target, code(k.dotted)),
-                            nodes.paragraph("", "", code(k.env)),
-                        ],
-                        [code(_default(k.default))],
-                        _type(k.schema),
-                        meaning,
-                    ]
+                facts = nodes.paragraph(
+                    "",
+                    "",
+                    nodes.emphasis("", "Default "),
+                    code(_default(k.default)),
+                    nodes.Text("; "),
+                    *_type(k.schema),
+                    nodes.Text("; environment "),
+                    code(k.env),
                 )
-            sec += table(["key and variable", "default", "type", "what it sets"], rows, [28, 14, 14, 44])
+                body = [paragraph(k.comment or str(k.schema.get("description", ""))), facts]
+                items.append(([target, code(k.dotted)], body))
+            sec += definitions(items)
             out.append(sec)
         return out

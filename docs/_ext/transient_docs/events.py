@@ -20,7 +20,7 @@ from typing import Any
 from docutils import nodes
 from sphinx.util.docutils import SphinxDirective
 
-from transient_docs.nodes import code, inline, paragraph, section, table
+from transient_docs.nodes import code, definitions, inline, paragraph, section
 
 _GROUP = re.compile(r"^#\s*--\s*(.+?)\s*--\s*$")
 
@@ -135,7 +135,7 @@ def _fields(kind: Kind) -> list[nodes.Node]:
 
 
 class EventsDirective(SphinxDirective):
-    """One section per group of kinds, one table row per kind."""
+    """One section per group of kinds, one definition per kind."""
 
     def run(self) -> list[nodes.Node]:
         import transient_nb.eventlog.vocabulary as vocabulary
@@ -149,12 +149,15 @@ class EventsDirective(SphinxDirective):
             groups.setdefault(k.group or "other", []).append(k)
         for group, members in groups.items():
             sec = section(group[:1].upper() + group[1:], f"events-{_slug(group)}")
-            rows: list[Any] = []
+            items: list[Any] = []
             for k in members:
                 target = nodes.target("", "", ids=[f"event-{k.name}"])
                 self.state.document.note_explicit_target(target)
-                rows.append([[target, code(k.name)], k.comment or "", _fields(k)])
-            sec += table(["kind", "what it says", "fields (beside kind and time)"], rows, [18, 40, 42])
+                body: list[nodes.Node] = [paragraph(k.comment)] if k.comment else []
+                fields = nodes.paragraph("", "", nodes.emphasis("", "Fields: "), *_fields(k))
+                body.append(fields)
+                items.append(([target, code(k.name)], body))
+            sec += definitions(items)
             out.append(sec)
         out.insert(0, paragraph(f"{len(kinds)} kinds, from `{vocabulary.__name__}.EVENTS`."))
         return out

@@ -5,7 +5,8 @@ the targets our pages reference, with the project's real URIs). At build time ea
 ``objects.inv`` that ``intersphinx_mapping`` reads from disk, so the build never fetches one.
 
 A reference to one of those projects that its small inventory lacks is a warning (so an error
-with ``-W``) that says which line to add, instead of a silent plain-text name.
+with ``-W``) that says which line to add, instead of a silent plain-text name
+(:func:`warn_missing_reference`).
 
 Refreshing (a person with a network, not CI)::
 
@@ -65,43 +66,38 @@ def _project_of(target: str) -> str | None:
     return None
 
 
-def missing_reference(app: Any, env: Any, node: Any, contnode: Any) -> None:
-    """Warn about a reference to one of :data:`PROJECTS` that intersphinx did not resolve.
+def warn_missing_reference(app: Any, domain: Any, node: Any) -> bool | None:
+    """``warn-missing-reference`` (``nitpicky`` is on): which unresolved Python names to report.
 
-    Runs after intersphinx (a later priority): a reference it resolved never gets here. Only
-    the pages' own roles are checked, not the type hints autodoc writes into signatures (those
-    name every ``Any`` and ``Mapping``: they stay plain text when they do not resolve).
+    A name of one of :data:`PROJECTS` is reported with the inventory line to add; a
+    ``transient_nb`` name on a narrative page (not the API pages, whose docstrings also name
+    modules that have no page) is reported as not documented. Every other Python name (``Any``,
+    ``pd.DataFrame``, a private class in a signature) stays plain text, as without ``nitpicky``.
+    Other domains (``doc``, ``ref``) are left to Sphinx, which reports them.
     """
     from sphinx.util import logging
 
-    if node.get("refdomain") != "py" or _from_signature(node):
-        return
-    target = str(node.get("reftarget", ""))
+    if domain is None or domain.name != "py":
+        return None
+    target = str(node.get("reftarget", "")).lstrip("~.")
+    logger = logging.getLogger(__name__)
     project = _project_of(target)
-    if project is None or target in ("None", "True", "False"):
-        return
-    role = node.get("reftype", "obj")
-    logging.getLogger(__name__).warning(
-        "%s is not in docs/_inventories/%s.txt: add a line such as `%s py:%s 1 PATH.html#$ -` "
-        "(see docs/_ext/transient_docs/inventories.py)",
-        target,
-        project,
-        target,
-        "function" if role == "func" else role,
-        location=node,
-    )
-
-
-def _from_signature(node: Any) -> bool:
-    """Whether autodoc made this reference (a type hint), not a page's role."""
-    from sphinx import addnodes
-
-    parent = node.parent
-    while parent is not None:
-        if isinstance(parent, (addnodes.desc_signature, addnodes.desc_sig_element)):
-            return True
-        parent = parent.parent
-    return False
+    if project is not None:
+        role = node.get("reftype", "obj")
+        logger.warning(
+            "%s is not in docs/_inventories/%s.txt: add a line such as `%s py:%s 1 PATH.html#$ -` "
+            "(see docs/_ext/transient_docs/inventories.py)",
+            target,
+            project,
+            target,
+            "function" if role == "func" else role,
+            location=node,
+        )
+    elif target.startswith("transient_nb") and not str(node.get("refdoc", "")).startswith(
+        "reference/api/"
+    ):
+        logger.warning("%s has no page in the API reference", target, location=node)
+    return True
 
 
 def refresh(name: str, source: str, sources: Path = HERE) -> int:

@@ -72,6 +72,19 @@ def _row(cells: Sequence[Cell]) -> nodes.row:
     return row
 
 
+def definitions(items: Sequence[tuple[Sequence[nodes.Node], Sequence[nodes.Node]]]) -> nodes.definition_list:
+    """A definition list: each item a term (inline nodes) and its body (block nodes)."""
+    out = nodes.definition_list(classes=["transient-reference"])
+    for term, body in items:
+        item = nodes.definition_list_item()
+        item += nodes.term("", "", *term)
+        definition = nodes.definition()
+        definition.extend(body)
+        item += definition
+        out += item
+    return out
+
+
 def code(text: str) -> nodes.literal:
     return nodes.literal(text, text)
 

@@ -17,8 +17,14 @@ from typing import Any
 #: Where the pages go, under the source folder (ignored by git: see docs/.gitignore).
 FOLDER = "reference/api"
 
-#: Members of the bases that are Dask's own (documented by Dask, not here).
-DASK_BASES = "SpecCluster"
+#: Classes whose constructor takes ``*args, **kwargs`` and hands them to another callable: the
+#: signature shown is that callable's (less the names listed), then the class's own keywords.
+FORWARDED = {
+    "transient_nb.deploy.cluster.TransientCluster": (
+        "transient_nb.deploy.settings.ClusterSettings.from_arguments",
+        ("cluster_id",),
+    ),
+}
 
 
 def public() -> dict[str, str]:
@@ -38,12 +44,61 @@ def page(name: str, module: str) -> str:
     obj = getattr(importlib.import_module(module), name)
     title = f"{name}\n{'=' * len(name)}\n\n.. currentmodule:: {module}\n\n"
     if inspect.isclass(obj):
-        bases = [b.__name__ for b in inspect.getmro(obj)]
-        inherited = f"   :inherited-members: {DASK_BASES}\n" if DASK_BASES in bases else ""
+        # Members inherited from Dask's classes (and their bases) are Dask's to document.
+        theirs = [b.__name__ for b in inspect.getmro(obj)[1:] if not _ours(b)]
+        inherited = f"   :inherited-members: {', '.join(theirs)}\n" if theirs != ["object"] else ""
         return (
             f"{title}.. autoclass:: {name}\n   :members:\n{inherited}   :show-inheritance:\n"
         )
     return f"{title}.. autofunction:: {name}\n"
+
+
+def _ours(cls: type) -> bool:
+    return cls.__module__.split(".", 1)[0] == "transient_nb"
+
+
+class _Text:
+    """An annotation written as it is in the source (``repr`` without quotes)."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _signature(func: Any, drop: tuple[str, ...] = ()) -> list[inspect.Parameter]:
+    out = []
+    for p in inspect.signature(func).parameters.values():
+        if p.name in ("self", "cls", *drop) or p.name.startswith("_"):
+            continue
+        if p.kind in (p.VAR_POSITIONAL,):
+            continue
+        if isinstance(p.annotation, str):
+            p = p.replace(annotation=_Text(p.annotation))
+        out.append(p)
+    return out
+
+
+def forwarded_signature(
+    app: Any, what: str, name: str, obj: Any, options: Any, signature: Any, annotation: Any
+) -> tuple[str, str | None] | None:
+    """``autodoc-process-signature``: the real arguments of a class listed in :data:`FORWARDED`."""
+    if what != "class" or name not in FORWARDED:
+        return None
+    path, drop = FORWARDED[name]
+    module, owner, attr = path.rsplit(".", 2)
+    target = getattr(getattr(importlib.import_module(module), owner), attr)
+    params = _signature(target, drop)
+    var_kw = [p for p in params if p.kind == p.VAR_KEYWORD]
+    params = [p for p in params if p.kind != p.VAR_KEYWORD]
+    names = {p.name for p in params}
+    own = [
+        p.replace(kind=p.KEYWORD_ONLY)
+        for p in _signature(obj.__init__)
+        if p.kind not in (p.VAR_KEYWORD,) and p.name not in names
+    ]
+    return str(inspect.Signature([*params, *own, *var_kw])), annotation
 
 
 def write_pages(app: Any, config: Any) -> None:
