@@ -3,6 +3,7 @@
 - ``transient-events``: the event vocabulary (:mod:`transient_docs.events`);
 - ``transient-config``: the configuration keys (:mod:`transient_docs.config_keys`);
 - ``transient-screenshot``: a picture the browser tests took (:mod:`transient_docs.screenshots`);
+- ``transient-prices``: VM prices from a shipped price catalog (:mod:`transient_docs.prices`);
 - the public API's pages, one per name of ``transient_nb.__all__`` (:mod:`transient_docs.public_api`);
 - references to the small offline inventories checked (:mod:`transient_docs.inventories`).
 
@@ -14,13 +15,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from transient_docs import config_keys, events, inventories, public_api, screenshots
+from transient_docs import config_keys, events, inventories, prices, public_api, screenshots
 
 
 def setup(app: Any) -> dict[str, Any]:
     app.add_directive("transient-events", events.EventsDirective)
     app.add_directive("transient-config", config_keys.ConfigDirective)
     app.add_directive("transient-screenshot", screenshots.ScreenshotDirective)
+    app.add_directive("transient-prices", prices.PricesDirective)
     app.connect("config-inited", public_api.write_pages)
     app.connect("autodoc-process-signature", public_api.forwarded_signature)
     # After intersphinx (priority 500): our short names (transient_nb.TransientCluster).
