@@ -276,9 +276,9 @@ def test_the_site_builds(tmp_path: Path) -> None:
     assert all(f'id="config-{"-".join(k.path)}"' in configuration for k in keys)
     cli = text("reference/cli.html")
     commands = next(a for a in _parser()._actions if a.dest == "command").choices
-    assert all(f"transient-nb {c}" in cli for c in commands)  # type: ignore[union-attr]
+    assert all(f'id="transient-nb-{c}"' in cli for c in commands)  # type: ignore[union-attr]
     magic = text("reference/magic.html")
-    assert all(f"%transient_cluster {c}" in magic for c in SUBCOMMANDS)
+    assert all(f'id="transient_cluster-{c}"' in magic for c in SUBCOMMANDS)
     # Intersphinx links go to the projects' own sites, from the offline inventories.
     for link, page in (
         ("https://docs.python.org/3/library/functools.html#functools.partial", "tutorials/your-model"),
