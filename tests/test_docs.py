@@ -228,6 +228,23 @@ def test_the_magic_parser_has_every_subcommand() -> None:
     assert list(sub.choices) == list(SUBCOMMANDS)  # type: ignore[arg-type]
 
 
+def test_sphinx_roles_in_help_texts_become_code() -> None:
+    """sphinx-argparse parses help texts with plain docutils, where a role stops the build."""
+    import argparse
+
+    from transient_docs.magic import plain
+
+    p = argparse.ArgumentParser(description="see :func:`transient_nb.estimate`")
+    sub = p.add_subparsers().add_parser("x", help="as :class:`~transient_nb.TransientCluster`")
+    sub.add_argument("--y", help="a :py:attr:`z`")
+    plain(p)
+    assert p.description == "see ``transient_nb.estimate``"
+    assert sub.description is None
+    assert sub._actions[-1].help == "a ``z``"
+    choices = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction))
+    assert choices._choices_actions[0].help == "as ``transient_nb.TransientCluster``"
+
+
 # -- the build ----------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_the_site_builds(tmp_path: Path) -> None:
