@@ -39,7 +39,7 @@ from transient_nb._version import __version__  # noqa: E402
 
 project = "transient_nb"
 author = "transient_nb developers"
-copyright = "transient_nb developers"  # noqa: A001  (Sphinx's name)
+copyright = "transient_nb developers"
 version = release = __version__
 
 extensions = [

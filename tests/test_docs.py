@@ -18,6 +18,7 @@ Run a page's examples by hand with ``python -m tests.test_docs docs/how-to/cli.m
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import os
@@ -28,15 +29,28 @@ import sys
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import psutil
 import pytest
+import sphobjinv as soi
 import yaml
+from IPython.core.inputtransformer2 import TransformerManager
+from IPython.core.interactiveshell import InteractiveShell
+from markdown_it.renderer import RendererHTML
+from myst_parser.config.main import MdParserConfig
+from myst_parser.parsers.mdit import create_md_parser
+
+import transient_nb
+import transient_nb.eventlog.vocabulary as vocabulary
+from transient_nb import config
+from transient_nb.cli.commands import _parser
+from transient_nb.notebook.magics import SUBCOMMANDS
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
-sys.path.insert(0, str(DOCS / "_ext"))
+sys.path.insert(0, str(DOCS / "_ext"))  # the docs' own Sphinx extension
+
+from transient_docs import config_keys, events, inventories, magic, public_api  # noqa: E402
 
 #: Languages of the blocks that run: Python and IPython in one shell, shell blocks with bash.
 RUN = {"python": "python", "ipython": "ipython", "bash": "bash"}
@@ -68,9 +82,6 @@ class Page:
 
 def read_page(path: Path) -> Page:
     """The page's fenced blocks, parsed as the docs' own MyST parser parses them."""
-    from markdown_it.renderer import RendererHTML
-    from myst_parser.config.main import MdParserConfig
-    from myst_parser.parsers.mdit import create_md_parser
 
     config = MdParserConfig(enable_extensions={"attrs_block", "colon_fence", "deflist"})
     md = create_md_parser(config, RendererHTML)
@@ -117,7 +128,6 @@ def test_every_block_runs_or_says_why() -> None:
 
 def test_every_python_block_compiles() -> None:
     """Also the blocks that do not run (a GCE example must still be valid Python)."""
-    from IPython.core.inputtransformer2 import TransformerManager
 
     ipython = TransformerManager()
     problems = []
@@ -151,15 +161,16 @@ def test_the_no_run_marks_are_seen(tmp_path: Path) -> None:
 def test_the_docs_tools_are_in_the_test_extra() -> None:
     """CI installs ``.[test]`` only, and must build the docs."""
     tomllib = pytest.importorskip("tomllib")
-    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
     assert set(extras["docs"]) <= set(extras["test"])
 
 
 def test_config_comments_are_the_lines_above_each_key() -> None:
-    from transient_docs.config_keys import comments
 
     text = "transient:\n  # the backend\n  backend: local\n  gce:\n    # a project\n    # or none\n    project: null\n"
-    assert comments(text) == {
+    assert config_keys.comments(text) == {
         ("transient",): "",
         ("transient", "backend"): "the backend",
         ("transient", "gce"): "",
@@ -168,11 +179,8 @@ def test_config_comments_are_the_lines_above_each_key() -> None:
 
 
 def test_every_config_key_is_read_with_its_comment_and_type() -> None:
-    from transient_docs.config_keys import read
 
-    from transient_nb import config
-
-    keys, problems = read(Path(config.DEFAULTS_FILE), Path(config.SCHEMA_FILE))
+    keys, problems = config_keys.read(Path(config.DEFAULTS_FILE), Path(config.SCHEMA_FILE))
     assert not problems
     by_key = {k.dotted: k for k in keys}
     assert by_key["transient.replacement.at"].schema["enum"] == ["preempted", "notice", "ahead"]
@@ -181,10 +189,8 @@ def test_every_config_key_is_read_with_its_comment_and_type() -> None:
 
 
 def test_every_event_kind_is_read_with_its_group_and_comments() -> None:
-    import transient_nb.eventlog.vocabulary as vocabulary
-    from transient_docs.events import read
 
-    kinds = {k.name: k for k in read(Path(vocabulary.__file__))}
+    kinds = {k.name: k for k in events.read(Path(vocabulary.__file__))}
     assert list(kinds) == list(vocabulary.EVENTS)
     assert kinds["notice"].group.startswith("VM lifecycle")
     assert kinds["notice"].comment == "the provider announced a preemption"  # from LIFECYCLE
@@ -195,23 +201,19 @@ def test_every_event_kind_is_read_with_its_group_and_comments() -> None:
 
 
 def test_the_api_pages_are_every_public_name() -> None:
-    import transient_nb
-    from transient_docs.public_api import page, public
 
-    names = public()
+    names = public_api.public()
     assert set(names) == set(transient_nb.__all__) - {"__version__"}
     assert names["TransientCluster"] == "transient_nb.deploy.cluster"
-    text = page("TransientCluster", names["TransientCluster"])
+    text = public_api.page("TransientCluster", names["TransientCluster"])
     assert ".. autoclass:: TransientCluster" in text
     assert ":inherited-members: SpecCluster, Cluster" in text  # Dask's own stay Dask's
 
 
 def test_the_offline_inventories_build_and_hold_real_urls(tmp_path: Path) -> None:
-    import sphobjinv as soi
-    from transient_docs.inventories import PROJECTS, build
 
-    mapping = build(tmp_path)
-    assert set(mapping) == set(PROJECTS)
+    mapping = inventories.build(tmp_path)
+    assert set(mapping) == set(inventories.PROJECTS)
     for name, (url, inv) in mapping.items():
         assert url.startswith("https://") and url.endswith("/")
         objects = soi.Inventory(fname_zlib=inv).objects
@@ -220,24 +222,18 @@ def test_the_offline_inventories_build_and_hold_real_urls(tmp_path: Path) -> Non
 
 
 def test_the_magic_parser_has_every_subcommand() -> None:
-    from transient_docs.magic import parser
 
-    from transient_nb.notebook.magics import SUBCOMMANDS
-
-    sub = next(a for a in parser()._actions if a.dest == "subcommand")
+    sub = next(a for a in magic.parser()._actions if a.dest == "subcommand")
     assert list(sub.choices) == list(SUBCOMMANDS)  # type: ignore[arg-type]
 
 
 def test_sphinx_roles_in_help_texts_become_code() -> None:
     """sphinx-argparse parses help texts with plain docutils, where a role stops the build."""
-    import argparse
-
-    from transient_docs.magic import plain
 
     p = argparse.ArgumentParser(description="see :func:`transient_nb.estimate`")
     sub = p.add_subparsers().add_parser("x", help="as :class:`~transient_nb.TransientCluster`")
     sub.add_argument("--y", help="a :py:attr:`z`")
-    plain(p)
+    magic.plain(p)
     assert p.description == "see ``transient_nb.estimate``"
     assert sub.description is None
     assert sub._actions[-1].help == "a ``z``"
@@ -271,14 +267,6 @@ def test_the_site_builds(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-6000:]
     assert "WARNING" not in proc.stderr, proc.stderr[-6000:]
 
-    import transient_nb
-    import transient_nb.eventlog.vocabulary as vocabulary
-    from transient_docs.config_keys import read
-
-    from transient_nb import config
-    from transient_nb.cli.commands import _parser
-    from transient_nb.notebook.magics import SUBCOMMANDS
-
     def text(page: str) -> str:
         return (out / page).read_text()
 
@@ -288,7 +276,7 @@ def test_the_site_builds(tmp_path: Path) -> None:
         )
     events = text("reference/events.html")
     assert all(f'id="event-{kind}"' in events for kind in vocabulary.EVENTS)
-    keys, _ = read(Path(config.DEFAULTS_FILE), Path(config.SCHEMA_FILE))
+    keys, _ = config_keys.read(Path(config.DEFAULTS_FILE), Path(config.SCHEMA_FILE))
     configuration = text("reference/configuration.html")
     assert all(f'id="config-{"-".join(k.path)}"' in configuration for k in keys)
     cli = text("reference/cli.html")
@@ -298,11 +286,26 @@ def test_the_site_builds(tmp_path: Path) -> None:
     assert all(f'id="transient_cluster-{c}"' in magic for c in SUBCOMMANDS)
     # Intersphinx links go to the projects' own sites, from the offline inventories.
     for link, page in (
-        ("https://docs.python.org/3/library/functools.html#functools.partial", "tutorials/your-model"),
-        ("https://docs.dask.org/en/stable/api.html#dask.utils.parse_timedelta", "how-to/configuration"),
-        ("https://distributed.dask.org/en/stable/api.html#distributed.SpecCluster", "tutorials/quickstart"),
-        ("https://docs.pytorch.org/docs/stable/generated/torch.nn.Module.html#torch.nn.Module", "tutorials/your-model"),
-        ("https://docs.bokeh.org/en/latest/docs/reference/embed.html#bokeh.embed.file_html", "how-to/cli"),
+        (
+            "https://docs.python.org/3/library/functools.html#functools.partial",
+            "tutorials/your-model",
+        ),
+        (
+            "https://docs.dask.org/en/stable/api.html#dask.utils.parse_timedelta",
+            "how-to/configuration",
+        ),
+        (
+            "https://distributed.dask.org/en/stable/api.html#distributed.SpecCluster",
+            "tutorials/quickstart",
+        ),
+        (
+            "https://docs.pytorch.org/docs/stable/generated/torch.nn.Module.html#torch.nn.Module",
+            "tutorials/your-model",
+        ),
+        (
+            "https://docs.bokeh.org/en/latest/docs/reference/embed.html#bokeh.embed.file_html",
+            "how-to/cli",
+        ),
     ):
         assert f'href="{link}"' in text(f"{page}.html"), (link, page)
     # A screenshot is shown where the browser tests took it, and its test is named where not.
@@ -323,7 +326,9 @@ def test_page_examples(page: Page, tmp_path: Path) -> None:
     env = dict(os.environ)
     env.update(
         {
-            "PYTHONPATH": os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+            "PYTHONPATH": os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(
+                os.pathsep
+            ),
             "DASK_TRANSIENT__RUN_DIR": str(tmp_path / "runs"),
             "DASK_TRANSIENT__REGISTRY_DIR": str(tmp_path / "clusters"),
             "IPYTHONDIR": str(tmp_path / "ipython"),
@@ -344,7 +349,9 @@ def test_page_examples(page: Page, tmp_path: Path) -> None:
     except subprocess.TimeoutExpired:
         _end_group(proc.pid)
         output, _ = proc.communicate()
-        pytest.fail(f"{page.name}: examples still running after {PAGE_TIMEOUT_S} s\n{output[-6000:]}")
+        pytest.fail(
+            f"{page.name}: examples still running after {PAGE_TIMEOUT_S} s\n{output[-6000:]}"
+        )
     finally:
         _end_group(proc.pid)
         _end_heads(tmp_path / "clusters")
@@ -381,7 +388,6 @@ def _end_heads(registry: Path) -> None:
 
 def run_page(path: Path) -> None:
     """Run a page's blocks in order: Python and IPython in one shell, shell blocks with bash."""
-    from IPython.core.interactiveshell import InteractiveShell
 
     page = read_page(path)
     shell = InteractiveShell.instance()
@@ -397,7 +403,9 @@ def run_page(path: Path) -> None:
             continue
         result = shell.run_cell(textwrap.dedent(b.code), store_history=False)
         if not result.success:
-            raise SystemExit(f"{where}: the block failed: {result.error_in_exec or result.error_before_exec!r}")
+            raise SystemExit(
+                f"{where}: the block failed: {result.error_in_exec or result.error_before_exec!r}"
+            )
     print(f"{page.name}: every example ran", flush=True)
 
 

@@ -104,15 +104,11 @@ def read(path: Path) -> list[Kind]:
         comment = comment or lifecycle.get(key.value, "")
         # A one-line entry's comment is the kind's, not its last field's.
         notes = {
-            name: note
-            for name, note in _element_notes(val, comments).items()
-            if end != key.lineno
+            name: note for name, note in _element_notes(val, comments).items() if end != key.lineno
         }
         if notes and isinstance(val, ast.Tuple) and val.elts and val.elts[-1].lineno == end:
             notes.pop(getattr(val.elts[-1], "value", ""), None)
-        kinds.append(
-            Kind(key.value, group, tuple(vocabulary.EVENTS[key.value]), comment, notes)
-        )
+        kinds.append(Kind(key.value, group, tuple(vocabulary.EVENTS[key.value]), comment, notes))
         previous_end = end
     return kinds
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import TypeAlias
 
 from docutils import nodes
 
@@ -36,10 +37,12 @@ def paragraph(text: str) -> nodes.paragraph:
     return para
 
 
-Cell = str | nodes.Node | Sequence[nodes.Node]
+Cell: TypeAlias = str | nodes.Node | Sequence[nodes.Node]
 
 
-def table(header: Sequence[str], rows: Sequence[Sequence[Cell]], widths: Sequence[int]) -> nodes.table:
+def table(
+    header: Sequence[str], rows: Sequence[Sequence[Cell]], widths: Sequence[int]
+) -> nodes.table:
     """A table node; a cell is text (backquotes become code), a node, or a list of nodes."""
     tab = nodes.table(classes=["transient-reference"])
     group = nodes.tgroup(cols=len(header))
@@ -72,7 +75,9 @@ def _row(cells: Sequence[Cell]) -> nodes.row:
     return row
 
 
-def definitions(items: Sequence[tuple[Sequence[nodes.Node], Sequence[nodes.Node]]]) -> nodes.definition_list:
+def definitions(
+    items: Sequence[tuple[Sequence[nodes.Node], Sequence[nodes.Node]]],
+) -> nodes.definition_list:
     """A definition list: each item a term (inline nodes) and its body (block nodes)."""
     out = nodes.definition_list(classes=["transient-reference"])
     for term, body in items:

@@ -47,9 +47,7 @@ def page(name: str, module: str) -> str:
         # Members inherited from Dask's classes (and their bases) are Dask's to document.
         theirs = [b.__name__ for b in inspect.getmro(obj)[1:] if not _ours(b)]
         inherited = f"   :inherited-members: {', '.join(theirs)}\n" if theirs != ["object"] else ""
-        return (
-            f"{title}.. autoclass:: {name}\n   :members:\n{inherited}   :show-inheritance:\n"
-        )
+        return f"{title}.. autoclass:: {name}\n   :members:\n{inherited}   :show-inheritance:\n"
     return f"{title}.. autofunction:: {name}\n"
 
 
