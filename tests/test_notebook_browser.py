@@ -257,8 +257,6 @@ def test_quickstart_in_jupyterlab(lab: dict[str, Any]) -> None:
             assert page.evaluate(SOURCE_LENGTH, "cost") > 0
             page.locator(".bk-Figure").first.scroll_into_view_if_needed()
             page.screenshot(path=str(ARTIFACTS / "2-dashboard.png"), full_page=True)
-            dashboard = page.locator(".jp-OutputArea-output", has=page.locator(".bk-Figure"))
-            dashboard.first.screenshot(path=DOCS_SHOTS / "notebook-dashboard.png")
 
             # Press Preempt on the panel: a notice marker for that worker appears on the figure.
             # (Wait for the notebook's own manual preemption first, so that the two are told apart.)
@@ -282,6 +280,8 @@ def test_quickstart_in_jupyterlab(lab: dict[str, Any]) -> None:
             figures = page.locator(".bk-Figure")
             figures.nth(min(3, figures.count() - 1)).scroll_into_view_if_needed()
             page.screenshot(path=str(ARTIFACTS / "3-preempted.png"), full_page=True)
+            dashboard = page.locator(".jp-OutputArea-output", has=page.locator(".bk-Figure"))
+            dashboard.first.screenshot(path=DOCS_SHOTS / "notebook-dashboard.png")
 
             # The notebook runs to its end and closes its cluster.
             expect(page.get_by_text("Cluster quickstart is down").first).to_be_visible(
