@@ -190,8 +190,8 @@ def test_workers_take_a_mix_of_gpu_types_and_refuse_bad_ones(tmp_path, capsys):
 @pytest.mark.slow
 def test_a_detached_mixed_cluster_scales_by_type(tmp_path, capsys):
     import dask
-    from tests.conftest import of_kind, wait_for_sync
 
+    from tests.conftest import of_kind, wait_for_sync
     from transient_nb.deploy import registry
     from transient_nb.deploy.connect import connect
 

@@ -183,7 +183,6 @@ def test_a_ps_shard_is_added_at_the_plateau_for_a_run_that_follows_it(kind, elas
 @pytest.mark.timeout(300)
 def test_a_deadline_policy_grows_a_real_cluster_during_a_run(cleanup: None) -> None:
     from tests.conftest import of_kind, wait_for_sync
-
     from transient_nb import TransientCluster, train
 
     with TransientCluster(
