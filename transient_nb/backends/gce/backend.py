@@ -133,6 +133,9 @@ class GCEBackend(GCEBodies):
         The head VM of a detached cluster (:mod:`~transient_nb.backends.gce.head`): its machine
         type and identity, the client address its scheduler port is opened to (or the tunnel
         address dialled instead), and how long a client waits for it.
+    allow_wide_client_cidr
+        Allow a ``client_cidr`` wider than a /24 (IPv6: a /64), such as ``0.0.0.0/0``; refused
+        otherwise, before anything is created.
     head
         This backend runs on the head VM (set by the head itself): the scheduler listens on a
         fixed port (``scheduler_port``, default :data:`HEAD_PORT`) that the firewall rules open
