@@ -362,10 +362,11 @@ class Backend:
     async def close(self) -> None:
         """Remove cluster-wide resources once every VM is gone."""
 
-    def client_tls_files(self) -> dict[str, str] | None:
+    def client_tls_files(self, folder: str) -> dict[str, str] | None:
         """``ca``/``cert``/``key`` files of a client certificate for this user's other processes.
 
-        Written 0600 into a 0700 folder; None when the cluster does not use TLS.
+        Written 0600 into ``folder`` (0700: the cluster registry's, which owns them); None when
+        the cluster does not use TLS.
         """
         return None
 

@@ -258,9 +258,12 @@ class LocalBackend(Backend):
             self._tls_dir = tempfile.mkdtemp(prefix="transient-nb-tls-")
         return self.ca.write_files(os.path.join(self._tls_dir, subject), subject)
 
-    def client_tls_files(self) -> dict[str, str] | None:
-        """A client certificate in files, for this user's other processes (connect, panel)."""
-        return self.tls_files(CLIENT_CN)
+    def client_tls_files(self, folder: str) -> dict[str, str] | None:
+        """A client certificate in files in ``folder``, for this user's other processes (connect,
+        the panel)."""
+        if self.ca is None:
+            return None
+        return self.ca.write_files(folder, CLIENT_CN)
 
     async def close(self) -> None:
         if self._tls_dir is not None:

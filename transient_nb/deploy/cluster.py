@@ -307,7 +307,7 @@ class TransientCluster(Control):
                 "cluster_id": self.cluster_id,
                 # Paths (0600 files) of a client certificate for this user's other processes:
                 # connect() and the JupyterLab panel. None without TLS.
-                "tls": self.backend.client_tls_files(),
+                "tls": self.backend.client_tls_files(registry.tls_folder(self.name)),
                 "gpu": self.gpu,
                 "mix": format_mix(self._mix),
                 "zone": self.zone,

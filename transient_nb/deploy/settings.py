@@ -11,7 +11,6 @@ creates anything.
 from __future__ import annotations
 
 import os
-import re
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,10 +24,10 @@ from transient_nb.catalog.lifetimes import PreemptionModel, parse_preemption, va
 from transient_nb.catalog.mix import Mix, format_mix, parse_mix
 from transient_nb.catalog.prices import PriceCatalog
 from transient_nb.deploy import registry
+from transient_nb.deploy.registry import check_name as check_name  # one rule, with the registry
 from transient_nb.limits import Limits
 from transient_nb.policy.placement import ReplacementPolicy
 
-_NAME_RE = re.compile(r"[a-z]([-a-z0-9]{0,40}[a-z0-9])?\Z")
 #: When a replacement is asked for: once the worker is gone, at its notice, or (``ahead``) once
 #: gone and, where the lifetime model predicts a revocation, as a spare before it.
 REPLACE_AT = ("preempted", "notice", "ahead")
@@ -49,26 +48,6 @@ def positive_int(value: Any, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{what}={value!r} must be a whole number of at least 1.")
     return value
-
-
-def check_name(name: Any) -> str:
-    """``name`` if it is an allowed cluster name; a ``ValueError`` saying what is allowed if not.
-
-    Examples
-    --------
-    >>> check_name("demo-1")
-    'demo-1'
-    >>> check_name("demo\\n")
-    Traceback (most recent call last):
-    ...
-    ValueError: Cluster name 'demo\\n' is not allowed: ...
-    """
-    if not isinstance(name, str) or not _NAME_RE.match(name):
-        raise ValueError(
-            f"Cluster name {name!r} is not allowed: use lowercase letters, digits and dashes, "
-            "starting with a letter (at most 42 characters), e.g. 'demo-1'."
-        )
-    return name
 
 
 def is_detached(detached: bool | None, backend: str | None) -> bool:

@@ -60,7 +60,6 @@ from __future__ import annotations
 import asyncio
 import atexit
 import logging
-import os
 import re
 import uuid
 from collections.abc import Sequence
@@ -161,15 +160,11 @@ class GCEBackend(GCEBodies):
         """The cluster's TLS settings (scheduler, workers and clients)."""
         return self._security
 
-    def client_tls_files(self) -> dict[str, str] | None:
-        """A client certificate in 0600 files on this host (for connect() and the panel)."""
-        import tempfile
-
+    def client_tls_files(self, folder: str) -> dict[str, str] | None:
+        """A client certificate in 0600 files in ``folder`` (for connect() and the panel)."""
         from transient_nb.backends.tls import CLIENT_CN
 
-        if self._tls_dir is None:
-            self._tls_dir = tempfile.mkdtemp(prefix="transient-nb-tls-")
-        return self.ca.write_files(os.path.join(self._tls_dir, "client"), CLIENT_CN)
+        return self.ca.write_files(folder, CLIENT_CN)
 
     def describe(self) -> str:
         return (
@@ -314,11 +309,6 @@ class GCEBackend(GCEBodies):
                     self.firewall_names.remove(rule)
                 except GCEError as e:
                     logger.warning("Could not delete firewall rule %s: %s", rule, e)
-            if self._tls_dir is not None:
-                import shutil
-
-                shutil.rmtree(self._tls_dir, ignore_errors=True)
-                self._tls_dir = None
             if not self.live and not self.firewall_names and self._atexit_registered:
                 atexit.unregister(self.delete_all_now)
                 self._atexit_registered = False

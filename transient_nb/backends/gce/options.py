@@ -224,7 +224,6 @@ class GCEOptions(Backend):
         )
         # Certificates made for this cluster only, in memory: every connection (workers,
         # scheduler, clients) is TLS with mutual authentication.
-        self._tls_dir: str | None = None
         self.ca = ClusterCA.create("gce")
         self._security = self.ca.cluster_security()
         self.cluster_name = "transient"
