@@ -159,9 +159,7 @@ class GCEOptions(Backend):
         self.head_machine_type: str | None = get("head-machine-type", head_machine_type)
         self.head_service_account: str | None = get("head-service-account", head_service_account)
         self.client_cidr: str | None = get("client-cidr", client_cidr)
-        self.allow_wide_client_cidr = bool(
-            get("allow-wide-client-cidr", allow_wide_client_cidr)
-        )
+        self.allow_wide_client_cidr = bool(get("allow-wide-client-cidr", allow_wide_client_cidr))
         if self.client_cidr is not None:
             self.client_cidr = check_cidr(self.client_cidr, self.allow_wide_client_cidr)
         self.head_address: str | None = get("head-address", head_address)
