@@ -373,6 +373,11 @@ class Backend:
     def make_vm(self, spec: VMSpec, **kwargs: Any) -> TransientVM:
         raise NotImplementedError
 
+    def hosts_next_ps(self) -> bool:
+        """Whether the next PS host asked for runs on the head VM itself (billed as the head's
+        machine type) rather than on a VM of its own; False by default."""
+        return False
+
     def describe(self) -> str:
         """One line for logs: what this backend runs."""
         return self.name

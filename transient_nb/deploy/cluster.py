@@ -248,6 +248,8 @@ class TransientCluster(Control):
         self._spared: set[str] = set()
         self._spare_slots: set[int] = set()
         self._asked_at: dict[str, float] = {}
+        #: VMs being asked for now (their insert under way): the limits count them.
+        self._asking: dict[str, Any] = {}
         self._join_waits: list[float] = []
         self._last_failure = ""
         #: The first PS host was placed: from then on, a PS host that cannot be placed is asked

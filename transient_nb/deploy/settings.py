@@ -99,6 +99,9 @@ class ClusterSettings:
     run_dir: str
     cluster_id: str
     backend_options: dict[str, Any] = field(default_factory=dict)
+    #: The machine type of a head VM that hosts the first PS host (a detached GCE cluster): that
+    #: host is billed as the head VM. None: no head VM (an attached cluster, the local backend).
+    head_machine_type: str | None = None
 
     @classmethod
     def from_arguments(
@@ -160,6 +163,11 @@ class ClusterSettings:
         zones_ = list(config.get("replacement.fallback-zones", override_with=fallback_zones))
         gpus_ = list(config.get("replacement.fallback-gpus", override_with=fallback_gpus))
         _check_prices(catalog, mix, machine, ps_machine, zone, zones_, gpus_)
+        head_machine = None
+        if backend_options.get("head"):
+            # On the head VM (gce): the first PS host is the head VM, billed as its machine type.
+            head_machine = head_machine_type(backend_options.get("head_machine_type"), ps_machine)
+            catalog.machine_price(head_machine, zone)
         model = _preemption(preemption, [zone, *zones_])
         scale = float(config.get("time-scale", override_with=time_scale))
         backend_name = str(config.get("backend", override_with=backend))
@@ -208,6 +216,7 @@ class ClusterSettings:
             # delete only what carries it. A head VM's comes from the client that made it.
             cluster_id=str(cluster_id or uuid.uuid4().hex[:12]),
             backend_options=dict(backend_options),
+            head_machine_type=head_machine,
         )
 
     # -- what the cluster is made of ---------------------------------------------------------------
@@ -264,14 +273,13 @@ class ClusterSettings:
     ) -> None:
         """Refuse a mix (with its on-demand share and the PS hosts) that could cost more per
         hour than ``max_hourly_cost``, at the dearest placement ``policy`` may pick for each
-        worker (a fallback GPU, zone, or on demand). ``limits``: the cluster's now, if not
-        these settings' own."""
+        worker (a fallback GPU, zone, or on demand), with the PS hosts (the first one priced as
+        the head VM where it runs on one, :attr:`head_machine_type`). ``limits``: the
+        cluster's now, if not these settings' own."""
         limits = self.limits if limits is None else limits
         if limits.max_hourly_cost is None:
             return
         n = sum(mix.values())
-        if n == 0:
-            return
         hourly = 0.0
         for gpu, count in mix.items():
             dear = min(count, on_demand.get(gpu, 0))
@@ -286,12 +294,37 @@ class ClusterSettings:
                         continue
                     rates.append(price.rate(p.spot))
                 hourly += share * max(rates)
+        hosts = self.ps_hosts if ps_hosts is None else ps_hosts
+        ps, what = self._hosts_hourly(policy, hosts)
+        if n == 0:
+            limits.check_hourly_cost(0, 0.0, ps, what)
+            return
+        # The mean over the mix: n times it is the mix's dearest hourly cost.
+        limits.check_hourly_cost(n, hourly / n, ps, what)
+
+    def _hosts_hourly(self, policy: ReplacementPolicy, hosts: int) -> tuple[float, str]:
+        """What ``hosts`` PS hosts cost per hour at their dearest zone, the first one priced as
+        the head VM where it runs on one, and how to name them."""
         ps = max(
             self.catalog.machine_price(self.ps_machine_type, z).rate(False) for z in policy.zones()
         )
-        hosts = self.ps_hosts if ps_hosts is None else ps_hosts
-        # The mean over the mix: n times it is the mix's dearest hourly cost.
-        limits.check_hourly_cost(n, hourly / n, ps * hosts)
+        if self.head_machine_type is None or hosts < 1:
+            return ps * hosts, "the PS hosts"
+        head = self.catalog.machine_price(self.head_machine_type, self.zone).rate(False)
+        what = "the head VM" if hosts == 1 else "the head VM and the other PS hosts"
+        return head + ps * (hosts - 1), what
+
+
+def head_machine_type(given: str | None, ps_machine_type: str) -> str:
+    """The machine type of a detached GCE cluster's head VM: ``given``, else
+    ``gce.head-machine-type``, else the PS machine type (the paper's PS/scheduler host).
+
+    Examples
+    --------
+    >>> head_machine_type(None, "n1-standard-4"), head_machine_type("e2-small", "n1-standard-4")
+    ('n1-standard-4', 'e2-small')
+    """
+    return str(config.get("gce.head-machine-type", override_with=given) or ps_machine_type)
 
 
 def _mix_of(workers: Any, gpu: str | None) -> tuple[Mix, str]:

@@ -406,9 +406,14 @@ class GCEBackend(GCEBodies):
         return set(self._not_offered)
 
     # -- helpers of the VMs ------------------------------------------------------------------------
-    def make_vm(self, spec: VMSpec, **kwargs: Any) -> TransientVM:
+    def hosts_next_ps(self) -> bool:
+        """On the head VM, the first PS host (and its successor, if it stops) is a process there:
+        the head VM is its bill."""
         on_head = getattr(self, "_head_ps", None)
-        if self.head and spec.role == "ps" and (on_head is None or on_head.stopped):
+        return self.head and (on_head is None or on_head.stopped)
+
+    def make_vm(self, spec: VMSpec, **kwargs: Any) -> TransientVM:
+        if spec.role == "ps" and self.hosts_next_ps():
             # On the head VM, the (first) PS is a process there (the paper's PS/scheduler
             # host); with ps_hosts > 1 the others are on-demand VMs of their own.
             from transient_nb.backends.gce.head_ps import HeadPSVM
