@@ -533,6 +533,23 @@ async def test_bad_create_input_is_400(jp_fetch: Fetch, body: Any, fragment: str
     assert registry.entries() == []
 
 
+async def test_a_price_catalog_file_from_a_request_is_refused(
+    jp_fetch: Fetch, tmp_path: Any
+) -> None:
+    """A request names a packaged catalog only: a path would have the server read any YAML
+    file, and price a cluster (and its limits) from it. A valid catalog file is still refused."""
+    from importlib import resources
+
+    cheap = tmp_path / "cheap.yaml"
+    cheap.write_text((resources.files("transient_nb.catalog") / "gce-2025.yaml").read_text())
+    body = {"workers": 1, "prices": str(cheap), "name": "byfile", "time_scale": 60}
+    code, answer = await call(jp_fetch, "clusters", method="POST", body=body)
+    assert code == 400, answer
+    assert "not one of the packaged price catalogs (gce-2025, paper-2019)" in answer["message"]
+    assert "TransientCluster(prices='/path/catalog.yaml')" in answer["message"]
+    assert registry.entries() == []
+
+
 async def test_bad_wait_is_400(jp_fetch: Fetch) -> None:
     code, answer = await call(jp_fetch, "clusters", params={"wait": "soon"})
     assert code == 400 and "wait" in answer["message"]
