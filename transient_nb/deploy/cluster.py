@@ -24,6 +24,7 @@ from transient_nb.backends.simulator import PreemptionSimulator
 from transient_nb.catalog.mix import Mix, format_mix
 from transient_nb.deploy import registry
 from transient_nb.deploy.control import Control
+from transient_nb.deploy.guard import RoleGuard
 from transient_nb.deploy.monitor import TransientMonitor
 from transient_nb.deploy.settings import (
     ClusterSettings,
@@ -265,7 +266,8 @@ class TransientCluster(Control):
                 "host": "127.0.0.1",
                 "port": 0,
                 "dashboard_address": "127.0.0.1:0",
-                "plugins": [self.monitor],
+                # The guard last: it guards the handlers the monitor added too.
+                "plugins": [self.monitor, RoleGuard(getattr(self.backend, "ca", None))],
                 # Cloud backends: TLS, and an interface the VMs can reach.
                 **self.backend.scheduler_options(),
             },

@@ -81,6 +81,7 @@ class Provisioning(ClusterCore):
             post=self._post,
             on_running=self._vm_running,
             on_exit=self._vm_exited,
+            on_gone=self._vm_gone,
             delay_s=self._delay(spec.spot),
             connection_args=self.security.get_connection_args("client"),
         )
@@ -333,6 +334,13 @@ class Provisioning(ClusterCore):
             return
         if vm.spec.role == "ps" or self.replace:
             await self._retry_later(vm.spec.role, vm.spec.slot, "its worker never joined")
+
+    def _vm_gone(self, vm: TransientVM) -> None:
+        """A VM is gone: its certificates are revoked, so a copy of its key is good for nothing
+        (the scheduler's guard refuses what the CA no longer knows)."""
+        ca = getattr(self.backend, "ca", None)
+        if ca is not None and ca.revoke(vm.name):
+            logger.info("Revoked the certificate of VM %s (gone)", vm.name)
 
     def _vm_exited(self, vm: TransientVM) -> None:
         # A VM that stopped without us asking: a crash, or a kill from outside.

@@ -239,9 +239,18 @@ class ClusterSettings:
             preemption_window_s=_seconds("replacement.preemption-window") / self.time_scale,
         )
 
+    @property
+    def tls_lifetime_s(self) -> float | None:
+        """How long the cluster's certificates live: its deadline and an hour (no certificate
+        outlives the cluster); None without a deadline (``transient.tls-lifetime``)."""
+        if self.limits.deadline_s is None:
+            return None
+        return self.limits.deadline_s + 3600.0
+
     def make_backend(self, log_dir: str | None = None) -> Backend:
         """The backend object (nothing is asked of its provider yet)."""
-        return get_backend(self.backend_name, log_dir=log_dir, **self.backend_options)
+        options = {"tls_lifetime": self.tls_lifetime_s, **self.backend_options}
+        return get_backend(self.backend_name, log_dir=log_dir, **options)
 
     def prepare_options(self) -> dict[str, Any]:
         """What the backend's ``prepare`` checks against its provider."""

@@ -694,7 +694,7 @@ def test_what_instances_get_returns_cannot_connect_to_the_scheduler(fake: FakeGC
         address = cluster.scheduler_address
         # A reader of the metadata: the CA's and a worker's certificates, and its own keys.
         own = ClusterCA.create("attacker")
-        own_cert, own_key = own.issue("transient-client")
+        own_cert, own_key = own.issue("transient-client", role="client")
         attempts = {
             "no client certificate": {"ssl_context": _ca_only(ca), "require_encryption": True},
             "a certificate of another CA": Security(

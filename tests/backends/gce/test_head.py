@@ -270,7 +270,9 @@ def test_the_head_vm_runs_the_cluster_and_only_the_signed_client_gets_in(
             assert of_kind(second.monitor.events, "joined", worker="w-0")
         # Without the certificate the head signed, no connection: a client that trusts the
         # cluster's CA (public) with a certificate of its own, or one of another cluster.
-        intruder = ClusterCA.create("intruder").write_files(str(tmp_path / "x"), "transient-client")
+        intruder = ClusterCA.create("intruder").write_files(
+            str(tmp_path / "x"), "transient-client", role="client"
+        )
         for security in (
             Security(
                 tls_ca_file=entry["tls"]["ca"],

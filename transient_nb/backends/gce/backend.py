@@ -163,8 +163,9 @@ class GCEBackend(GCEBodies):
     def client_tls_files(self, folder: str) -> dict[str, str] | None:
         """A client certificate in 0600 files in ``folder`` (for connect() and the panel)."""
         from transient_nb.backends.tls import CLIENT_CN
+        from transient_nb.worker.peers import ROLE_CLIENT
 
-        return self.ca.write_files(folder, CLIENT_CN)
+        return self.ca.write_files(folder, CLIENT_CN, role=ROLE_CLIENT)
 
     def describe(self) -> str:
         return (

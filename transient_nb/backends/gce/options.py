@@ -18,7 +18,7 @@ from transient_nb.backends.gce.api import (
     default_project,
 )
 from transient_nb.backends.gce.enroll import CA_KEY
-from transient_nb.backends.tls import ClusterCA
+from transient_nb.backends.tls import ClusterCA, tls_lifetime_s
 
 logger = logging.getLogger(__name__)
 
@@ -136,6 +136,7 @@ class GCEOptions(Backend):
         head_address: str | None = None,
         head_timeout: str | float | None = None,
         head: bool = False,
+        tls_lifetime: float | None = None,
     ):
         """Read and check every setting (called by ``GCEBackend.__init__``)."""
 
@@ -222,7 +223,7 @@ class GCEOptions(Backend):
         )
         # Certificates made for this cluster only, in memory: every connection (workers,
         # scheduler, clients) is TLS with mutual authentication.
-        self.ca = ClusterCA.create("gce")
+        self.ca = ClusterCA.create("gce", tls_lifetime_s(tls_lifetime))
         self._security = self.ca.cluster_security()
         self.cluster_name = "transient"
         self.cluster_id = ""
