@@ -11,8 +11,11 @@ CA, whether it is still valid and for which VM) and:
 - answers a ``worker`` or ``ps`` only what Dask's workers and nannies ask
   (:data:`WORKER_OPS`: register, heartbeat, leave, log an event...), each about its own VM only
   (a worker joins under its own VM's name, retires or unregisters itself, not another);
-- on a worker's stream, only what workers send (:data:`WORKER_STREAM_OPS`: task results, events,
-  its provider's notice); never a graph, a key to compute, or a subscription;
+- on a worker's streams, only what workers send (:data:`WORKER_STREAM_OPS`: task results,
+  events, its provider's notice), and what the client inside a worker sends to hold an actor
+  (:data:`WORKER_CLIENT_STREAM_OPS`: Dask gives every worker that unpickles an actor handle, as
+  a trainer does with its PS's, a client of its own, with the worker's certificate); never a
+  graph, data to scatter, or keys to cancel;
 - refuses a certificate the CA no longer knows: its VM is gone (:meth:`ClusterCA.revoke`).
 
 A refused request gets a ``PermissionError`` and a ``control-refused`` event (``action``: the
@@ -52,6 +55,9 @@ WORKER_OPS = frozenset(
         "log_event",
         "identity",
         "versions",
+        # The client Dask makes inside a worker that holds an actor handle (a trainer holds its
+        # PS's): it registers a stream, limited to WORKER_CLIENT_STREAM_OPS.
+        "register-client",
         "transient_events",  # the event log's first events (training.emulation)
         # Dask's p2p shuffles (data between workers: not used by training, allowed anyway).
         "shuffle_barrier",
@@ -75,6 +81,21 @@ WORKER_STREAM_OPS = frozenset(
         "request-refresh-who-has",
         "steal-response",
         PROVIDER_NOTICE_OP,
+    }
+)
+#: What the client inside a worker sends on its stream: it holds and lets go of the keys of the
+#: actors it calls, says it is alive, follows topics. Nothing that computes, scatters or cancels.
+WORKER_CLIENT_STREAM_OPS = frozenset(
+    {
+        "heartbeat-client",
+        "close-client",
+        "client-desires-keys",
+        "client-releases-keys",
+        "report-key",
+        # Dask's client subscribes to the print and warn topics (the event log is workers' to
+        # read anyway: transient_events).
+        "subscribe-topic",
+        "unsubscribe-topic",
     }
 )
 #: The peer of the stream being read (set for the life of a client's or a worker's stream).
@@ -214,12 +235,12 @@ class RoleGuard(SchedulerPlugin):
                 self._refuse(op, peer, "its certificate was revoked")
                 return True
             return False
-        if peer.role in VM_ROLES and op in WORKER_STREAM_OPS:
+        if peer.role in VM_ROLES and (op in WORKER_STREAM_OPS or op in WORKER_CLIENT_STREAM_OPS):
             if self.ca is not None and self.ca.lookup(peer.serial) is None:
                 self._refuse(op, peer, "its certificate was revoked (its VM is gone)")
                 return True
             return False
-        self._refuse(op, peer, "a worker's stream carries no client operations")
+        self._refuse(op, peer, "a VM's streams carry no client operations")
         return True
 
     def _guard_stream(self, op: str, handler: Callable[..., Any]) -> Callable[..., Any]:
