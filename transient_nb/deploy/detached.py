@@ -275,7 +275,13 @@ def launch_gce(
     # VM (backends.gce.head_ps): its bill line is the head's machine type.
     spec = head_spec(
         name,
-        {**kwargs, "project": backend.project, "head_machine_type": machine_type},
+        {
+            **kwargs,
+            "project": backend.project,
+            "head_machine_type": machine_type,
+            # What the head creates is this client's user's (labels carry it, hashed).
+            "owner": backend.owner,
+        },
         dask.config.get("transient"),
         probe.cluster_id,
     )

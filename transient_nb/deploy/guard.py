@@ -59,6 +59,9 @@ WORKER_OPS = frozenset(
         # PS's): it registers a stream, limited to WORKER_CLIENT_STREAM_OPS.
         "register-client",
         "transient_events",  # the event log's first events (training.emulation)
+        # Trainers read where the current PS is from the run's Dask Variable (the driver, a
+        # client, sets it: a worker cannot point the others at a PS of its own).
+        "variable_get",
         # Dask's p2p shuffles (data between workers: not used by training, allowed anyway).
         "shuffle_barrier",
         "shuffle_get",
@@ -96,6 +99,7 @@ WORKER_CLIENT_STREAM_OPS = frozenset(
         # read anyway: transient_events).
         "subscribe-topic",
         "unsubscribe-topic",
+        "variable-future-received-confirm",
     }
 )
 #: The peer of the stream being read (set for the life of a client's or a worker's stream).

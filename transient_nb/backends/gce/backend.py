@@ -75,7 +75,10 @@ from transient_nb.backends.gce.api import (
 from transient_nb.backends.gce.bodies import GCEBodies, accelerator_type, bundled_gpu_family
 from transient_nb.backends.gce.labels import (
     LABEL_ID,
+    LABEL_LEASE,
     firewall_id,
+    lease_until,
+    renewed_description,
 )
 from transient_nb.backends.gce.options import (
     BUNDLED_GPUS,
@@ -135,6 +138,12 @@ class GCEBackend(GCEBodies):
     allow_wide_client_cidr
         Allow a ``client_cidr`` wider than a /24 (IPv6: a /64), such as ``0.0.0.0/0``; refused
         otherwise, before anything is created.
+    owner, lease_interval, lease_duration
+        Who owns what the cluster creates (default: the credentials' account; labels carry it
+        hashed), how often the cluster renews its lease on it, and how long a lease holds
+        unrenewed (``sweep`` deletes nothing whose lease holds).
+    tls_lifetime
+        Seconds the cluster's CA, and every certificate, lives (the cluster passes its deadline).
     head
         This backend runs on the head VM (set by the head itself): the scheduler listens on a
         fixed port (``scheduler_port``, default :data:`HEAD_PORT`) that the firewall rules open
@@ -277,7 +286,8 @@ class GCEBackend(GCEBodies):
 
     # -- cluster start and close ----------------------------------------------------------------------
     async def start(self, scheduler_address: str) -> None:
-        """Create the firewall rule; from here on, VMs left at exit are deleted."""
+        """Create the firewall rule; from here on, VMs left at exit are deleted, and the lease
+        on everything the cluster creates is renewed."""
         if not self._atexit_registered:
             atexit.register(self.delete_all_now)
             self._atexit_registered = True
@@ -287,6 +297,31 @@ class GCEBackend(GCEBodies):
             )
             if self.head and self.client_cidr:
                 await self._create_firewall(self.client_firewall_body())
+        self.spawn(self._keep_lease())
+
+    async def _keep_lease(self) -> None:
+        """Renew the lease label of every VM this cluster created, and of its firewall rules,
+        every ``lease_interval_s``, until the cluster closes (``close`` cancels this).
+
+        While it runs, ``sweep`` keeps them; once it stops (the process is gone: a crashed kernel,
+        a killed head), the lease runs out and ``sweep`` may delete them.
+        """
+        while True:
+            await asyncio.sleep(self.lease_interval_s)
+            lease = lease_until(self.lease_duration_s)
+            for zone, name in list(self.ours):
+                try:
+                    await call_async(self.api.set_labels, zone, name, {LABEL_LEASE: lease})
+                except GCEError as e:  # 412 (a concurrent change), a VM going: next time
+                    logger.info("Could not renew the lease of %s: %s", name, e)
+            for rule in list(self.firewall_names):
+                try:
+                    current = await call_async(self.api.get_firewall, rule)
+                    if current is not None:
+                        text = renewed_description(str(current.get("description", "")), lease)
+                        await call_async(self.api.patch_firewall, rule, {"description": text})
+                except GCEError as e:
+                    logger.info("Could not renew the lease of firewall rule %s: %s", rule, e)
 
     async def close(self) -> None:
         """Delete what is left: VMs caught mid-creation, then the firewall rule.

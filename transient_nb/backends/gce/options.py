@@ -18,6 +18,7 @@ from transient_nb.backends.gce.api import (
     default_project,
 )
 from transient_nb.backends.gce.enroll import CA_KEY
+from transient_nb.backends.gce.labels import owner_identity, owner_label
 from transient_nb.backends.tls import ClusterCA, tls_lifetime_s
 
 logger = logging.getLogger(__name__)
@@ -137,6 +138,9 @@ class GCEOptions(Backend):
         head_timeout: str | float | None = None,
         head: bool = False,
         tls_lifetime: float | None = None,
+        owner: str | None = None,
+        lease_interval: str | float | None = None,
+        lease_duration: str | float | None = None,
     ):
         """Read and check every setting (called by ``GCEBackend.__init__``)."""
 
@@ -221,6 +225,20 @@ class GCEOptions(Backend):
             backoff_s=self.retry_backoff_s,
             max_backoff_s=self.retry_max_s,
         )
+        # Who owns what this cluster creates, and how long its lease on it holds unrenewed.
+        self.owner = owner_label(owner_identity(get("owner", owner), credentials))
+        self.lease_interval_s = float(
+            parse_timedelta(get("lease-interval", lease_interval), default="seconds")
+        )
+        self.lease_duration_s = float(
+            parse_timedelta(get("lease-duration", lease_duration), default="seconds")
+        )
+        if not 0 < self.lease_interval_s < self.lease_duration_s:
+            raise ValueError(
+                f"gce.lease-interval ({self.lease_interval_s:g} s) must be positive and shorter "
+                f"than gce.lease-duration ({self.lease_duration_s:g} s): a lease is renewed "
+                "before it runs out, e.g. every minute for five."
+            )
         # Certificates made for this cluster only, in memory: every connection (workers,
         # scheduler, clients) is TLS with mutual authentication.
         self.ca = ClusterCA.create("gce", tls_lifetime_s(tls_lifetime))
