@@ -815,3 +815,34 @@ def test_root_on_a_worker_vm_cannot_use_its_key_as_a_client(tmp_path: Path) -> N
                 cluster.sync(ask, stolen, "identity")
     finally:
         fake.close()
+
+
+# -- issue 30: a running cluster renews its lease -----------------------------------------------------
+def test_a_running_cluster_renews_the_lease_of_its_vms_and_rule(fake: FakeGCE) -> None:
+    from transient_nb.backends.gce.labels import firewall_owner, lease_of, owner_label
+
+    with (
+        dask.config.set(
+            {"transient.gce.lease-interval": "0.2s", "transient.gce.lease-duration": "1s"}
+        ),
+        TransientCluster(
+            **options(fake, join_timeout="1h"), name="lease", owner="a@b.c"
+        ) as cluster,
+    ):
+        wait_for_sync(lambda: len(of_kind(events(cluster), "running")) == 2, timeout=30)
+
+        def leases() -> dict[str, float]:
+            out = {
+                n: lease_of(fake.instance(n)["labels"]["transient-nb-lease"])
+                for n in ("lease-ps-0", "lease-w-0")
+            }
+            out["rule"] = lease_of(
+                firewall_owner(fake.firewalls["lease-dask"])["transient-nb-lease"]
+            )  # type: ignore[index]
+            return out  # type: ignore[return-value]
+
+        first = leases()
+        wait_for_sync(lambda: all(leases()[k] > first[k] for k in first), timeout=30)
+        assert fake.instance("lease-w-0")["labels"]["transient-nb-owner"] == owner_label("a@b.c")
+        assert cluster.backend.owner == owner_label("a@b.c")  # type: ignore[attr-defined]
+    assert fake.instance_names() == []
