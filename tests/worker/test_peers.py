@@ -56,4 +56,6 @@ def test_a_guarded_handler_keeps_its_signature_and_asks_first() -> None:
     answer = asyncio.run(b(Comm(None), ok=False))
     assert answer["status"] == "uncaught-error"
     assert "Refused 'b' from a worker certificate 'w-0': no." in str(answer)
-    assert [op for op, _ in seen] == ["a", "b", "b"]
+    # From inside the process (a preload calling its own handler): no comm, no peer.
+    assert asyncio.run(b(ok=True)) == "without"
+    assert [op for op, _ in seen] == ["a", "b", "b", "b"]

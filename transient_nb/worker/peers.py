@@ -107,7 +107,9 @@ def guarded(
     ``check`` returns None to let the call through, or the answer to send instead (see
     :func:`refusal`). The wrapper always takes the comm (Dask passes it to a handler whose
     first parameter is named ``comm``) and keeps the rest of ``handler``'s signature, so Dask
-    hands it the same keywords (``serializers`` included) as the handler itself.
+    hands it the same keywords (``serializers`` included) as the handler itself. Called without a
+    comm, from inside this process (a preload calling its own handler), ``check`` gets ``None``:
+    no peer, nothing to refuse.
     """
     signature = inspect.signature(handler)
     params = list(signature.parameters.values())
@@ -115,7 +117,9 @@ def guarded(
     rest = params[1:] if wants_comm else params
     comm_param = inspect.Parameter("comm", inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
-    async def guard(comm: Any, *args: Any, **kwargs: Any) -> Any:
+    # ``comm`` None: a call from inside this process (a preload calling its own handler), which
+    # no peer made.
+    async def guard(comm: Any = None, *args: Any, **kwargs: Any) -> Any:
         answer = check(op, comm, kwargs)
         if answer is not None:
             return answer
