@@ -110,7 +110,7 @@ def test_the_local_control_plane_is_tls_and_obeys_only_its_own_client(cleanup: N
 
         # Another user: no certificate of this cluster's CA, so no connection at all.
         other = ClusterCA.create("other")
-        cert, key = other.issue("transient-client")
+        cert, key = other.issue("transient-client", role="client")
         stranger = Security(
             require_encryption=True, tls_ca_file=other.cert_pem, tls_client_cert=cert,
             tls_client_key=key,
@@ -118,7 +118,12 @@ def test_the_local_control_plane_is_tls_and_obeys_only_its_own_client(cleanup: N
         with pytest.raises(OSError):
             cluster.sync(control, stranger.get_connection_args("client"), 1)
         # A worker's certificate connects (workers must), but its control requests are refused.
-        worker_files = cluster.backend.tls_files("w-0")
+        folder = os.path.join(cluster.backend._tls_dir, "w-0")  # what root on w-0 can read
+        worker_files = {
+            "ca": os.path.join(folder, "ca.pem"),
+            "cert": os.path.join(folder, "w-0.pem"),
+            "key": os.path.join(folder, "w-0.key"),
+        }
         as_worker = security_from_files(worker_files, "client").get_connection_args("client")
         cluster.sync(control, as_worker, 2)
         refused = wait_for_sync(lambda: of_kind(snapshot(cluster), "control-refused"), 30)

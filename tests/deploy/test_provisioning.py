@@ -306,3 +306,56 @@ def test_paper_lifetimes_preempt_a_live_cluster(cleanup: None) -> None:
     ratio = workers["cost"] / workers["cost_on_demand"]
     assert ratio.to_list() == pytest.approx([0.256 / 0.723] * len(workers))
     assert report.per_vm.loc["ps-0", "price"] == 0.143
+
+
+# -- issue 30: every VM the cluster creates goes through the limits ---------------------------------
+HOUR = 3600.0
+
+
+@pytest.mark.slow
+def test_a_spare_at_max_workers_is_refused_and_the_cluster_goes_on(cleanup: None) -> None:
+    """replace_at="ahead" asks for a spare beside the worker it stands in for: at max_workers,
+    that would be one worker too many, so none is created and the log says why."""
+    with TransientCluster(
+        workers=2, max_workers=2, provisioning_delay=0, replace_at="ahead", name="spare-cap"
+    ) as cluster:
+        cluster.wait_for_workers(2, timeout=120)
+        cluster.workers["w-0"].running_since -= 24 * HOUR - 1  # 1 s short of GCE's 24 h limit
+        (refused,) = wait_for_sync(
+            lambda: of_kind(snapshot(cluster), "limit-refused", role="worker"), timeout=60
+        )
+        assert refused["limit"] == "max_workers" and refused["gpu"] == "t4"
+        assert "would make 3 GPU workers, above max_workers=2" in refused["reason"]
+        events = snapshot(cluster)
+        assert index_of(events, "spare-requested", worker="w-0") < events.index(refused)
+        assert not of_kind(events, "requested", worker="w-2")  # nothing was asked of the backend
+        assert n_joined(cluster) == 2 and cluster._slots == {0: "w-0", 1: "w-1"}
+
+
+@pytest.mark.slow
+def test_a_replacement_that_would_break_max_hourly_cost_is_refused(cleanup: None) -> None:
+    """A replacement is a VM like any other: priced at its placement beside every VM the cluster
+    runs. At the limit (here lowered while it runs), the lost worker is not replaced; a worker at
+    its notice no longer counts, so a replacement at the notice fits where the old one did."""
+    from transient_nb.limits import Limits
+
+    with TransientCluster(
+        workers=2, provisioning_delay=0, notice="1s", replace_at="notice", name="repl-cap"
+    ) as cluster:
+        cluster.wait_for_workers(2, timeout=120)
+        workers, hourly = cluster._fleet()
+        assert workers == 2
+        # Exactly what runs: a replacement at the notice replaces, and fits.
+        cluster.limits = Limits(max_workers=2, max_hourly_cost=hourly)
+        cluster.preempt("w-0")
+        wait_for_sync(lambda: of_kind(snapshot(cluster), "joined", worker="w-2"), timeout=60)
+        assert not of_kind(snapshot(cluster), "limit-refused")
+        # Below what runs: the next lost worker is not replaced.
+        cluster.limits = Limits(max_workers=2, max_hourly_cost=hourly - 0.01)
+        cluster.preempt("w-1", notice=False)
+        (refused,) = wait_for_sync(lambda: of_kind(snapshot(cluster), "limit-refused"), timeout=60)
+        assert refused["limit"] == "max_hourly_cost"
+        assert f"above max_hourly_cost=${hourly - 0.01:.2f}/h" in refused["reason"]
+        events = snapshot(cluster)
+        assert index_of(events, "replacement-requested", worker="w-1") >= 0
+        assert not of_kind(events, "requested", worker="w-3")

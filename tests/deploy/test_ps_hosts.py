@@ -37,3 +37,23 @@ def test_scale_ps_adds_billed_ps_hosts_and_refuses_what_it_cannot_do(cleanup: No
         assert index_of(events, "joined", i, worker="ps-1", role="ps") > i
         billed = cluster.cost().per_vm
     assert (billed.loc[["ps-0", "ps-1"], "cost"] > 0).all()
+
+
+def test_a_ps_move_that_would_break_max_hourly_cost_is_refused_before_anything(
+    cleanup: None,
+) -> None:
+    """The new PS hosts of a move run beside the old ones until the run has moved: both count."""
+    # 1 T4 and 1 PS host fit under $0.50/h; a second PS host for the move does not.
+    with TransientCluster(
+        workers=1,
+        provisioning_delay=0,
+        max_hourly_cost=0.5,
+        fallback_zones=["us-east1-c"],
+        name="move-cap",
+    ) as cluster:
+        cluster.wait_for_workers(timeout=120)
+        with pytest.raises(ValueError, match=r"move_ps\('us-east1-c'\).*above max_hourly_cost"):
+            cluster.move_ps("us-east1-c")
+        events = snapshot(cluster)
+        assert cluster.ps_move_zone is None and of_kind(events, "ps-move") == []
+        assert not of_kind(events, "requested", worker="ps-1")

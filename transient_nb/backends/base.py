@@ -151,8 +151,9 @@ class TransientVM(ProcessInterface):
         Where the VM's worker connects.
     post
         Coroutine function ``post(kind, **fields)`` that logs an event on the scheduler.
-    on_running, on_exit
-        Callbacks to the cluster: the VM runs (billing starts); the VM stopped by itself.
+    on_running, on_exit, on_gone
+        Callbacks to the cluster: the VM runs (billing starts); the VM stopped by itself; the
+        VM is gone, for whatever reason (its certificates are revoked then).
     """
 
     def __init__(
@@ -163,6 +164,7 @@ class TransientVM(ProcessInterface):
         post: PostEvent,
         on_running: Callable[[TransientVM], None] | None = None,
         on_exit: Callable[[TransientVM], None] | None = None,
+        on_gone: Callable[[TransientVM], None] | None = None,
     ):
         super().__init__()
         self.spec = spec
@@ -171,6 +173,7 @@ class TransientVM(ProcessInterface):
         self._post_event = post
         self._on_running = on_running
         self._on_exit = on_exit
+        self._on_gone = on_gone
         self.lifecycle = "created"
         self.running_since: float | None = None
         #: True once we stopped the VM on purpose (preemption or deletion).
@@ -247,6 +250,7 @@ class TransientVM(ProcessInterface):
             try:
                 await self._delete()
             finally:
+                self.gone()
                 try:
                     await self.post("deleted")
                 except Exception:  # the scheduler may already be gone at interpreter exit
@@ -263,7 +267,10 @@ class TransientVM(ProcessInterface):
             if not self.provider_notice:
                 await self._notify(deadline)
             await self._wait_gone(deadline)
-        await self._kill()
+        try:
+            await self._kill()
+        finally:
+            self.gone()
 
     async def joined_during_notice(self) -> None:
         """The VM's worker joined after its notice was given: deliver the notice now.
@@ -286,8 +293,14 @@ class TransientVM(ProcessInterface):
 
     def exited_by_itself(self) -> None:
         """To be called by subclasses when the VM stopped without being asked to."""
+        self.gone()
         if not self.stopped and self._on_exit is not None:
             self._on_exit(self)
+
+    def gone(self) -> None:
+        """The VM no longer runs (deleted, preempted, stopped by itself): tell the cluster."""
+        if self._on_gone is not None:
+            self._on_gone(self)
 
     # -- to implement ------------------------------------------------------------------------------
     async def _create(self) -> None:
@@ -362,15 +375,21 @@ class Backend:
     async def close(self) -> None:
         """Remove cluster-wide resources once every VM is gone."""
 
-    def client_tls_files(self) -> dict[str, str] | None:
+    def client_tls_files(self, folder: str) -> dict[str, str] | None:
         """``ca``/``cert``/``key`` files of a client certificate for this user's other processes.
 
-        Written 0600 into a 0700 folder; None when the cluster does not use TLS.
+        Written 0600 into ``folder`` (0700: the cluster registry's, which owns them); None when
+        the cluster does not use TLS.
         """
         return None
 
     def make_vm(self, spec: VMSpec, **kwargs: Any) -> TransientVM:
         raise NotImplementedError
+
+    def hosts_next_ps(self) -> bool:
+        """Whether the next PS host asked for runs on the head VM itself (billed as the head's
+        machine type) rather than on a VM of its own; False by default."""
+        return False
 
     def describe(self) -> str:
         """One line for logs: what this backend runs."""

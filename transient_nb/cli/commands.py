@@ -263,7 +263,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     # -- sweep (GCE backend) --
     w = sub.add_parser(
-        "sweep", help="delete GCE VMs left behind by transient clusters that are gone"
+        "sweep",
+        help="delete GCE VMs left behind by transient clusters that are gone (their lease ran "
+        "out, or their head VM stopped)",
     )
     w.add_argument("--project", default=None, help="GCE project (default: config or gcloud's)")
     w.add_argument(
@@ -276,7 +278,15 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument(
         "--force",
         action="store_true",
-        help="also delete VMs created from other machines (their owner cannot be checked)",
+        help="also delete what cannot be proven dead (no lease, a head elsewhere): it is shown, "
+        "owner and lease included, and only the cluster ids you then type are deleted",
+    )
+    w.add_argument(
+        "--id",
+        action="append",
+        default=None,
+        dest="ids",
+        help="with --force: a cluster id to delete without being asked (repeat for more)",
     )
     w.add_argument("--yes", action="store_true", help="delete without asking")
     return p
@@ -291,7 +301,27 @@ def sweep_vms(args: argparse.Namespace) -> int:
         answer = input(f"Delete these {len(doomed)}? [y/N] ")
         return answer.strip().lower() in ("y", "yes")
 
-    sweep(args.project, args.zone, args.dry_run, force=args.force, confirm=confirm)
+    def choose(unknown: list[dict[str, Any]]) -> list[str]:
+        ids = sorted({str(f["id"]) for f in unknown if f["id"]})
+        answer = input(
+            f"Type the cluster ids to delete anyway, separated by spaces ({', '.join(ids)}); "
+            "nothing to keep them all: "
+        )
+        typed = answer.split()
+        unknown_ids = [i for i in typed if i not in ids]
+        if unknown_ids:
+            print(f"Not among them, ignored: {', '.join(unknown_ids)}")
+        return [i for i in typed if i in ids]
+
+    sweep(
+        args.project,
+        args.zone,
+        args.dry_run,
+        force=args.force,
+        ids=args.ids,
+        choose=choose if args.force and args.ids is None else None,
+        confirm=confirm,
+    )
     return 0
 
 

@@ -24,6 +24,7 @@ from transient_nb.backends.simulator import PreemptionSimulator
 from transient_nb.catalog.mix import Mix, format_mix
 from transient_nb.deploy import registry
 from transient_nb.deploy.control import Control
+from transient_nb.deploy.guard import RoleGuard
 from transient_nb.deploy.monitor import TransientMonitor
 from transient_nb.deploy.settings import (
     ClusterSettings,
@@ -248,6 +249,8 @@ class TransientCluster(Control):
         self._spared: set[str] = set()
         self._spare_slots: set[int] = set()
         self._asked_at: dict[str, float] = {}
+        #: VMs being asked for now (their insert under way): the limits count them.
+        self._asking: dict[str, Any] = {}
         self._join_waits: list[float] = []
         self._last_failure = ""
         #: The first PS host was placed: from then on, a PS host that cannot be placed is asked
@@ -263,7 +266,8 @@ class TransientCluster(Control):
                 "host": "127.0.0.1",
                 "port": 0,
                 "dashboard_address": "127.0.0.1:0",
-                "plugins": [self.monitor],
+                # The guard last: it guards the handlers the monitor added too.
+                "plugins": [self.monitor, RoleGuard(getattr(self.backend, "ca", None))],
                 # Cloud backends: TLS, and an interface the VMs can reach.
                 **self.backend.scheduler_options(),
             },
@@ -307,7 +311,7 @@ class TransientCluster(Control):
                 "cluster_id": self.cluster_id,
                 # Paths (0600 files) of a client certificate for this user's other processes:
                 # connect() and the JupyterLab panel. None without TLS.
-                "tls": self.backend.client_tls_files(),
+                "tls": self.backend.client_tls_files(registry.tls_folder(self.name)),
                 "gpu": self.gpu,
                 "mix": format_mix(self._mix),
                 "zone": self.zone,

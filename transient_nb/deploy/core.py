@@ -22,7 +22,7 @@ from dask.utils import parse_timedelta
 from distributed import Scheduler
 from distributed.deploy.spec import SpecCluster
 
-from transient_nb.backends import Backend
+from transient_nb.backends import Backend, VMSpec
 from transient_nb.backends.simulator import PreemptionSimulator
 from transient_nb.catalog.lifetimes import (
     PreemptionModel,
@@ -91,6 +91,7 @@ class ClusterCore(SpecCluster):
     _spared: set[str]
     _spare_slots: set[int]
     _asked_at: dict[str, float]
+    _asking: dict[str, VMSpec]
     _join_waits: list[float]
     _last_failure: str
     _started_once: bool
@@ -178,13 +179,46 @@ class ClusterCore(SpecCluster):
             )
 
     # -- money and time limits (transient_nb.limits: one place for every backend) ----------------
-    def _check_hourly_cost(self, mix: Mix, on_demand: Mix | None = None) -> None:
+    def _check_hourly_cost(
+        self, mix: Mix, on_demand: Mix | None = None, ps_hosts: int | None = None
+    ) -> None:
+        """Refuse, before anything is asked for, a change that would let the cluster hold ``mix``
+        (with ``ps_hosts`` PS hosts) at a cost above ``max_hourly_cost``, at the dearest
+        placement each VM may get (what ``scale``, ``scale_ps`` and ``move_ps`` check)."""
         self.settings.check_hourly_cost(
             self.placement,
             mix,
             self._on_demand if on_demand is None else on_demand,
-            self.ps_hosts,
+            self.ps_hosts if ps_hosts is None else ps_hosts,
             self.limits,
+        )
+
+    def _fleet(self) -> tuple[int, float]:
+        """GPU workers, and dollars per hour, of every VM this cluster runs or is asking for, each
+        at its own price; VMs on their way out (at their notice, or stopped) left out."""
+        workers, hourly = 0, 0.0
+        specs = [
+            vm.spec
+            for vm in self.workers.values()
+            if not getattr(vm, "stopped", False) and getattr(vm, "lifecycle", "") != "notice"
+        ]
+        for spec in [*specs, *self._asking.values()]:
+            workers += spec.role == "worker"
+            hourly += spec.price.rate(spec.spot)
+        return workers, hourly
+
+    def _check_new_vm(self, spec: VMSpec) -> None:
+        """The one limits check of every VM this cluster creates (:meth:`Limits.check_fleet`):
+        ``spec`` beside every VM the cluster runs or is asking for. Raises ``LimitError``."""
+        workers, hourly = self._fleet()
+        what = f"{'GPU worker' if spec.role == 'worker' else 'PS host'} {spec.name or ''}".strip()
+        where = (
+            f"{spec.gpu or spec.machine_type} in {spec.zone}{'' if spec.spot else ', on demand'}"
+        )
+        self.limits.check_fleet(
+            workers + (spec.role == "worker"),
+            hourly + spec.price.rate(spec.spot),
+            f"A new {what} ({where}, ${spec.price.rate(spec.spot):.3f}/h)",
         )
 
     async def _guard_limits(self) -> None:

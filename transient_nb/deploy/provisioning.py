@@ -9,6 +9,7 @@ predicted revocations; preemptions by hand or by the simulator take the same pat
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Sequence
@@ -20,6 +21,7 @@ from transient_nb.catalog.lifetimes import (
     parse_delay,
 )
 from transient_nb.deploy.core import ClusterCore
+from transient_nb.limits import LimitError
 from transient_nb.policy.placement import Placement
 from transient_nb.policy.spares import JOIN_S, due_for_spare
 
@@ -79,6 +81,7 @@ class Provisioning(ClusterCore):
             post=self._post,
             on_running=self._vm_running,
             on_exit=self._vm_exited,
+            on_gone=self._vm_gone,
             delay_s=self._delay(spec.spot),
             connection_args=self.security.get_connection_args("client"),
         )
@@ -88,10 +91,12 @@ class Provisioning(ClusterCore):
 
     def _spec(self, role: str, name: str, p: Placement, slot: int | None) -> VMSpec:
         if role == "ps":
-            price = self.catalog.machine_price(self.ps_machine_type, p.zone)
-            return VMSpec(
-                name, "ps", None, p.zone, False, self.ps_machine_type, price, None, {"ps": 1}
-            )
+            machine = self.ps_machine_type
+            if self.settings.head_machine_type is not None and self.backend.hosts_next_ps():
+                # The PS host is the head VM itself: billed as its own machine type.
+                machine = self.settings.head_machine_type
+            price = self.catalog.machine_price(machine, p.zone)
+            return VMSpec(name, "ps", None, p.zone, False, machine, price, None, {"ps": 1})
         price = self.catalog.worker_price(p.gpu, self.machine_type, p.zone)
         return VMSpec(
             name, "worker", p.gpu, p.zone, p.spot, self.machine_type, price, slot, {"gpu": 1}
@@ -126,6 +131,7 @@ class Provisioning(ClusterCore):
         self._last_failure = ""
         skip_regions: set[str] = set()
         failed = False
+        refused: LimitError | None = None
         try:
             for p in placements:
                 if self._closing:
@@ -133,10 +139,20 @@ class Provisioning(ClusterCore):
                 region = p.zone.rsplit("-", 1)[0]
                 if region in skip_regions or "global" in skip_regions:
                     continue
+                spec = self._spec(role, "", p, slot)
+                try:
+                    self._check_new_vm(spec)
+                except LimitError as e:
+                    refused = e
+                    if e.limit == "max_workers":
+                        break  # no placement adds fewer workers
+                    continue  # a cheaper placement may fit
                 name = self._next_name(role)
                 asked_at = time.time()
-                spec = self._spec(role, name, p, slot)
+                spec = dataclasses.replace(spec, name=name)
                 vm = self._make_vm(spec)
+                # Counted by the limits while it is being asked for (requests run side by side).
+                self._asking[name] = spec
                 try:
                     await vm.start()
                 except QuotaError as e:
@@ -179,6 +195,8 @@ class Provisioning(ClusterCore):
                     )
                     self._log(f"Could not create {role} VM {name}: {e}")
                     break
+                finally:
+                    self._asking.pop(name, None)
                 if role == "ps" and not any(
                     w.spec.role == "ps" and not w.stopped for w in self.workers.values()
                 ):
@@ -201,6 +219,18 @@ class Provisioning(ClusterCore):
         if failed:
             if role == "worker":
                 self._spawn(self._retry_later(role, slot, "its request failed"))
+            return None
+        if refused is not None and not self._last_failure:
+            # The limits, not the provider: neither a stock-out to remember nor one to retry.
+            self._last_failure = str(refused)
+            await self._post(
+                "limit-refused",
+                role=role,
+                gpu=gpu if role == "worker" else None,
+                limit=refused.limit,
+                reason=str(refused),
+            )
+            self._log(str(refused))
             return None
         await self._post(
             "capacity-exhausted",
@@ -304,6 +334,13 @@ class Provisioning(ClusterCore):
             return
         if vm.spec.role == "ps" or self.replace:
             await self._retry_later(vm.spec.role, vm.spec.slot, "its worker never joined")
+
+    def _vm_gone(self, vm: TransientVM) -> None:
+        """A VM is gone: its certificates are revoked, so a copy of its key is good for nothing
+        (the scheduler's guard refuses what the CA no longer knows)."""
+        ca = getattr(self.backend, "ca", None)
+        if ca is not None and ca.revoke(vm.name):
+            logger.info("Revoked the certificate of VM %s (gone)", vm.name)
 
     def _vm_exited(self, vm: TransientVM) -> None:
         # A VM that stopped without us asking: a crash, or a kill from outside.

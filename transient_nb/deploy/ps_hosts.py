@@ -97,6 +97,14 @@ class PSHosts(Scaling):
         here = self.placement.ps_zone or self.zone
         if zone == here or self._closing:
             return NoOpAwaitable() if self.asynchronous else None
+        # The old hosts bill on until the run has moved: the new ones come on top of them.
+        try:
+            self._check_hourly_cost(self._mix, ps_hosts=2 * self.ps_hosts)
+        except ValueError as e:
+            raise ValueError(
+                f"move_ps({zone!r}): {self.ps_hosts} new PS host(s) run beside the old until the "
+                f"run has moved: {e}"
+            ) from None
         self.ps_move_zone = zone
         assert self.loop is not None
         self.loop.add_callback(self._move_ps, here, zone, reason)

@@ -95,6 +95,8 @@ EVENTS: dict[str, tuple[str, ...]] = {
     # The provider refused a VM for a quota (the cluster tries elsewhere or gives up).
     "quota-exceeded": ("worker", "role", "gpu", "zone", "quota", "region", "limit", "message"),
     "provision-failed": ("worker", "role", "zone", "error"),  # creating a VM failed otherwise
+    # A VM the cluster's limits did not allow (max_workers, max_hourly_cost): none was created.
+    "limit-refused": ("role", "gpu", "limit", "reason"),
     # VMs of one role failed in a row: the next attempt waits ``delay_s``.
     "crash-loop": ("role", "failures", "delay_s", "reason"),
     # A VM ran without its worker joining: it is deleted (``cost``: what it cost meanwhile).
@@ -260,6 +262,7 @@ CLUSTER_EVENTS = (
     "capacity-exhausted",
     "quota-exceeded",
     "provision-failed",
+    "limit-refused",
     "crash-loop",
     "join-timeout",
     "scale",

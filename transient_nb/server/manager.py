@@ -515,6 +515,15 @@ class ClusterManager:
             if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
                 kind = " or ".join(_TYPE_NAMES[t] for t in types)
                 raise ValueError(f"{key}={value!r} must be {kind}.")
+            if key == "prices" and value not in shipped_catalogs():
+                # A path from a request would have the server read any YAML file it can: a
+                # catalog file of one's own is for Python or the CLI.
+                raise ValueError(
+                    f"prices={value!r} is not one of the packaged price catalogs "
+                    f"({', '.join(shipped_catalogs())}); a catalog file of your own is passed "
+                    "from Python (TransientCluster(prices='/path/catalog.yaml')) or the CLI "
+                    "(transient-nb up --prices /path/catalog.yaml)."
+                )
             if key == "workers" and not isinstance(value, int):
                 # The form's one text field takes a mix too; refused here, before any head. (JSON
                 # numbers stay numbers: "2" is a typo of the client, not a mix.)

@@ -694,7 +694,7 @@ def test_what_instances_get_returns_cannot_connect_to_the_scheduler(fake: FakeGC
         address = cluster.scheduler_address
         # A reader of the metadata: the CA's and a worker's certificates, and its own keys.
         own = ClusterCA.create("attacker")
-        own_cert, own_key = own.issue("transient-client")
+        own_cert, own_key = own.issue("transient-client", role="client")
         attempts = {
             "no client certificate": {"ssl_context": _ca_only(ca), "require_encryption": True},
             "a certificate of another CA": Security(
@@ -740,4 +740,109 @@ def test_a_gpu_gce_does_not_offer_in_a_zone_is_never_asked_for_there(fake: FakeG
             ("t4", "us-central1-b", "ZONE_RESOURCE_POOL_EXHAUSTED"),
             ("v100", "us-central1-a", "ZONE_RESOURCE_POOL_EXHAUSTED"),
         ]
+    assert fake.instance_names() == []
+
+
+# -- issue 30: a worker VM's own key is not a client's ------------------------------------------------
+@pytest.mark.slow
+def test_root_on_a_worker_vm_cannot_use_its_key_as_a_client(tmp_path: Path) -> None:
+    """The worker VM's key and certificate, as root there reads them from the enrolment folder,
+    connect (they must: the worker joins with them) but run nothing on the scheduler, submit
+    nothing and post no control request; the cluster's client does all three. Once the VM is
+    gone, its certificate is refused outright."""
+    import glob
+
+    from distributed.comm import connect
+    from distributed.core import rpc
+    from distributed.protocol import pickle
+    from distributed.security import Security
+
+    from transient_nb.eventlog.vocabulary import CONTROL_TOPIC
+
+    fake = FakeGCE(str(tmp_path / "vms"), project=PROJECT, run_vms=True, notice_s=2.0)
+    try:
+        with TransientCluster(**options(fake), name="rootw") as cluster:
+            cluster.wait_for_workers(1, timeout=90)
+            (folder,) = glob.glob(os.path.join(fake.workdir, "rootw-w-0", "tmp", "tmp.*"))
+            stolen = Security(
+                require_encryption=True,
+                tls_ca_file=os.path.join(folder, "ca.pem"),
+                tls_client_cert=os.path.join(folder, "cert.pem"),
+                tls_client_key=os.path.join(folder, "key.pem"),
+            )
+            function = pickle.dumps(os.getpid)
+
+            async def ask(security: Security, op: str, **kwargs: Any) -> Any:
+                args = security.get_connection_args("client")
+                async with rpc(cluster.scheduler_address, connection_args=args, timeout=10) as r:
+                    return await asyncio.wait_for(getattr(r, op)(**kwargs), 10)
+
+            async def register_client(security: Security) -> Any:
+                comm = await connect(
+                    cluster.scheduler_address, **security.get_connection_args("client")
+                )
+                try:
+                    # A stream that may submit graphs: what Client() opens first.
+                    await comm.write({"op": "register-client", "client": "x", "versions": {}})
+                    await comm.write({"op": "update-graph", "client": "x", "keys": []})
+                    return await asyncio.wait_for(comm.read(), 10)
+                finally:
+                    comm.abort()
+
+            with pytest.raises(PermissionError, match="'run_function' from a worker"):
+                cluster.sync(ask, stolen, "run_function", function=function)
+            for op in ("register_scheduler_plugin", "broadcast"):
+                with pytest.raises(PermissionError, match=f"'{op}' from a worker"):
+                    cluster.sync(ask, stolen, op, msg={}, plugin=b"", name="x")
+            cluster.sync(ask, stolen, "log_event", topic=CONTROL_TOPIC, msg={"action": "stop"})
+            cluster.sync(register_client, stolen)
+            refused = {
+                (e["action"], e["sender"]) for e in of_kind(events(cluster), "control-refused")
+            }
+            assert {
+                ("run_function", "rootw-w-0"),
+                ("stop", "rootw-w-0"),
+                ("update-graph", "rootw-w-0"),
+            } <= refused
+            assert cluster.status.name == "running"
+            # The cluster's own client runs a function on the scheduler.
+            answer = cluster.sync(ask, cluster.security, "run_function", function=function)
+            assert answer == {"status": "OK", "result": os.getpid()}
+            # The VM goes: its certificate with it.
+            cluster.preempt("w-0", notice=False)
+            wait_for_sync(lambda: of_kind(events(cluster), "preempted", worker="w-0"), 60)
+            with pytest.raises(PermissionError, match="revoked"):
+                cluster.sync(ask, stolen, "identity")
+    finally:
+        fake.close()
+
+
+# -- issue 30: a running cluster renews its lease -----------------------------------------------------
+def test_a_running_cluster_renews_the_lease_of_its_vms_and_rule(fake: FakeGCE) -> None:
+    from transient_nb.backends.gce.labels import firewall_owner, lease_of, owner_label
+
+    with (
+        dask.config.set(
+            {"transient.gce.lease-interval": "0.2s", "transient.gce.lease-duration": "1s"}
+        ),
+        TransientCluster(
+            **options(fake, join_timeout="1h"), name="lease", owner="a@b.c"
+        ) as cluster,
+    ):
+        wait_for_sync(lambda: len(of_kind(events(cluster), "running")) == 2, timeout=30)
+
+        def leases() -> dict[str, float]:
+            out = {
+                n: lease_of(fake.instance(n)["labels"]["transient-nb-lease"])
+                for n in ("lease-ps-0", "lease-w-0")
+            }
+            out["rule"] = lease_of(
+                firewall_owner(fake.firewalls["lease-dask"])["transient-nb-lease"]
+            )  # type: ignore[index]
+            return out  # type: ignore[return-value]
+
+        first = leases()
+        wait_for_sync(lambda: all(leases()[k] > first[k] for k in first), timeout=30)
+        assert fake.instance("lease-w-0")["labels"]["transient-nb-owner"] == owner_label("a@b.c")
+        assert cluster.backend.owner == owner_label("a@b.c")  # type: ignore[attr-defined]
     assert fake.instance_names() == []

@@ -140,6 +140,13 @@ def test_a_head_vms_entry_is_never_stale_locally() -> None:
         ({"client_cidr": None}, "gce.client-cidr"),
         ({"client_cidr": "10.0.0.1/8"}, "is not a network"),
         ({"workers": 0}, "workers=0"),
+        # The head VM is billed as its own machine type (it hosts the PS): $0.22/h for a Spot
+        # T4 and $0.38/h for an n1-standard-8 head go past $0.50/h (an n1-standard-4, $0.19/h,
+        # would not).
+        (
+            {"head_machine_type": "n1-standard-8", "max_hourly_cost": 0.5, "head_timeout": 5},
+            r"plus \$0.380/h for the head VM\), above max_hourly_cost=\$0.50/h",
+        ),
     ],
 )
 def test_bad_settings_fail_before_any_instance_is_inserted(
@@ -263,7 +270,9 @@ def test_the_head_vm_runs_the_cluster_and_only_the_signed_client_gets_in(
             assert of_kind(second.monitor.events, "joined", worker="w-0")
         # Without the certificate the head signed, no connection: a client that trusts the
         # cluster's CA (public) with a certificate of its own, or one of another cluster.
-        intruder = ClusterCA.create("intruder").write_files(str(tmp_path / "x"), "transient-client")
+        intruder = ClusterCA.create("intruder").write_files(
+            str(tmp_path / "x"), "transient-client", role="client"
+        )
         for security in (
             Security(
                 tls_ca_file=entry["tls"]["ca"],

@@ -49,6 +49,19 @@ def test_every_bad_setting_is_named(tmp_path: Path, kw: dict, message: str) -> N
         backend(tmp_path, **kw)
 
 
+@pytest.mark.parametrize("wide", ["0.0.0.0/0", "203.0.112.0/23", "2001:db8::/48"])
+def test_a_client_cidr_wider_than_a_slash_24_is_refused_unless_forced(
+    tmp_path: Path, wide: str
+) -> None:
+    with pytest.raises(ValueError, match=r"wider than a /(24|64).*allow_wide_client_cidr=True"):
+        backend(tmp_path, client_cidr=wide)
+    assert backend(tmp_path, client_cidr=wide, allow_wide_client_cidr=True).client_cidr == wide
+    with dask.config.set({"transient.gce.allow-wide-client-cidr": True}):
+        assert backend(tmp_path, client_cidr=wide).client_cidr == wide
+    # A /24 and anything narrower pass as before.
+    assert backend(tmp_path, client_cidr="203.0.113.0/24").client_cidr == "203.0.113.0/24"
+
+
 def test_arguments_win_over_the_config_and_a_head_gets_a_fixed_port(tmp_path: Path) -> None:
     with dask.config.set({"transient.gce.network": "vpc-1", "transient.gce.disk-size-gb": 77}):
         b = backend(tmp_path, disk_size_gb=100)

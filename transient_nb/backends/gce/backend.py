@@ -60,7 +60,6 @@ from __future__ import annotations
 import asyncio
 import atexit
 import logging
-import os
 import re
 import uuid
 from collections.abc import Sequence
@@ -76,7 +75,10 @@ from transient_nb.backends.gce.api import (
 from transient_nb.backends.gce.bodies import GCEBodies, accelerator_type, bundled_gpu_family
 from transient_nb.backends.gce.labels import (
     LABEL_ID,
+    LABEL_LEASE,
     firewall_id,
+    lease_until,
+    renewed_description,
 )
 from transient_nb.backends.gce.options import (
     BUNDLED_GPUS,
@@ -133,6 +135,15 @@ class GCEBackend(GCEBodies):
         The head VM of a detached cluster (:mod:`~transient_nb.backends.gce.head`): its machine
         type and identity, the client address its scheduler port is opened to (or the tunnel
         address dialled instead), and how long a client waits for it.
+    allow_wide_client_cidr
+        Allow a ``client_cidr`` wider than a /24 (IPv6: a /64), such as ``0.0.0.0/0``; refused
+        otherwise, before anything is created.
+    owner, lease_interval, lease_duration
+        Who owns what the cluster creates (default: the credentials' account; labels carry it
+        hashed), how often the cluster renews its lease on it, and how long a lease holds
+        unrenewed (``sweep`` deletes nothing whose lease holds).
+    tls_lifetime
+        Seconds the cluster's CA, and every certificate, lives (the cluster passes its deadline).
     head
         This backend runs on the head VM (set by the head itself): the scheduler listens on a
         fixed port (``scheduler_port``, default :data:`HEAD_PORT`) that the firewall rules open
@@ -158,15 +169,12 @@ class GCEBackend(GCEBodies):
         """The cluster's TLS settings (scheduler, workers and clients)."""
         return self._security
 
-    def client_tls_files(self) -> dict[str, str] | None:
-        """A client certificate in 0600 files on this host (for connect() and the panel)."""
-        import tempfile
-
+    def client_tls_files(self, folder: str) -> dict[str, str] | None:
+        """A client certificate in 0600 files in ``folder`` (for connect() and the panel)."""
         from transient_nb.backends.tls import CLIENT_CN
+        from transient_nb.worker.peers import ROLE_CLIENT
 
-        if self._tls_dir is None:
-            self._tls_dir = tempfile.mkdtemp(prefix="transient-nb-tls-")
-        return self.ca.write_files(os.path.join(self._tls_dir, "client"), CLIENT_CN)
+        return self.ca.write_files(folder, CLIENT_CN, role=ROLE_CLIENT)
 
     def describe(self) -> str:
         return (
@@ -278,7 +286,8 @@ class GCEBackend(GCEBodies):
 
     # -- cluster start and close ----------------------------------------------------------------------
     async def start(self, scheduler_address: str) -> None:
-        """Create the firewall rule; from here on, VMs left at exit are deleted."""
+        """Create the firewall rule; from here on, VMs left at exit are deleted, and the lease
+        on everything the cluster creates is renewed."""
         if not self._atexit_registered:
             atexit.register(self.delete_all_now)
             self._atexit_registered = True
@@ -288,6 +297,31 @@ class GCEBackend(GCEBodies):
             )
             if self.head and self.client_cidr:
                 await self._create_firewall(self.client_firewall_body())
+        self.spawn(self._keep_lease())
+
+    async def _keep_lease(self) -> None:
+        """Renew the lease label of every VM this cluster created, and of its firewall rules,
+        every ``lease_interval_s``, until the cluster closes (``close`` cancels this).
+
+        While it runs, ``sweep`` keeps them; once it stops (the process is gone: a crashed kernel,
+        a killed head), the lease runs out and ``sweep`` may delete them.
+        """
+        while True:
+            await asyncio.sleep(self.lease_interval_s)
+            lease = lease_until(self.lease_duration_s)
+            for zone, name in list(self.ours):
+                try:
+                    await call_async(self.api.set_labels, zone, name, {LABEL_LEASE: lease})
+                except GCEError as e:  # 412 (a concurrent change), a VM going: next time
+                    logger.info("Could not renew the lease of %s: %s", name, e)
+            for rule in list(self.firewall_names):
+                try:
+                    current = await call_async(self.api.get_firewall, rule)
+                    if current is not None:
+                        text = renewed_description(str(current.get("description", "")), lease)
+                        await call_async(self.api.patch_firewall, rule, {"description": text})
+                except GCEError as e:
+                    logger.info("Could not renew the lease of firewall rule %s: %s", rule, e)
 
     async def close(self) -> None:
         """Delete what is left: VMs caught mid-creation, then the firewall rule.
@@ -311,11 +345,6 @@ class GCEBackend(GCEBodies):
                     self.firewall_names.remove(rule)
                 except GCEError as e:
                     logger.warning("Could not delete firewall rule %s: %s", rule, e)
-            if self._tls_dir is not None:
-                import shutil
-
-                shutil.rmtree(self._tls_dir, ignore_errors=True)
-                self._tls_dir = None
             if not self.live and not self.firewall_names and self._atexit_registered:
                 atexit.unregister(self.delete_all_now)
                 self._atexit_registered = False
@@ -413,9 +442,14 @@ class GCEBackend(GCEBodies):
         return set(self._not_offered)
 
     # -- helpers of the VMs ------------------------------------------------------------------------
-    def make_vm(self, spec: VMSpec, **kwargs: Any) -> TransientVM:
+    def hosts_next_ps(self) -> bool:
+        """On the head VM, the first PS host (and its successor, if it stops) is a process there:
+        the head VM is its bill."""
         on_head = getattr(self, "_head_ps", None)
-        if self.head and spec.role == "ps" and (on_head is None or on_head.stopped):
+        return self.head and (on_head is None or on_head.stopped)
+
+    def make_vm(self, spec: VMSpec, **kwargs: Any) -> TransientVM:
+        if spec.role == "ps" and self.hosts_next_ps():
             # On the head VM, the (first) PS is a process there (the paper's PS/scheduler
             # host); with ps_hosts > 1 the others are on-demand VMs of their own.
             from transient_nb.backends.gce.head_ps import HeadPSVM

@@ -14,10 +14,13 @@ from transient_nb.backends.gce.labels import (
     LABEL_HEAD,
     LABEL_HOST,
     LABEL_ID,
+    LABEL_LEASE,
+    LABEL_OWNER,
     LABEL_PID,
     LABEL_ROLE,
     firewall_description,
     label_value,
+    lease_until,
     this_host,
 )
 from transient_nb.backends.gce.options import (
@@ -92,7 +95,12 @@ class GCEBodies(GCEOptions):
         body: dict[str, Any] = {
             "name": f"{self.cluster_name}-dask",
             "description": firewall_description(
-                self.cluster_name, this_host(), os.getpid(), self.cluster_id
+                self.cluster_name,
+                this_host(),
+                os.getpid(),
+                self.cluster_id,
+                owner=self.owner,
+                lease=lease_until(self.lease_duration_s),
             ),
             "network": self._network_url(),
             "direction": "INGRESS",
@@ -116,6 +124,8 @@ class GCEBodies(GCEOptions):
                 os.getpid(),
                 self.cluster_id,
                 what="the head's scheduler port, from the client's address only",
+                owner=self.owner,
+                lease=lease_until(self.lease_duration_s),
             ),
             "network": self._network_url(),
             "direction": "INGRESS",
@@ -134,7 +144,9 @@ class GCEBodies(GCEOptions):
         return self.role_labels(spec.role)
 
     def role_labels(self, role: str) -> dict[str, str]:
-        """Labels of one of this cluster's VMs in ``role`` (``worker``, ``ps``, ``head``)."""
+        """Labels of one of this cluster's VMs in ``role`` (``worker``, ``ps``, ``head``): whose
+        it is, and its first lease (renewed while the cluster runs; a head VM's own state is
+        its lease)."""
         labels = {
             LABEL: "true",
             LABEL_CLUSTER: label_value(self.cluster_name),
@@ -142,6 +154,8 @@ class GCEBodies(GCEOptions):
             LABEL_HOST: this_host(),
             LABEL_PID: str(os.getpid()),
             LABEL_ID: self.cluster_id,
+            LABEL_OWNER: self.owner,
+            LABEL_LEASE: lease_until(self.lease_duration_s),
         }
         if self.head:
             # Created by a head VM: sweep keeps it while that VM runs, and deletes it after.

@@ -29,6 +29,7 @@ import psutil
 
 from transient_nb.backends.base import TransientVM, VMSpec, start_process
 from transient_nb.backends.gce.startup import worker_args, worker_env
+from transient_nb.worker.peers import ROLE_PS
 
 if TYPE_CHECKING:
     from transient_nb.backends.gce.backend import GCEBackend
@@ -66,7 +67,9 @@ class HeadPSVM(TransientVM):
     async def _create(self) -> None:
         backend = self.backend
         self._folder = tempfile.mkdtemp(prefix=f"transient-nb-{self.name}-")  # 0700
-        tls = backend.ca.write_files(self._folder, backend.instance_name(self.name))
+        tls = backend.ca.write_files(
+            self._folder, backend.instance_name(self.name), role=ROLE_PS, vm=self.name
+        )
         args = worker_args(
             python=sys.executable,
             scheduler_address=backend.scheduler_address or self.scheduler_address,
@@ -76,7 +79,8 @@ class HeadPSVM(TransientVM):
             death_timeout_s=backend.death_timeout_s,
             worker_ports=backend.worker_ports,
             nanny_ports=backend.nanny_ports,
-            preloads=("transient_nb.worker.preload",),  # the head VM is never preempted: no agent
+            # The head VM is never preempted: no GCE notice watcher.
+            preloads=("transient_nb.worker.preload", "transient_nb.worker.guard"),
         )
         args += ["--tls-ca-file", tls["ca"], "--tls-cert", tls["cert"], "--tls-key", tls["key"]]
         vm = {"name": self.name, "role": "ps", "gpu": None, "zone": self.spec.zone, "spot": False}

@@ -18,7 +18,8 @@ from transient_nb.backends.gce.api import (
     default_project,
 )
 from transient_nb.backends.gce.enroll import CA_KEY
-from transient_nb.backends.tls import ClusterCA
+from transient_nb.backends.gce.labels import owner_identity, owner_label
+from transient_nb.backends.tls import ClusterCA, tls_lifetime_s
 
 logger = logging.getLogger(__name__)
 
@@ -51,8 +52,17 @@ TLS_CA_KEY = CA_KEY
 HEAD_PORT = 8786
 
 
-def check_cidr(cidr: str) -> str:
+#: Widest client network a head's scheduler port is opened to without ``allow_wide_client_cidr``:
+#: a /24 (256 addresses) in IPv4, a /64 (one site) in IPv6.
+WIDEST_CLIENT_PREFIX = {4: 24, 6: 64}
+
+
+def check_cidr(cidr: str, allow_wide: bool = False) -> str:
     """``cidr`` as a normalised IPv4/IPv6 network, or a ``ValueError`` saying what to give.
+
+    A network wider than a /24 (IPv6: a /64), such as ``0.0.0.0/0``, opens the head's scheduler
+    port to the internet: refused unless ``allow_wide`` (``gce.allow-wide-client-cidr``). Mutual
+    TLS still keeps out whoever has no certificate, but every scanner may then knock.
 
     Examples
     --------
@@ -60,16 +70,28 @@ def check_cidr(cidr: str) -> str:
     '203.0.113.7/32'
     >>> check_cidr("203.0.113.7")  # a single address
     '203.0.113.7/32'
+    >>> check_cidr("0.0.0.0/0", allow_wide=True)
+    '0.0.0.0/0'
     """
     import ipaddress
 
     try:
-        return str(ipaddress.ip_network(str(cidr).strip(), strict=True))
+        network = ipaddress.ip_network(str(cidr).strip(), strict=True)
     except ValueError as e:
         raise ValueError(
             f"gce.client-cidr={cidr!r} is not a network ({e}): give your own public address "
             "as a CIDR such as '203.0.113.7/32' (`curl -s ifconfig.me` shows the address)."
         ) from None
+    widest = WIDEST_CLIENT_PREFIX[network.version]
+    if network.prefixlen < widest and not allow_wide:
+        raise ValueError(
+            f"gce.client-cidr={cidr!r} would open the head's scheduler port to "
+            f"{network.num_addresses:,} addresses (wider than a /{widest}): give your own public "
+            "address, e.g. '203.0.113.7/32' (`curl -s ifconfig.me` shows it), or reach the head "
+            "through a tunnel (gce.head-address). If you mean it, pass "
+            "allow_wide_client_cidr=True (gce.allow-wide-client-cidr: true)."
+        )
+    return str(network)
 
 
 class GCEOptions(Backend):
@@ -111,9 +133,14 @@ class GCEOptions(Backend):
         head_machine_type: str | None = None,
         head_service_account: str | None = None,
         client_cidr: str | None = None,
+        allow_wide_client_cidr: bool | None = None,
         head_address: str | None = None,
         head_timeout: str | float | None = None,
         head: bool = False,
+        tls_lifetime: float | None = None,
+        owner: str | None = None,
+        lease_interval: str | float | None = None,
+        lease_duration: str | float | None = None,
     ):
         """Read and check every setting (called by ``GCEBackend.__init__``)."""
 
@@ -137,8 +164,9 @@ class GCEOptions(Backend):
         self.head_machine_type: str | None = get("head-machine-type", head_machine_type)
         self.head_service_account: str | None = get("head-service-account", head_service_account)
         self.client_cidr: str | None = get("client-cidr", client_cidr)
+        self.allow_wide_client_cidr = bool(get("allow-wide-client-cidr", allow_wide_client_cidr))
         if self.client_cidr is not None:
-            self.client_cidr = check_cidr(self.client_cidr)
+            self.client_cidr = check_cidr(self.client_cidr, self.allow_wide_client_cidr)
         self.head_address: str | None = get("head-address", head_address)
         self.head_timeout_s = float(
             parse_timedelta(get("head-timeout", head_timeout), default="seconds")
@@ -197,10 +225,23 @@ class GCEOptions(Backend):
             backoff_s=self.retry_backoff_s,
             max_backoff_s=self.retry_max_s,
         )
+        # Who owns what this cluster creates, and how long its lease on it holds unrenewed.
+        self.owner = owner_label(owner_identity(get("owner", owner), credentials))
+        self.lease_interval_s = float(
+            parse_timedelta(get("lease-interval", lease_interval), default="seconds")
+        )
+        self.lease_duration_s = float(
+            parse_timedelta(get("lease-duration", lease_duration), default="seconds")
+        )
+        if not 0 < self.lease_interval_s < self.lease_duration_s:
+            raise ValueError(
+                f"gce.lease-interval ({self.lease_interval_s:g} s) must be positive and shorter "
+                f"than gce.lease-duration ({self.lease_duration_s:g} s): a lease is renewed "
+                "before it runs out, e.g. every minute for five."
+            )
         # Certificates made for this cluster only, in memory: every connection (workers,
         # scheduler, clients) is TLS with mutual authentication.
-        self._tls_dir: str | None = None
-        self.ca = ClusterCA.create("gce")
+        self.ca = ClusterCA.create("gce", tls_lifetime_s(tls_lifetime))
         self._security = self.ca.cluster_security()
         self.cluster_name = "transient"
         self.cluster_id = ""
