@@ -166,6 +166,16 @@ EVENTS: dict[str, tuple[str, ...]] = {
         "resumed_from",
         "resumed_step",
         "steps_lost",
+        # A user's own workload (train(model=Net, loss=..., ...)); absent for the built-in ones:
+        # what rebuilds the model anywhere (a built-in name or an import path; None: it travelled
+        # by value), the loss, the metrics' names, the optimizer, frozen parameters, and the
+        # stop conditions (JSON: metric -> [">=" or "<=", value]).
+        "model_ref",
+        "loss",
+        "metrics",
+        "optimizer",
+        "frozen_parameters",
+        "stop_at",
     ),
     "metrics": (
         "run",
@@ -180,7 +190,8 @@ EVENTS: dict[str, tuple[str, ...]] = {
         "updates",
     ),
     "worker-metrics": ("run", "worker", "step", "img_per_s", "local_step", "device"),
-    "eval": ("run", "step", "accuracy", "test_loss"),
+    # metrics: every metric's value (a user's workload; the built-in ones have accuracy alone).
+    "eval": ("run", "step", "accuracy", "test_loss", "metrics"),
     "checkpoint": ("run", "step", "path", "seconds"),  # all shards at one step, manifest written
     "ps-lost": ("run", "step", "address", "addresses"),  # addresses: every shard host
     "ps-recovered": ("run", "step", "steps_lost", "seconds", "generation", "source"),
@@ -237,7 +248,7 @@ EVENTS: dict[str, tuple[str, ...]] = {
     ),
     "train-finished": (
         "run",
-        "reason",  # steps|accuracy|budget|deadline|stopped|error|trainer-failed
+        "reason",  # steps|accuracy|metric|budget|deadline|stopped|error|trainer-failed
         "step",
         "accuracy",
         "wall_s",
@@ -247,6 +258,8 @@ EVENTS: dict[str, tuple[str, ...]] = {
         "trainers",
         "error",
         "checkpoint_step",
+        "metrics",  # the newest evaluation's values (a user's workload)
+        "stopped_by",  # the stop_at condition met (reason "metric"), e.g. "mae<=0.3"
     ),
 }
 

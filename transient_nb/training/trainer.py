@@ -24,12 +24,10 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from distributed import Variable, get_worker
 from distributed.actor import Actor
 
 from transient_nb.eventlog.vocabulary import TOPIC, make_event
-from transient_nb.training.data import BatchStream, load_dataset
 from transient_nb.training.emulation import (
     CROSS_REGION_SLOWDOWN,
     StepPacer,
@@ -39,8 +37,14 @@ from transient_nb.training.emulation import (
 )
 from transient_nb.training.flat import FlatModel, flat_layout
 from transient_nb.training.hparams import HParams
-from transient_nb.training.models import build_model
 from transient_nb.training.ps import ParameterServer, shard_bounds
+from transient_nb.training.workload import (
+    Workload,
+    batch_size_of,
+    from_worker,
+    load_fixed,
+    to_device,
+)
 from transient_nb.worker.drain import register_drain_hook, unregister_drain_hook
 from transient_nb.worker.identity import vm_gpu, vm_name, vm_zone
 
@@ -155,6 +159,11 @@ class Trainer:
         For ``hparams["emulate"]``: where the PS runs and where this trainer does (default: the
         VM's zone); a trainer in another region than the PS steps
         :data:`~transient_nb.training.emulation.CROSS_REGION_SLOWDOWN` times slower.
+    workload
+        The user's model, data and loss: ``"plugin"`` reads the run's
+        :class:`~transient_nb.training.workload.WorkloadPlugin` on this worker (shipped once per
+        worker), a :class:`~transient_nb.training.workload.Workload` is used as is (tests); None
+        is the built-in ``model`` on ``data``.
 
     Notes
     -----
@@ -184,8 +193,10 @@ class Trainer:
         time_scale: float | None = None,
         ps_zone: str | None = None,
         zone: str | None = None,
+        workload: Workload | str | None = None,
     ):
         self.run_id = run
+        self._workload = workload
         self.model_name = model
         self.data = data
         self.hp = HParams.from_dict(hparams)
@@ -467,12 +478,19 @@ class Trainer:
         threads = int(getattr(getattr(self.worker, "state", None), "nthreads", 1) or 1)
         torch.set_num_threads(max(1, threads))
         self.state = "loading"
-        dataset = load_dataset(self.data, train=True)
-        model = build_model(self.model_name, num_classes=dataset.num_classes).to(self.device)
+        workload, fixed = self._resolve_workload()
+        # The built-in names take the same steps as ever: the data set, then the model from the
+        # seeded generator, then the paper's augmented stream.
+        workload.train_set()
+        model = workload.build_model()
+        if fixed:  # frozen weights and integer buffers as the driver built them, bit for bit
+            load_fixed(model, fixed)
+        model = model.to(self.device)
         model.train()
         flat = FlatModel(model, self.hp.wire_dtype)
         device_id = _device_id(flat.w.device)
-        stream = BatchStream(dataset, self.hp.batch_size, seed=self.seed)
+        stream = workload.train_batches(self.hp.batch_size, self.seed)
+        loss_fn = workload.loss_fn()
         pacer = self._pacer()
         shards: list[Any] = []
         t_report, imgs = time.time(), 0
@@ -491,9 +509,9 @@ class Trainer:
                 if pacer is not None:
                     pacer.begin()
                 x, y = next(stream)
-                x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+                x, y = to_device(x, self.device), to_device(y, self.device)
                 flat.mark_statistics()
-                loss = F.cross_entropy(model(x), y)
+                loss = loss_fn(model(x), y)
                 model.zero_grad(set_to_none=False)  # in place: the gradients stay views
                 loss.backward()
                 grad, bn_delta = flat.grads()  # host buffers in the wire dtype, no allocation
@@ -508,7 +526,7 @@ class Trainer:
                         self._accept(flat, pieces, bn)
                     self.local_step += 1
                     futures = self._send(
-                        shards, grad, base, float(loss.detach()), int(x.shape[0]), bn_delta, final
+                        shards, grad, base, float(loss.detach()), batch_size_of(y), bn_delta, final
                     )
                     if self.hp.pipeline and not final:
                         pending = futures
@@ -534,7 +552,7 @@ class Trainer:
                         "ps-rejoined", worker=self.name, generation=self.generation, step=version
                     )
                     continue
-                imgs += int(x.shape[0])
+                imgs += batch_size_of(y)
                 now = time.time()
                 if now - t_report >= METRICS_EVERY_S:
                     self._post(
@@ -578,6 +596,13 @@ class Trainer:
                     pass
 
     _t_generation = 0.0
+
+    def _resolve_workload(self) -> tuple[Workload, dict[str, Any]]:
+        if isinstance(self._workload, Workload):
+            return self._workload, {}
+        if self._workload == "plugin":
+            return from_worker(self.run_id)
+        return Workload(self.model_name, self.data), {}
 
 
 def _merge(replies: list[Any]) -> tuple[list[np.ndarray], np.ndarray | None, int]:
