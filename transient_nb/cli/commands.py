@@ -20,6 +20,7 @@ from typing import Any
 
 from transient_nb.catalog.mix import format_mix, parse_mix, zero_mix
 from transient_nb.deploy import registry
+from transient_nb.eventlog.format import metrics_text, model_text
 
 #: Defaults of ``run``'s training options (a resumed run keeps its own instead): minutes on 2 cores.
 CLI_DEFAULTS: dict[str, Any] = {
@@ -299,6 +300,7 @@ def _print_summary(s: dict[str, Any]) -> None:
     acc = f"{s['accuracy']:.2%}" if s.get("accuracy") is not None else "n/a"
     speedup = s.get("speedup_over_one_worker")
     lines = [
+        ("model", model_text(s.get("model"), s.get("parameters"))),
         ("wall time", f"{s['wall_s']:.1f} s"),
         ("global steps", f"{s['steps']}"),
         ("final test accuracy", acc),
@@ -313,6 +315,9 @@ def _print_summary(s: dict[str, Any]) -> None:
             f"{speedup:.2f}x" if speedup else f"n/a ({s.get('speedup_note') or 'not measured'})",
         ),
     ]
+    metrics = s.get("metrics") or {}
+    if set(metrics) - {"accuracy"}:  # a run's own metrics, each by name
+        lines.insert(4, ("final test metrics", metrics_text(metrics)))
     by_gpu = s.get("by_gpu") or {}
     if len(by_gpu) > 1:  # a mixed cluster: each type's share of the workers' steps
         lines.append(
@@ -430,7 +435,7 @@ def run(args: argparse.Namespace) -> int:
         os.path.join(args.out, "report.html"),
         events,
         summary,
-        title=f"transient_nb: {job.model} on {job.data}",
+        title=f"transient_nb: {job.model_name} on {job.data}",
     )
     summary["run_record"] = run_record
     summary["report"] = report
@@ -515,7 +520,7 @@ def status(args: argparse.Namespace) -> int:
             steps = r.started_event.get("steps", "?")
             state = r.reason or ("running" if not r.done else "gone")
             print(
-                f"  {r.id}  {r.model} on {r.data}: step {r.step}/{steps}, accuracy {acc}, {state}"
+                f"  {r.id}  {r.model_name} on {r.data}: step {r.step}/{steps}, accuracy {acc}, {state}"
             )
         if not cluster.runs():
             print("  no training run yet")

@@ -28,6 +28,11 @@ PROVIDER_NOTICE_OP = "transient-provider-notice"
 #: before the monitor names the worker that posted them: the RPC's copy is the one to show.)
 EVENTS_RPC = "transient_events"
 
+#: The scheduler RPC of a detached cluster's head that hands the cluster's client a run's trained
+#: model: ``transient_export(run=RUN_ID, what="state" | "model")`` (see
+#: :class:`transient_nb.deploy.head.Head`).
+EXPORT_RPC = "transient_export"
+
 #: Fields every lifecycle event of a VM carries (``VMSpec.event_fields``); ``joined`` and
 #: ``left`` also carry the worker's ``address``.
 VM_EVENT_FIELDS = (

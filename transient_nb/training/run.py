@@ -447,7 +447,6 @@ class TrainingRun:
             shards=self.shards,
             elastic_shards=self.elastic_shards,
             parameters=len(w0),
-
             hparams=json.dumps(self.hp.to_dict()),
             checkpoint_url=self.checkpoint_url,
             target_accuracy=self.target_accuracy,
