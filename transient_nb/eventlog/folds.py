@@ -513,7 +513,14 @@ class RunSummary:
             )
         else:
             parts.append("the host kept the emulated pace of every paced process")
-        if unpaced:
+        own = any(e.get("basis") for e in self._paced.values())
+        if unpaced and own:
+            # A user's model: the paper's ResNet-32 rates say nothing of it.
+            parts.append(
+                f"no step rate measured for this model on the GPU type of {', '.join(unpaced)}: "
+                "not paced (give one, e.g. emulate='paper,t4=STEPS_PER_S')"
+            )
+        elif unpaced:
             parts.append(f"no step rate for the GPU type of {', '.join(unpaced)}: not paced")
         return "; ".join(parts)
 

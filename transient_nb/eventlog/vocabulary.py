@@ -181,6 +181,10 @@ EVENTS: dict[str, tuple[str, ...]] = {
         "optimizer",
         "frozen_parameters",
         "stop_at",
+        # ... and what the policy plans it from: FLOPs per sample of a training step and the
+        # operators a step runs (transient_nb.training.estimate).
+        "flops_per_sample",
+        "operators",
     ),
     "metrics": (
         "run",
@@ -239,6 +243,9 @@ EVENTS: dict[str, tuple[str, ...]] = {
         "wall_steps_per_s",
         "time_scale",
         "step_scale",
+        # A user's model: where its rate comes from (one given for it, or none measured: the
+        # paper's ResNet-32 rates are never used for it).
+        "basis",
     ),
     # The host could not keep an emulated pace: its own work per step was slower (wall rates).
     "emulation-behind": (

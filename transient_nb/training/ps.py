@@ -145,6 +145,9 @@ class ParameterServer:
         fsspec URL of the run's checkpoint folder.
     version, momentum
         Where to resume from (a checkpoint), if anywhere.
+    parameters
+        The whole model's trainable parameters, for a user's model: an emulated PS
+        (``emulate="paper"``) serves in a time scaled from the paper's model to this size.
     optimizer, opt_state
         A ``torch.optim`` optimizer (class or factory, cloudpickled) to apply instead of the
         paper's momentum SGD, and its state to resume (:meth:`~.optim.ShardOptimizer.state_arrays`).
@@ -174,6 +177,7 @@ class ParameterServer:
         counters: dict[str, Any] | None = None,
         optimizer: bytes | None = None,
         opt_state: Mapping[str, np.ndarray] | None = None,
+        parameters: int | None = None,
     ):
         self.run = run
         self.shard = shard
@@ -191,6 +195,9 @@ class ParameterServer:
         self.version = int(version)
         self.checkpoint_url = checkpoint_url
         self.model = model
+        #: The whole model's trainable parameters, for a user's model (the paced PS's service
+        #: time scales with them); None for the built-in ones (the paper's PS figures).
+        self.parameters = parameters
         self.generation = generation
         self.started = time.time()
         try:
@@ -334,7 +341,7 @@ class ParameterServer:
             assert self._ps_capacity is not None
             scale = await cluster_time_scale_async(self._worker)
             service_s = self._ps_capacity.ps_service_s(
-                self.shards, scale, self.hp.emulate_step_scale
+                self.shards, scale, self.hp.emulate_step_scale, parameters=self.parameters
             )
             if self._service is None and service_s is not None:  # another push may have won
                 self._service = ServicePacer(service_s)

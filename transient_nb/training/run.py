@@ -12,6 +12,7 @@ curves and the summary.
 from __future__ import annotations
 
 import atexit
+import copy
 import json
 import logging
 import os
@@ -42,6 +43,7 @@ from transient_nb.training.checkpoint import (  # re-exported: the surfaces impo
 from transient_nb.training.checkpoint import (
     probe_checkpoint_url as probe_checkpoint_url,
 )
+from transient_nb.training.estimate import count_step
 from transient_nb.training.hparams import HParams
 from transient_nb.training.optim import optimizer_state
 from transient_nb.training.ps import ParameterServer, regroup, shard_bounds
@@ -435,6 +437,10 @@ class TrainingRun:
             described["frozen_parameters"] = sum(
                 p.numel() for p in init.parameters() if not p.requires_grad
             )
+            # What the policy plans a user's model from (not ResNet-32's figures): its FLOPs
+            # per sample and operators per step, counted on a copy (BN statistics move).
+            flops, operators = count_step(self.workload, copy.deepcopy(init))
+            described["flops_per_sample"], described["operators"] = flops, operators
         if self.stop_at:
             described["stop_at"] = json.dumps(self.stop_at)
         self._post(
@@ -722,12 +728,7 @@ class TrainingRun:
                 model=self.model_name,
                 generation=self._generation,
                 counters=counters if i == 0 else None,
-                # A user's torch optimizer and its state (the paper's SGD: none, as before).
-                **(
-                    {"optimizer": self._optimizer, "opt_state": st.get("opt")}
-                    if self._optimizer is not None
-                    else {}
-                ),
+                **self._custom_ps_kwargs(st),
                 actor=True,
                 workers=[hosts[i % len(hosts)]],
                 allow_other_workers=False,
@@ -758,6 +759,16 @@ class TrainingRun:
                 }
             )
         )
+
+    def _custom_ps_kwargs(self, state: Mapping[str, Any]) -> dict[str, Any]:
+        """What a PS of a user's workload takes beyond the built-in one's: the model's size (an
+        emulated PS's service time scales with it), the torch optimizer and its state."""
+        if self.workload.builtin:
+            return {}
+        kwargs: dict[str, Any] = {"parameters": int(self._bounds[-1][1])}
+        if self._optimizer is not None:
+            kwargs.update(optimizer=self._optimizer, opt_state=state.get("opt"))
+        return kwargs
 
     def _old_ps_state(self) -> list[dict[str, Any]] | None:
         """The old PS's own state, if it still answers (it is fresher than any checkpoint)."""

@@ -427,7 +427,10 @@ class Trainer:
         if emu is None:
             return None
         scale = self._time_scale or cluster_time_scale(self.worker)
-        step_s = emu.step_s(self.gpu, scale, self.hp.emulate_step_scale)
+        # A user's model steps at a rate given for it (emulate="t4=30"), never at the paper's
+        # ResNet-32 figures: without one it is not paced, and the event says so.
+        rate = emu.rate_for(self.gpu, reference_model=self._reference_model)
+        step_s = None if rate is None else self.hp.emulate_step_scale / (rate * scale)
         far = cross_region(self.zone, self.ps_zone)
         if far and step_s is not None:
             step_s *= CROSS_REGION_SLOWDOWN  # each round trip to a PS in another region
@@ -437,8 +440,9 @@ class Trainer:
             worker=self.name,
             role="worker",
             gpu=self.gpu,
-            steps_per_s=emu.steps_per_s.get(self.gpu or ""),
+            steps_per_s=rate,
             wall_steps_per_s=None if step_s is None else 1.0 / step_s,
+            **({} if self._reference_model else {"basis": _basis(rate)}),
             time_scale=scale,
             step_scale=self.hp.emulate_step_scale,
             zone=self.zone,
@@ -479,6 +483,7 @@ class Trainer:
         torch.set_num_threads(max(1, threads))
         self.state = "loading"
         workload, fixed = self._resolve_workload()
+        self._reference_model = workload.builtin_model
         # The built-in names take the same steps as ever: the data set, then the model from the
         # seeded generator, then the paper's augmented stream.
         workload.train_set()
@@ -596,6 +601,8 @@ class Trainer:
                     pass
 
     _t_generation = 0.0
+    #: Whether the model is a built-in one (the paper's rates apply to it); set once built.
+    _reference_model = True
 
     def _resolve_workload(self) -> tuple[Workload, dict[str, Any]]:
         if isinstance(self._workload, Workload):
@@ -603,6 +610,13 @@ class Trainer:
         if self._workload == "plugin":
             return from_worker(self.run_id)
         return Workload(self.model_name, self.data), {}
+
+
+def _basis(rate: float | None) -> str:
+    """Where a user's model's emulated step rate comes from."""
+    return (
+        "the rate given for this model" if rate is not None else "no rate measured for this model"
+    )
 
 
 def _merge(replies: list[Any]) -> tuple[list[np.ndarray], np.ndarray | None, int]:
