@@ -4,7 +4,9 @@
 asynchronous PS training while the simulator preempts workers, prints a progress bar and a
 summary, and writes the run record, the summary and a standalone HTML report into ``--out``.
 ``transient-nb list`` shows the clusters running on this machine; ``transient-nb sweep`` deletes
-the GCE VMs of clusters that are gone.
+the GCE VMs of clusters that are gone. Your own model and data go by import path
+(``--model mypkg.nets:make_net --data mypkg.data:make_data --loss mse``); ``transient-nb export``
+writes a run's trained weights, ``transient-nb estimate`` what a cluster would do for a model.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from transient_nb.catalog.mix import format_mix, parse_mix, zero_mix
+from transient_nb.cli import workloads
 from transient_nb.deploy import registry
 from transient_nb.eventlog.format import metrics_text, model_text
 
@@ -159,9 +162,15 @@ def _add_train_options(r: argparse.ArgumentParser) -> None:
     r.add_argument(
         "--model",
         default=None,
-        help="resnet32 | resnet32-t2t | resnet20 | resnet8 (default resnet8: minutes on 2 CPU cores)",
+        help="resnet32 | resnet32-t2t | resnet20 | resnet8 (default resnet8: minutes on 2 CPU "
+        "cores), or your own: the import path pkg.mod:attr of an nn.Module or its factory",
     )
-    r.add_argument("--data", default=None, help="synthetic | digits | cifar10:PATH-OR-URL")
+    r.add_argument(
+        "--data",
+        default=None,
+        help="synthetic | digits | cifar10:PATH-OR-URL, or the import path pkg.mod:attr of a "
+        "(train, test) pair of Datasets or its factory",
+    )
     r.add_argument("--steps", type=int, default=None, help="global steps (default 2000)")
     r.add_argument(
         "--batch-size", type=int, default=None, help="images per worker step (default 32)"
@@ -187,6 +196,7 @@ def _add_train_options(r: argparse.ArgumentParser) -> None:
         metavar="RUN_ID_OR_URL",
         help="continue this run from its newest complete checkpoint (its settings are kept)",
     )
+    workloads.add_workload_options(r)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -280,6 +290,7 @@ def _parser() -> argparse.ArgumentParser:
         help="also delete VMs created from other machines (their owner cannot be checked)",
     )
     w.add_argument("--yes", action="store_true", help="delete without asking")
+    workloads.add_parsers(sub)
     return p
 
 
@@ -373,6 +384,7 @@ def _train_kwargs(args: argparse.Namespace) -> dict[str, Any]:
             given["shards"] = getattr(args, "ps_hosts", None) or CLI_DEFAULTS["shards"]
     return {
         **given,
+        **workloads.workload_kwargs(args),
         "resume": args.resume,
         "target_accuracy": args.target_accuracy,
         "budget": args.budget,
@@ -446,6 +458,7 @@ def run(args: argparse.Namespace) -> int:
             json.dump(summary, f, indent=2, default=str)
     _print_summary(summary)
     print(f"\nRun record: {run_record}\nReport:     {report}")
+    print(f"Weights:    transient-nb export {job.id} PATH --run-dir {args.out}")
     return 0
 
 
@@ -712,6 +725,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "move-ps": move_ps,
             "adapt": adapt,
             "sweep": sweep_vms,
+            "export": workloads.export,
+            "estimate": workloads.estimate,
         }
         if args.command in commands:
             return commands[args.command](args)

@@ -196,6 +196,28 @@ def worker_rate(
     return 1.0 / max(compute_s, floor_s), basis
 
 
+def measured_from_text(text: str | None) -> dict[str, float] | None:
+    """``--measured t4=11.5,v100=30`` (the CLI's and the magic's) as GPU type -> steps/s.
+
+    Examples
+    --------
+    >>> measured_from_text("t4=11.5"), measured_from_text(None)
+    ({'t4': 11.5}, None)
+    """
+    if not text:
+        return None
+    out = {}
+    for item in (t.strip() for t in text.split(",") if t.strip()):
+        gpu, _, value = item.partition("=")
+        try:
+            out[gpu.strip()] = float(value)
+        except ValueError:
+            raise ValueError(
+                f"--measured {item!r}: write TYPE=STEPS_PER_S, e.g. t4=11.5."
+            ) from None
+    return out
+
+
 def _measured(measured: Any) -> tuple[dict[str, float], str]:
     """GPU type -> steps/s of one worker, from a mapping or a run (its workers' own rates)."""
     if measured is None:

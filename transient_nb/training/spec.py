@@ -114,6 +114,11 @@ def resolve(
     data = "synthetic" if data is None else data
     _check_model_form(model)
     _check_data_form(data)
+    # Import paths of callables ("mypkg.losses:huber"): what a CLI or a YAML cell can name.
+    loss, optimizer, collate_fn = (
+        import_path(v, what) if isinstance(v, str) and ":" in v else v
+        for v, what in ((loss, "loss"), (optimizer, "optimizer"), (collate_fn, "collate_fn"))
+    )
     loss = "cross_entropy" if loss is None else loss
     if isinstance(loss, str) and loss not in LOSSES:
         raise ValueError(
@@ -214,6 +219,8 @@ def _metrics(metrics: Any, loss: Any) -> dict[str, Any]:
                 f"metric name {name!r} is taken by a column of run.history; call it e.g. "
                 f"'test_{name}'."
             )
+        if isinstance(fn, str) and ":" in fn:
+            fn = import_path(fn, f"metrics[{name!r}]")
         if isinstance(fn, str) and fn not in METRICS:
             raise ValueError(
                 f"metric {name!r}: unknown built-in {fn!r}; use {', '.join(METRICS)} or a callable."
@@ -221,6 +228,56 @@ def _metrics(metrics: Any, loss: Any) -> dict[str, Any]:
         if not isinstance(fn, str) and not callable(fn):
             raise ValueError(f"metric {name!r} is not callable: give (output, target) -> float.")
         out[name] = fn
+    return out
+
+
+# -- the text forms of the CLI and the magics ----------------------------------------------------------
+def metrics_from_text(text: str, lookup: Any = None) -> dict[str, Any]:
+    """``--metrics`` as typed: ``accuracy,mae=mypkg.metrics:mae,mypkg.metrics:f1``.
+
+    Each item is a built-in name, ``NAME=REF`` or a REF named by its last part; a REF is an
+    import path, or what ``lookup`` (a notebook's namespace) finds under that name.
+
+    Examples
+    --------
+    >>> sorted(metrics_from_text("accuracy,mae=math:fabs"))
+    ['accuracy', 'mae']
+    >>> metrics_from_text("f1", lookup={"f1": len}.get)["f1"] is len
+    True
+    """
+    out: dict[str, Any] = {}
+    for item in (t.strip() for t in text.split(",")):
+        if not item:
+            continue
+        name, sep, ref = item.partition("=")
+        if not sep:
+            ref, name = name, name.rpartition(":")[2].rpartition(".")[2]
+        found = lookup(ref) if lookup is not None and ref.isidentifier() else None
+        out[name.strip()] = found if found is not None else ref.strip()
+    return out
+
+
+def stop_at_from_text(text: str) -> dict[str, str]:
+    """``--stop-at`` as typed: ``mae=0.3`` (the metric's direction), ``f1>=0.8``, ``loss<=2``.
+
+    Examples
+    --------
+    >>> stop_at_from_text("mae=0.3,f1>=0.8")
+    {'mae': '0.3', 'f1': '>=0.8'}
+    """
+    out: dict[str, str] = {}
+    for item in (t.strip() for t in text.split(",")):
+        if not item:
+            continue
+        for op in ("<=", ">=", "="):
+            name, sep, value = item.partition(op)
+            if sep:
+                out[name.strip()] = (op if op != "=" else "") + value.strip()
+                break
+        else:
+            raise ValueError(
+                f"--stop-at {item!r}: write METRIC=VALUE, METRIC<=VALUE or METRIC>=VALUE."
+            )
     return out
 
 
