@@ -206,6 +206,12 @@ def load_latest(url: str) -> Checkpoint | None:
     return None
 
 
+def load_step(url: str, step: int) -> Checkpoint | None:
+    """The complete checkpoint of version ``step`` under ``url``, or None (missing or torn)."""
+    fs, root = fsspec.core.url_to_fs(url)
+    return _read_complete(fs, root, step)
+
+
 def latest_step(url: str) -> int | None:
     """The step of the newest complete checkpoint, or None."""
     ck = load_latest(url)

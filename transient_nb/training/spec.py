@@ -550,6 +550,11 @@ def _datasets(workload: Workload) -> tuple[Any, Any]:
         )
     if workload.builtin_data:
         return pair[0], pair[1]
+    if all(isinstance(ds, (torch.Tensor, np.ndarray)) for ds in pair):
+        raise ValueError(
+            f"{what} a pair of {type(pair[0]).__name__}s (inputs and targets?), not (train, test) "
+            "Datasets: give e.g. (TensorDataset(x_train, y_train), TensorDataset(x_test, y_test))."
+        )
     for role, ds in zip(("train", "test"), pair, strict=True):
         if isinstance(ds, IterableDataset) or not (
             hasattr(ds, "__getitem__") and hasattr(ds, "__len__")
@@ -626,8 +631,10 @@ def _one_batch(workload: Workload, model: nn.Module, batch_size: int) -> None:
             "the loss does not depend on the model's parameters (no gradient): compute it from "
             "the model's output."
         )
-    if not math.isfinite(float(loss)):
-        raise ValueError(f"the loss is {float(loss)} on the first batch: check the data's scale.")
+    if not math.isfinite(float(loss.detach())):
+        raise ValueError(
+            f"the loss is {float(loss.detach())} on the first batch: check the data's scale."
+        )
     loss.backward()
     if not any(p.grad is not None for p in model.parameters() if p.requires_grad):
         raise ValueError("no trainable parameter got a gradient from the loss.")

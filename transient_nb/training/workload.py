@@ -256,7 +256,9 @@ class Workload:
                 if isinstance(source, str):
                     source = import_path(source, "data")
                 pair = source() if callable(source) and not isinstance(source, Dataset) else source
-            self._cache["data"] = tuple(pair) if isinstance(pair, (list, tuple)) else pair
+            # A (train, test) list is a pair too; anything else stays as it is, for the message.
+            two = isinstance(pair, (list, tuple)) and len(pair) == 2
+            self._cache["data"] = tuple(pair) if two else pair
         return self._cache["data"]
 
     def train_set(self) -> Any:
