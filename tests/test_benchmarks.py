@@ -221,3 +221,10 @@ def test_policy_evaluation():
     # The planner's first choice at the paper's prices: P100s (the cheapest per step).
     assert "p100" in rows[2]["start"], rows[2]
     assert "- calm, budget $1.00: policy" in out, out
+
+
+def test_estimate_cpu():
+    header, rows = run_tiny("estimate_cpu.py")
+    assert header[:3] == ["model", "GFLOP/sample", "operators"]
+    assert [r["model"] for r in rows] == ["resnet32", "vgg-3"]
+    assert_positive(rows, "measured ms", "predicted ms", "GFLOP/s")

@@ -241,7 +241,7 @@ def test_your_own_models_and_data_train_to_learned_results(tokmod):
     assert s["metrics"]["mae"] <= 0.6 and s["metrics"]["mse"] < 0.75 * baseline
     assert list(reg.history.columns)[-2:] == ["mae", "mse"]  # a column per metric
     started = next(e for e in reg.events() if e["kind"] == "train-started")
-    assert (started["model"], started["loss"], started["metrics"]) == (
+    assert (started["model"], started["loss"], list(started["metrics"])) == (
         "Regressor",
         "mse",
         ["mae", "mse"],

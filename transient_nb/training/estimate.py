@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import html
+import math
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -222,7 +223,7 @@ def _measured(measured: Any) -> tuple[dict[str, float], str]:
     """GPU type -> steps/s of one worker, from a mapping or a run (its workers' own rates)."""
     if measured is None:
         return {}, ""
-    if isinstance(measured, Mapping):
+    if isinstance(measured, Mapping) and "by_gpu" not in measured:
         return {str(k).lower(): float(v) for k, v in measured.items()}, "given"
     summary = measured.summary() if hasattr(measured, "summary") else dict(measured)
     rates = {
@@ -297,6 +298,18 @@ class Estimate:
             f"<p>{html.escape(head)}</p>{self.frame.to_html(index=False, float_format='%.4g')}"
             f"<p>basis:</p><ul>{basis}</ul>"
         )
+
+
+def _hourly(catalog: PriceCatalog, gpu: str, zone: str, spot: bool) -> float:
+    """Dollars per hour of one worker VM of ``gpu`` (nan: the catalog does not price it)."""
+    for machine in (MACHINES.get(gpu), str(config.get("machine-type"))):
+        if machine is None:
+            continue
+        try:
+            return catalog.worker_price(gpu, machine, zone).rate(spot)
+        except ValueError:
+            continue
+    return math.nan
 
 
 def _sizes(n: int) -> list[int]:
@@ -395,11 +408,9 @@ def estimate(
                 f"measured rate: pass measured={{{gpu!r}: STEPS_PER_S}} or a catalog with "
                 f"'peaks: {gpu}: ...'."
             )
-        machine = MACHINES.get(gpu, str(config.get("machine-type")))
-        try:
-            hourly_one = catalog.worker_price(gpu, machine, zone).rate(spot)
-        except ValueError:
-            hourly_one = catalog.worker_price(gpu, str(config.get("machine-type")), zone).rate(spot)
+        hourly_one = _hourly(catalog, gpu, zone, spot)
+        if math.isnan(hourly_one):
+            basis[gpu] += f"; not priced in {zone} by catalog {catalog.name}: no dollars"
         for n in _sizes(largest):
             demand = n * rate
             served = min(demand, ps_capacity)

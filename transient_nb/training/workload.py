@@ -313,7 +313,7 @@ class Workload:
         test = self.test_set()
         if self.builtin_data:
             n = len(test) if limit is None else min(len(test), limit)
-            x, y = to_tensor(test.images[:n]), torch.from_numpy(np.asarray(test.labels[:n]))
+            x, y = to_tensor(test.images[:n]), torch.from_numpy(np.array(test.labels[:n], np.int64))
             for a in range(0, n, EVAL_BATCH):
                 yield x[a : a + EVAL_BATCH], y[a : a + EVAL_BATCH]
             return

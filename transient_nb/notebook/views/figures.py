@@ -124,7 +124,8 @@ class AccuracyLoss(Component):
 
     def _update(self, events: Sequence[Event], new: Sequence[Event]) -> None:
         for e in new:
-            if e.get("kind") == "train-started" and isinstance(e.get("metrics"), list):
+            # (A list in a run record, a tuple as msgpack brings it from the scheduler.)
+            if e.get("kind") == "train-started" and isinstance(e.get("metrics"), (list, tuple)):
                 self.acc_fig.visible = "accuracy" in e["metrics"]
         acc = [e for e in new if e.get("kind") == "eval" and e.get("accuracy") is not None]
         loss = [e for e in new if e.get("kind") == "metrics"]
