@@ -312,7 +312,7 @@ def test_bad_input_on_a_real_cluster_starts_nothing_and_leaves_nothing() -> None
         requested = [e for e in cluster.monitor.events if e["kind"] == "requested"]
         for kwargs, message in BAD[:4] + BAD[16:20] + BAD[-5:-2]:
             with pytest.raises(ValueError, match=message):
-                train(cluster, batch_size=16, steps=10, **kwargs)
+                train(cluster, **{"batch_size": 16, "steps": 10, **kwargs})
         events = list(cluster.monitor.events)
         scheduler = cluster.scheduler
         assert [e for e in events if e["kind"] == "train-started"] == []
