@@ -380,6 +380,8 @@ def _train_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         given = {k: v for k, v in given.items() if v is not None}
     else:
         given = {k: CLI_DEFAULTS[k] if v is None else v for k, v in given.items()}
+        if args.optimizer is not None and args.lr is None:
+            del given["lr"]  # a user's optimizer has its own learning rate
         if args.shards is None:  # one shard per PS host, as train() does
             given["shards"] = getattr(args, "ps_hosts", None) or CLI_DEFAULTS["shards"]
     return {
