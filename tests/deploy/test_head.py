@@ -356,3 +356,22 @@ def test_a_model_defined_in_the_clients_notebook_trains_in_the_head_and_comes_ba
     finally:
         cluster.shutdown()
     assert registry.entries() == []
+
+
+def test_the_export_rpc_answers_the_clusters_client_only() -> None:
+    import threading
+    from types import SimpleNamespace
+
+    from transient_nb.backends.tls import CLIENT_CN
+    from transient_nb.deploy.head import Head
+
+    head = Head.__new__(Head)  # its handlers alone: no cluster behind it
+    head.runs, head._lock = {}, threading.Lock()
+
+    def comm(cn: str) -> Any:
+        return SimpleNamespace(extra_info={"peercert": {"subject": ((("commonName", cn),),)}})
+
+    with pytest.raises(PermissionError, match="transient_export is for the cluster's client"):
+        head._export(comm("w-0"), run="run-00000001")  # a worker's certificate
+    with pytest.raises(ValueError, match=r"No run 'run-00000001' on this cluster \(runs: none\)"):
+        head._export(comm(CLIENT_CN), run="run-00000001")
