@@ -224,7 +224,15 @@ def test_policy_evaluation():
 
 
 def test_estimate_cpu():
-    header, rows = run_tiny("estimate_cpu.py")
+    out = tiny("estimate_cpu.py")
+    measured, calibration = out.split("\n\n", 1)  # two tables
+    header, rows = first_table(measured, "estimate_cpu.py")
     assert header[:3] == ["model", "GFLOP/sample", "operators"]
     assert [r["model"] for r in rows] == ["resnet32", "vgg-3"]
     assert_positive(rows, "measured ms", "predicted ms", "GFLOP/s")
+    _, paper = first_table(calibration, "estimate_cpu.py")
+    assert [(r["gpu"], r["worker steps/s"]) for r in paper if r["workers"] == "1"] == [
+        ("k80", "4.56"),
+        ("p100", "12.2"),
+        ("v100", "15.6"),
+    ]

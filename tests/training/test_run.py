@@ -762,15 +762,16 @@ def test_a_lost_ps_of_a_custom_run_resumes_its_adamw_state_from_the_checkpoint()
             os.killpg(ps_vm.pid, signal.SIGKILL)
             until(lambda: kinds(run, "ps-recovered"), timeout=240, what="the PS recovered")
             recovered = kinds(run, "ps-recovered")[0]
-            # The new PS, before any trainer pushed to it, against the checkpoint it came from.
+            # The new PS, before any trainer pushed to it, against the checkpoint it came from
+            # (read now: the run goes on later, and prunes old checkpoints).
             state = run._ps[0].get_state().result(timeout=30)
+            ck = checkpoint.load_step(run.checkpoint_url, recovered["step"])
         finally:
             for vm in trainer_vms:
                 os.killpg(vm.pid, signal.SIGCONT)
         run.wait(timeout=400)
         summary = run.summary()
     assert recovered["source"] == "checkpoint"
-    ck = checkpoint.load_step(run.checkpoint_url, recovered["step"])
     assert ck is not None and recovered["step"] >= 200
     written = ck.shards[0]
     assert state["step"] == recovered["step"]

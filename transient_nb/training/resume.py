@@ -129,10 +129,13 @@ def find(resume: str, run_dir: str | None = None) -> ResumePoint:
                     "steps": s.get("steps"),
                     "hparams": json.loads(s.get("hparams") or "{}"),
                     "model_ref": s.get("model_ref"),
+                    "optimizer": s.get("optimizer"),
                     "target_accuracy": s.get("target_accuracy"),
                 },
             )
-            _require_checkpoint(point.checkpoint_url, resume)
+            ck = _require_checkpoint(point.checkpoint_url, resume)
+            if point.settings["optimizer"] is None:  # a built-in run's start does not name it
+                point.settings["optimizer"] = ck.meta.get("optimizer")
             return point
         raise ValueError(
             f"resume={resume!r}: no run record under {base} has that run; pass the run's "
@@ -146,6 +149,7 @@ def find(resume: str, run_dir: str | None = None) -> ResumePoint:
         settings={
             "model": meta.get("model"),
             "model_ref": meta.get("model_ref"),
+            "optimizer": meta.get("optimizer"),
             "data": meta.get("data"),
             "shards": meta.get("shards"),
             "steps": (meta.get("hparams") or {}).get("steps"),
@@ -280,3 +284,30 @@ def settings(
         (steps if steps is not None else earlier.get("steps")),
         merged,
     )
+
+
+def check_optimizer(point: ResumePoint, optimizer: Any) -> None:
+    """Refuse to resume a run of a user's optimizer without it, or the paper's SGD with one:
+    its checkpoint holds that optimizer's state, which another would silently drop.
+
+    Examples
+    --------
+    >>> point = ResumePoint("run-1", "memory://x", settings={"optimizer": "partial(AdamW, lr=0.001)"})
+    >>> check_optimizer(point, None)
+    Traceback (most recent call last):
+    ...
+    ValueError: resume: run-1 trained with optimizer=partial(AdamW, lr=0.001), whose state is in its checkpoint: pass the same optimizer= again.
+    """
+    used = point.settings.get("optimizer")
+    own = used not in (None, "sgd")
+    given = optimizer not in (None, "sgd")
+    if own and not given:
+        raise ValueError(
+            f"resume: {point.run_id} trained with optimizer={used}, whose state is in its "
+            "checkpoint: pass the same optimizer= again."
+        )
+    if given and used == "sgd":
+        raise ValueError(
+            f"resume: {point.run_id} trained with the paper's SGD (its momentum is in the "
+            "checkpoint): drop optimizer= to resume it, or start a new run."
+        )

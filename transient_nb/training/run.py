@@ -883,6 +883,7 @@ class TrainingRun:
                     "run": self.id,
                     "model": self.model_name,
                     "model_ref": self.workload.model_ref,
+                    "optimizer": self.workload.describe()["optimizer"],
                     "data": self.data if isinstance(self.workload.data, str) else None,
                     "layout": self._layout,
                     "fixed": self._fixed_entry,
@@ -1330,6 +1331,7 @@ def train(
         model, data, shards, steps, hparams = resuming.settings(
             point, model, data, shards, steps, hparams
         )
+        resuming.check_optimizer(point, optimizer)
     # One shard per PS host by default: each shard then has a process of its own.
     # Without an explicit number, the run also follows the PS hosts the cluster gains later
     # (cluster.scale_ps, or the policy when one PS is the bottleneck).
