@@ -181,7 +181,9 @@ def test_a_runs_weights_come_home_exactly(tmp_path):
         finally:
             for vm in trainers:
                 os.killpg(vm.pid, signal.SIGCONT)
-        assert all(np.array_equal(a["weights"], b["weights"]) for a, b in zip(states, after, strict=True))
+        assert all(
+            np.array_equal(a["weights"], b["weights"]) for a, b in zip(states, after, strict=True)
+        )
         run.stop()
     # run.save -> load_state_dict: the PS's weights and statistics, bit for bit.
     net = Net()

@@ -3,7 +3,6 @@ names the bad value and says what to do; on a real cluster, nothing started and 
 
 from __future__ import annotations
 
-import functools
 import sys
 import threading
 from typing import Any
@@ -14,12 +13,9 @@ import torch
 from torch import nn
 from torch.utils.data import IterableDataset, TensorDataset
 
-from transient_nb import TransientCluster, train
-from transient_nb.training import spec
 from transient_nb.training.hparams import HParams
 from transient_nb.training.spec import (
     check_train_args,
-    check_workload,
     metrics_from_text,
     reached,
     resolve,
@@ -236,35 +232,6 @@ def test_each_mistake_is_one_clear_message(kwargs: dict[str, Any], message: str)
         check_train_args(**given)
 
 
-def test_a_data_pair_above_the_limit_is_refused_with_a_pointer_to_the_factory(monkeypatch):
-    monkeypatch.setattr(spec, "DATA_BY_VALUE_LIMIT", 2**20)  # the 200 MB rule, at 1 MB
-    big = TensorDataset(torch.zeros(70_000, 4), torch.zeros(70_000, 1))  # about 1.4 MB
-    with pytest.raises(ValueError, match=r"data is 1 MB pickled, above the 1 MB .*data=make_data"):
-        check_train_args(model=linear(), data=(big, big), loss="mse", batch_size=16)
-    # A factory is not shipped by value: any size goes (it builds the data where it runs).
-    check_train_args(model=linear(), data=lambda: (big, big), loss="mse", batch_size=16)
-
-
-def test_what_passes_is_counted_and_the_directions_are_said() -> None:
-    net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
-    net[0].weight.requires_grad_(False)
-    hp, checked = check_workload(
-        model=net,
-        data=pairs(),
-        loss="mse",
-        metrics={"mae": lambda o, y: float((o - y).abs().mean()), "r2": lambda o, y: 0.5},
-        stop_at={"mae": 0.3, "r2": "0.9"},
-        optimizer=functools.partial(torch.optim.AdamW, lr=1e-3),
-        batch_size=16,
-    )
-    assert hp.batch_size == 16
-    assert (checked.parameters, checked.frozen) == (8 + 9, 32)
-    assert checked.stop_at == {"mae": ("<=", 0.3), "r2": (">=", 0.9)}
-    assert checked.data_bytes > 0
-    # The instance is untouched by the check (its forward ran on a copy).
-    assert net[0].weight.grad is None
-
-
 def test_the_text_forms_of_the_surfaces() -> None:
     assert stop_at_from_text("mae=0.3, f1>=0.8,loss<=2") == {
         "mae": "0.3",
@@ -283,48 +250,6 @@ def test_the_text_forms_of_the_surfaces() -> None:
     assert conditions == {"mae": ("<=", 0.3), "sqrt": (">=", 2.0)}
     assert reached(conditions, {"mae": 0.31, "sqrt": 2.5}) == "sqrt>=2"
     assert reached(conditions, {"mae": float("nan"), "sqrt": 1.0}) is None
-
-
-def test_the_builtin_names_are_checked_without_reading_their_data(monkeypatch, tmp_path) -> None:
-    import numpy as np
-
-    import transient_nb.training.workload as workload_module
-    from transient_nb.training.data import write_cifar10_files
-
-    x, y = np.zeros((10, 32, 32, 3), np.uint8), np.arange(10)
-    path = write_cifar10_files(tmp_path, x, y, x[:5], y[:5])
-
-    def refuse(*args: Any, **kwargs: Any) -> Any:
-        raise AssertionError("the data was read")
-
-    monkeypatch.setattr(workload_module, "load_dataset", refuse)
-    _, checked = check_workload(model="resnet32", data=f"cifar10:{path}", steps=5)
-    assert checked.parameters == 466_906  # counted without a batch: the reference workload
-    with pytest.raises(ValueError, match="CIFAR-10 location '/nowhere' does not exist"):
-        check_workload(model="resnet32", data="cifar10:/nowhere")  # the spec is still checked
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_bad_input_on_a_real_cluster_starts_nothing_and_leaves_nothing() -> None:
-    with TransientCluster(workers=1, provisioning_delay=0, preemption="none") as cluster:
-        cluster.wait_for_workers(timeout=180)
-        requested = [e for e in cluster.monitor.events if e["kind"] == "requested"]
-        for kwargs, message in BAD[:4] + BAD[16:20] + BAD[-5:-2]:
-            with pytest.raises(ValueError, match=message):
-                train(cluster, **{"batch_size": 16, "steps": 10, **kwargs})
-        events = list(cluster.monitor.events)
-        scheduler = cluster.scheduler
-        assert [e for e in events if e["kind"] == "train-started"] == []
-        # No VM asked for, no actor or task created, no workload shipped to a worker.
-        assert [e for e in events if e["kind"] == "requested"] == requested
-        assert len(scheduler.tasks) == 0
-        assert not [n for n in scheduler.worker_plugins if n.startswith("transient-workload")]
-        # And the cluster still trains (a good run after the bad ones).
-        run = train(cluster, model=linear(), data=pairs(), loss="mse", steps=20, batch_size=16)
-        run.wait(timeout=300)
-        assert run.summary()["steps"] >= 20
-        assert not [n for n in scheduler.worker_plugins if n.startswith("transient-workload")]
 
 
 def test_hparams_defaults_stay_the_papers() -> None:

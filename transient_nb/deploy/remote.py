@@ -338,7 +338,8 @@ class RemoteCluster:
         cluster), checked here first: a mistake is reported before the head starts anything.
         """
         # Imported here: a handle that only watches never pays for torch.
-        from transient_nb.training.spec import check_train_args, dumps
+        from transient_nb.training.preflight import dumps
+        from transient_nb.training.spec import check_train_args
 
         if not self.detached:
             raise ValueError(

@@ -236,6 +236,19 @@ def parse_emulation(spec: str | Mapping[str, Any] | None) -> Emulation | None:
     return Emulation(rates, ps, spec=",".join(canonical), given=frozenset(given))
 
 
+def rate_basis(rate: float | None) -> str:
+    """Where a user's model's emulated step rate comes from (its ``emulation-paced`` event).
+
+    Examples
+    --------
+    >>> rate_basis(30.0), rate_basis(None)
+    ('the rate given for this model', 'no rate measured for this model')
+    """
+    return (
+        "the rate given for this model" if rate is not None else "no rate measured for this model"
+    )
+
+
 def region_of(zone: str | None) -> str | None:
     """The region of a zone: ``"us-central1-a"`` -> ``"us-central1"`` (None stays None).
 

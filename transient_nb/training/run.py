@@ -46,11 +46,12 @@ from transient_nb.training.checkpoint import (
 from transient_nb.training.estimate import count_step
 from transient_nb.training.hparams import HParams
 from transient_nb.training.optim import optimizer_state
+from transient_nb.training.preflight import dumps, payload
 from transient_nb.training.ps import ParameterServer, regroup, shard_bounds
 from transient_nb.training.spec import (
     check_train_args as check_train_args,  # re-exported: the surfaces import it from here
 )
-from transient_nb.training.spec import check_workload, dumps, payload, stop_conditions
+from transient_nb.training.spec import check_workload, stop_conditions
 from transient_nb.training.spec import reached as metric_reached
 from transient_nb.training.trainer import Trainer, decay_mask, flat_layout, get_flat, set_flat
 from transient_nb.training.workload import (

@@ -19,7 +19,7 @@ import random
 import threading
 import time
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -34,14 +34,21 @@ from transient_nb.training.emulation import (
     cluster_time_scale,
     cross_region,
     parse_emulation,
+    rate_basis,
 )
-from transient_nb.training.flat import FlatModel, flat_layout
+from transient_nb.training.flat import FlatModel
+
+# Re-exported: the driver and the tests import these from here (they live with the flat layout).
+from transient_nb.training.flat import decay_mask as decay_mask
+from transient_nb.training.flat import flat_layout as flat_layout
+from transient_nb.training.flat import get_flat as get_flat
+from transient_nb.training.flat import set_flat as set_flat
 from transient_nb.training.hparams import HParams
 from transient_nb.training.ps import ParameterServer, shard_bounds
 from transient_nb.training.workload import (
     Workload,
     batch_size_of,
-    from_worker,
+    for_trainer,
     load_fixed,
     to_device,
 )
@@ -60,34 +67,6 @@ REJOIN_FIRST_S = 0.2
 REJOIN_MAX_S = 5.0
 #: How often a trainer posts its own ``worker-metrics`` (seconds).
 METRICS_EVERY_S = 2.0
-
-
-def decay_mask(model: torch.nn.Module) -> np.ndarray:
-    """1 for entries that get weight decay (weights of convs and dense layers), else 0."""
-    params, _ = flat_layout(model)
-    return np.concatenate(
-        [np.full(p.numel(), 1 if p.dim() > 1 else 0, dtype=np.uint8) for p in params]
-    )
-
-
-def get_flat(tensors: Sequence[torch.Tensor]) -> np.ndarray:
-    """Concatenate tensors into one float32 numpy vector (on the host)."""
-    if not tensors:
-        return np.zeros(0, dtype=np.float32)
-    return torch.cat([t.detach().reshape(-1) for t in tensors]).float().cpu().numpy()
-
-
-def set_flat(tensors: Sequence[torch.Tensor], flat: np.ndarray) -> None:
-    """Copy a flat vector back into tensors (any device)."""
-    src = torch.from_numpy(np.ascontiguousarray(flat, dtype=np.float32))
-    device = tensors[0].device if tensors else "cpu"
-    src = src.to(device, non_blocking=True)
-    offset = 0
-    with torch.no_grad():
-        for t in tensors:
-            n = t.numel()
-            t.copy_(src[offset : offset + n].view_as(t))
-            offset += n
 
 
 def _published(variable: str, timeout: float) -> dict[str, Any]:
@@ -160,10 +139,8 @@ class Trainer:
         VM's zone); a trainer in another region than the PS steps
         :data:`~transient_nb.training.emulation.CROSS_REGION_SLOWDOWN` times slower.
     workload
-        The user's model, data and loss: ``"plugin"`` reads the run's
-        :class:`~transient_nb.training.workload.WorkloadPlugin` on this worker (shipped once per
-        worker), a :class:`~transient_nb.training.workload.Workload` is used as is (tests); None
-        is the built-in ``model`` on ``data``.
+        The user's model, data and loss: ``"plugin"`` (the run's worker plugin), a
+        :class:`~transient_nb.training.workload.Workload` (tests), or None: ``model`` on ``data``.
 
     Notes
     -----
@@ -442,7 +419,7 @@ class Trainer:
             gpu=self.gpu,
             steps_per_s=rate,
             wall_steps_per_s=None if step_s is None else 1.0 / step_s,
-            **({} if self._reference_model else {"basis": _basis(rate)}),
+            **({} if self._reference_model else {"basis": rate_basis(rate)}),
             time_scale=scale,
             step_scale=self.hp.emulate_step_scale,
             zone=self.zone,
@@ -482,7 +459,7 @@ class Trainer:
         threads = int(getattr(getattr(self.worker, "state", None), "nthreads", 1) or 1)
         torch.set_num_threads(max(1, threads))
         self.state = "loading"
-        workload, fixed = self._resolve_workload()
+        workload, fixed = for_trainer(self._workload, self.run_id, self.model_name, self.data)
         self._reference_model = workload.builtin_model
         # The built-in names take the same steps as ever: the data set, then the model from the
         # seeded generator, then the paper's augmented stream.
@@ -601,22 +578,7 @@ class Trainer:
                     pass
 
     _t_generation = 0.0
-    #: Whether the model is a built-in one (the paper's rates apply to it); set once built.
-    _reference_model = True
-
-    def _resolve_workload(self) -> tuple[Workload, dict[str, Any]]:
-        if isinstance(self._workload, Workload):
-            return self._workload, {}
-        if self._workload == "plugin":
-            return from_worker(self.run_id)
-        return Workload(self.model_name, self.data), {}
-
-
-def _basis(rate: float | None) -> str:
-    """Where a user's model's emulated step rate comes from."""
-    return (
-        "the rate given for this model" if rate is not None else "no rate measured for this model"
-    )
+    _reference_model = True  # a built-in model (the paper's rates apply to it)
 
 
 def _merge(replies: list[Any]) -> tuple[list[np.ndarray], np.ndarray | None, int]:

@@ -494,3 +494,22 @@ def from_worker(run: str) -> tuple[Workload, dict[str, np.ndarray]]:
             f"this worker has no workload of run {run} (its plugin {plugin_name(run)} is missing)"
         )
     return plugin.get()
+
+
+def for_trainer(
+    workload: Workload | str | None, run: str, model: str, data: str
+) -> tuple[Workload, dict[str, np.ndarray]]:
+    """What a trainer trains and the fixed arrays it loads: a :class:`Workload` as is,
+    ``"plugin"`` from this worker's :class:`WorkloadPlugin`, None the built-in ``model`` on
+    ``data`` (no fixed arrays: it builds them as ever).
+
+    Examples
+    --------
+    >>> for_trainer(None, "run-1", "resnet8", "digits")[0].builtin
+    True
+    """
+    if isinstance(workload, Workload):
+        return workload, {}
+    if workload == "plugin":
+        return from_worker(run)
+    return Workload(model, data), {}
