@@ -236,3 +236,9 @@ def test_estimate_cpu():
         ("p100", "12.2"),
         ("v100", "15.6"),
     ]
+
+
+def test_reference_identity():
+    header, rows = run_tiny("reference_identity.py")
+    assert header == ["model", "data", "steps", "sha256 of w, v, bn"]
+    assert [len(r["sha256 of w, v, bn"]) for r in rows] == [16, 16]
