@@ -272,3 +272,18 @@ def test_your_own_models_and_data_train_to_learned_results(tokmod):
     )
     assert np.array_equal(fc, trainable)
     assert torch.equal(load_state_dict(img.id)["conv.weight"], frozen)
+
+
+def test_a_builtin_model_on_your_data_takes_its_classes_from_the_data():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(20, 3, 8, 8, generator=g)
+    y = torch.arange(20) % 4
+    pair = (TensorDataset(x, y), TensorDataset(x[:5], y[:5]))
+    w = Workload("resnet8", pair)
+    assert w.num_classes() == 4  # one more than the largest target
+    assert w.build_model().fc.out_features == 4
+
+    class Named(TensorDataset):
+        classes = ("a", "b", "c", "d", "e", "f")
+
+    assert Workload("resnet8", (Named(x, y), pair[1])).num_classes() == 6
