@@ -104,3 +104,19 @@ def test_bad_input_on_a_real_cluster_starts_nothing_and_leaves_nothing() -> None
         run.wait(timeout=300)
         assert run.summary()["steps"] >= 20
         assert not [n for n in scheduler.worker_plugins if n.startswith("transient-workload")]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_captured_cuda_tensor_is_named_on_a_gpu_machine():
+    """The issue's own example, with a real CUDA tensor (the meta device stands for it above)."""
+    w = torch.zeros(1, 4, device="cuda")
+
+    def make() -> nn.Module:
+        assert w is not None
+        return nn.Linear(4, 1)
+
+    with pytest.raises(ValueError, match=r"`model` captured a CUDA tensor \(on cuda:0\): build it"):
+        check_train_args(model=make, data=pairs(), loss="mse", batch_size=16)
+    with pytest.raises(ValueError, match=r"`model` captured a CUDA tensor \('weight' on cuda:0\)"):
+        check_train_args(model=nn.Linear(4, 1).cuda(), data=pairs(), loss="mse", batch_size=16)
