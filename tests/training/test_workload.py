@@ -220,10 +220,14 @@ def test_your_own_models_and_data_train_to_learned_results(tokmod):
             eval_every=100,
         )
         tok.wait(timeout=600)
-        net = DigitsNet()
         torch.manual_seed(0)
-        net.conv.weight.requires_grad_(False)
-        frozen = net.conv.weight.detach().clone()
+        net = DigitsNet()
+        # The batch norm's scale, set to values of our own and frozen: it must stay as given
+        # (a frozen random conv layer learned digits too slowly to judge the run by).
+        with torch.no_grad():
+            net.bn.weight.uniform_(0.5, 1.5)
+        net.bn.weight.requires_grad_(False)
+        frozen = net.bn.weight.detach().clone()
         # Checkpoints at steps 0 and 600 only (two are kept): the first holds where it started.
         img = train(
             cluster,
@@ -261,9 +265,9 @@ def test_your_own_models_and_data_train_to_learned_results(tokmod):
     assert isinstance(tok_net, tokmod.TokenNet)
     # The images: learned; the frozen layer is bit for bit as given, and the run started from
     # the instance's weights (its step-0 checkpoint holds them).
-    assert img.summary()["accuracy"] > 0.8  # ten classes
+    assert img.summary()["accuracy"] > 0.85  # ten classes
     trained = img.model()
-    assert torch.equal(trained.conv.weight, frozen)
+    assert torch.equal(trained.bn.weight, frozen)
     first = checkpoint.load_step(img.checkpoint_url, 0)
     assert first is not None
     fc = np.concatenate([sh["weights"] for sh in first.shards])
@@ -271,7 +275,7 @@ def test_your_own_models_and_data_train_to_learned_results(tokmod):
         [p.detach().numpy().ravel() for p in net.parameters() if p.requires_grad]
     )
     assert np.array_equal(fc, trainable)
-    assert torch.equal(load_state_dict(img.id)["conv.weight"], frozen)
+    assert torch.equal(load_state_dict(img.id)["bn.weight"], frozen)
 
 
 def test_a_builtin_model_on_your_data_takes_its_classes_from_the_data():
