@@ -1273,7 +1273,8 @@ def train(
         A run id (``"run-1a2b3c4d"``, looked up in the run records) or a checkpoint URL: continue
         that run from its newest complete checkpoint, with its id, model, data, shards and
         hyperparameters (any given here must agree, except ``steps`` and the stop conditions).
-        A model or data defined in a notebook must be given again.
+        A model or data defined in a notebook must be given again, and so must a user's
+        loss, metrics and optimizer (the optimizer's state comes from the checkpoint).
     shards
         Number of PS shards (default: the cluster's ``ps_hosts``, so one shard per PS host).
     target_accuracy, budget, deadline
