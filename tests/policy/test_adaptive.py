@@ -804,3 +804,31 @@ def test_a_budget_policy_announces_its_budget_and_none_once_stopped():
             "remembered_h": None,
         },
     ]
+
+
+def test_a_users_model_is_planned_from_its_size_and_flops_not_resnet_32s():
+    """A run of a user's model says its parameters and FLOPs (train-started): the PS's prior
+    capacity scales with the model's size, each GPU type's prior rate is its FLOP-based
+    estimate; a built-in run keeps the paper's figures."""
+    from transient_nb.catalog.prices import PriceCatalog
+    from transient_nb.training.estimate import reference_flops, worker_rate
+
+    paper = PriceCatalog.load("paper-2019")
+    cluster = RecordingCluster({"k80": 2})
+    cluster.catalog = paper  # type: ignore[attr-defined]
+    policy = _policy(cluster, "cost-per-step")
+    builtin = _policy(RecordingCluster({"k80": 2}), "cost-per-step")
+    builtin.cluster.add("train-started", T0, run="r", steps=1000, parameters=466_906)
+    builtin.observe(builtin.cluster.monitor.events)
+    assert builtin.planner.rate("k80") == 4.56 and builtin.planner.ps_capacity(1) == 45.0
+    # Ten times the paper's model's FLOPs per sample, a fifth of its parameters, batch 64.
+    flops = 10 * reference_flops()
+    cluster.add(
+        "train-started", T0, run="r", steps=1000, parameters=1_857_722 // 5, batch_size=64,
+        flops_per_sample=flops, operators=400, loss="mse",
+    )  # fmt: skip
+    policy.observe(cluster.monitor.events)
+    want, _ = worker_rate(paper, "k80", flops, 64, 400)
+    assert policy.planner.rate("k80") == pytest.approx(want)
+    assert want == pytest.approx(4.56 * 128 / 64 / 10)  # the paper's K80 rate, scaled
+    assert policy.planner.ps_capacity(1) > 45.0 * 2.5  # a fifth of the bytes: much more

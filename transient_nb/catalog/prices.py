@@ -70,6 +70,8 @@ class PriceCatalog:
     regions: dict[str, Region]
     minimum_s: float = BILLING_MINIMUM_S
     increment_s: float = 1.0
+    #: GPU type -> published peak FP32 TFLOPS (the catalog's ``peaks:``; what estimates start from).
+    peaks: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def load(cls, name_or_path: str | None = None) -> PriceCatalog:
@@ -110,6 +112,10 @@ class PriceCatalog:
                 for rname, r in data["regions"].items()
             }
             billing = data.get("billing", {})
+            peaks = {
+                str(k): float(v["fp32_tflops"] if isinstance(v, dict) else v)
+                for k, v in (data.get("peaks") or {}).items()
+            }
             return cls(
                 name=str(data.get("name", origin)),
                 date=str(data.get("date", "undated")),
@@ -117,6 +123,7 @@ class PriceCatalog:
                 regions=regions,
                 minimum_s=float(billing.get("minimum", BILLING_MINIMUM_S)),
                 increment_s=float(billing.get("increment", 1)),
+                peaks=peaks,
             )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ValueError(
@@ -160,6 +167,16 @@ class PriceCatalog:
                 "or load a price catalog that lists it."
             )
         return table[key]
+
+    def peak_tflops(self, gpu: str) -> float | None:
+        """Published peak FP32 TFLOPS of one ``gpu`` (None when the catalog has no figure).
+
+        Examples
+        --------
+        >>> PriceCatalog.load("gce-2025").peak_tflops("t4")
+        8.1
+        """
+        return self.peaks.get(gpu.lower())
 
     def worker_price(self, gpu: str | None, machine: str, zone: str) -> Price:
         """Hourly price of a worker VM: its machine type plus its GPU (if any)."""

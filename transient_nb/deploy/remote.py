@@ -13,6 +13,7 @@ cluster acts on and answers with a ``control`` event.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 import time
@@ -37,6 +38,19 @@ from transient_nb.eventlog.vocabulary import (
     ClusterStart,
 )
 from transient_nb.ticker import Ticker
+
+#: ``train()`` arguments that may be objects: they travel to a head cloudpickled.
+BY_VALUE = ("model", "data", "loss", "metrics", "optimizer", "collate_fn")
+
+
+def _plain(value: Any) -> bool:
+    """Whether ``value`` travels as JSON (a name, a number, a mapping of them)."""
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
 
 logger = logging.getLogger(__name__)
 
@@ -316,7 +330,9 @@ class RemoteCluster:
         Takes the arguments of :func:`transient_nb.train` (which calls this for a detached
         cluster), checked here first: a mistake is reported before the head starts anything.
         """
-        from transient_nb.training.run import check_train_args
+        # Imported here: a handle that only watches never pays for torch.
+        from transient_nb.training.preflight import dumps
+        from transient_nb.training.spec import check_train_args
 
         if not self.detached:
             raise ValueError(
@@ -327,7 +343,17 @@ class RemoteCluster:
         kwargs.pop("wait", None)
         checked = {
             k: kwargs[k]
-            for k in ("model", "data", "steps", "shards", "target_accuracy", "deadline")
+            for k in (
+                "model",
+                "data",
+                "steps",
+                "shards",
+                "target_accuracy",
+                "deadline",
+                *BY_VALUE,
+                "stop_at",
+                "num_workers",
+            )
             if k in kwargs
         }
         hparams = {
@@ -337,7 +363,13 @@ class RemoteCluster:
             and k not in ("budget", "checkpoint_url", "seed", "device", "resume")
         }
         if kwargs.get("resume") is None:
+            # The same checks as an attached run's, here: the model built, one batch run.
             check_train_args(**checked, **hparams)
+        # Objects (a model class of this notebook, data sets, callables) travel cloudpickled, as
+        # Dask ships functions; plain values as they are.
+        objects = {k: kwargs.pop(k) for k in BY_VALUE if k in kwargs and not _plain(kwargs[k])}
+        if objects:
+            kwargs["by_value"] = dumps(objects, "model and data")
         deadline: Any = kwargs.get("deadline")
         if hasattr(deadline, "timestamp"):  # a datetime travels as seconds from now
             kwargs["deadline"] = max(1.0, deadline.timestamp() - time.time())

@@ -111,6 +111,10 @@ class RunProgress:
         Trainers that failed, and restarts of them (``trainer-failed``, ``trainer-restarted``).
     model, data, started, updated
         What is trained, on what, since when, and the time of the last ``metrics`` event.
+    parameters
+        The model's trainable parameters (what the PS holds), once the run has started.
+    metrics
+        Every metric of the last evaluation (accuracy among them where it is one).
     """
 
     run: str
@@ -131,6 +135,8 @@ class RunProgress:
     data: str = ""
     started: float = 0.0
     updated: float = 0.0
+    parameters: int | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
 
     @property
     def finished(self) -> bool:
@@ -182,6 +188,7 @@ class RunTracker:
                     data=str(e.get("data", "")),
                     started=t,
                     updated=t,
+                    parameters=_int_or_none(e.get("parameters")),
                 )
                 self._pace.clear()
             return
@@ -197,6 +204,7 @@ class RunTracker:
             self._metrics(p, e)
         elif kind == "eval":
             p.accuracy = e.get("accuracy")
+            p.metrics = eval_metrics(e)
         elif kind == "trainer-failed":
             p.trainer_failures += 1
         elif kind == "trainer-restarted":
@@ -243,6 +251,7 @@ class RunSummary:
         self.first_time: float | None = None
         self.last_time: float | None = None
         self.accuracy: Any = None
+        self.metrics: dict[str, float] = {}
         self.last_metrics_step: Any = None
         self._preempted: list[float] = []
         self._replacements: list[float] = []
@@ -271,6 +280,7 @@ class RunSummary:
             self.finished = e
         elif kind == "eval":
             self.accuracy = e["accuracy"]
+            self.metrics = eval_metrics(e)
         elif kind == "preempted" and e.get("role") == "worker":
             self._preempted.append(tw)
         elif kind in ("replacement-requested", "spare-requested") and e.get("role") != "ps":
@@ -318,7 +328,14 @@ class RunSummary:
             )
         else:
             parts.append("the host kept the emulated pace of every paced process")
-        if unpaced:
+        own = any(e.get("basis") for e in self._paced.values())
+        if unpaced and own:
+            # A user's model: the paper's ResNet-32 rates say nothing of it.
+            parts.append(
+                f"no step rate measured for this model on the GPU type of {', '.join(unpaced)}: "
+                "not paced (give one, e.g. emulate='paper,t4=STEPS_PER_S')"
+            )
+        elif unpaced:
             parts.append(f"no step rate for the GPU type of {', '.join(unpaced)}: not paced")
         return "; ".join(parts)
 
@@ -352,6 +369,8 @@ class RunSummary:
             "steps": steps,
             "wall_s": wall,
             "accuracy": self.accuracy,
+            "metrics": dict(self.metrics),
+            "parameters": started.get("parameters") if started else None,
             "preemptions": len(within(self._preempted)),
             "replacements": len(within(self._replacements)),
             "ps_recoveries": len(recoveries),
@@ -409,7 +428,8 @@ def summarize(events: Iterable[Event], minimum_s: float = BILLING_MINIMUM_S) -> 
     """The summary of a run, from its event log alone (a run record will do).
 
     Keys: run, model, data, reason, error,
-    trainer_failures, steps, wall_s, accuracy, preemptions, replacements, ps_recoveries, steps_lost, lost_in_flight, cost,
+    trainer_failures, steps, wall_s, accuracy, metrics (every metric of the last evaluation),
+    parameters (the model's trainable ones), preemptions, replacements, ps_recoveries, steps_lost, lost_in_flight, cost,
     cost_on_demand, saved, saved_fraction, img_per_s, speedup_over_one_worker (None where no
     one-worker rate was measured alone: see ``speedup_note``), speedup_note, emulated (paced
     GPU or PS emulation, :mod:`transient_nb.training.emulation`), emulation_behind (paced processes whose
@@ -459,8 +479,10 @@ def history(
     Returns
     -------
     A DataFrame with :data:`HISTORY_COLUMNS`: step, time (s since ``t0``), loss, test accuracy
-    (last evaluation), active workers, staleness, img/s, lr, cost and on-demand cost so far.
-    Linear in the number of events (the bill is kept incrementally).
+    (last evaluation), active workers, staleness, img/s, lr, cost and on-demand cost so far;
+    then one column per further metric of the run (a user's ``metrics=``: its last
+    evaluation's value, empty before the first). Linear in the number of events (the bill is
+    kept incrementally).
 
     Examples
     --------
@@ -470,16 +492,19 @@ def history(
     bill_ = Bill(minimum_s)
     rows = []
     acc = None
+    more: dict[str, float] = {}  # the metrics beside accuracy, as last evaluated
     for e in events:
         bill_.feed(e)
         kind = e.get("kind")
         if kind == "eval":
             acc = e["accuracy"]
+            more.update({k: v for k, v in eval_metrics(e).items() if k != "accuracy"})
         if kind != "metrics":
             continue
         total, total_od, _, _ = bill_.totals(now=e["time"])
         rows.append(
             {
+                **more,
                 "step": e["step"],
                 "time": e["time"] - t0,
                 "loss": e["loss"],
@@ -492,7 +517,21 @@ def history(
                 "cost_on_demand": total_od,
             }
         )
-    return pd.DataFrame(rows, columns=HISTORY_COLUMNS)
+    return pd.DataFrame(rows, columns=[*HISTORY_COLUMNS, *more])
+
+
+def eval_metrics(e: Event) -> dict[str, float]:
+    """Every metric of an ``eval`` event: its ``metrics`` (a user's workload), else accuracy.
+
+    Examples
+    --------
+    >>> eval_metrics({"kind": "eval", "accuracy": 0.9}), eval_metrics({"metrics": {"mae": 0.2}})
+    ({'accuracy': 0.9}, {'mae': 0.2})
+    """
+    metrics = e.get("metrics")
+    if isinstance(metrics, Mapping):
+        return {str(k): v for k, v in metrics.items()}
+    return {} if e.get("accuracy") is None else {"accuracy": e["accuracy"]}
 
 
 # -- the whole cluster -------------------------------------------------------------------------------

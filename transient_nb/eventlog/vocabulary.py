@@ -29,6 +29,11 @@ PROVIDER_NOTICE_OP = "transient-provider-notice"
 #: before the monitor names the worker that posted them: the RPC's copy is the one to show.)
 EVENTS_RPC = "transient_events"
 
+#: The scheduler RPC of a detached cluster's head that hands the cluster's client a run's trained
+#: model: ``transient_export(run=RUN_ID, what="state" | "model")`` (see
+#: :class:`transient_nb.deploy.head.Head`).
+EXPORT_RPC = "transient_export"
+
 #: Fields every lifecycle event of a VM carries (``VMSpec.event_fields``); ``joined`` and
 #: ``left`` also carry the worker's ``address``.
 VM_EVENT_FIELDS = (
@@ -169,6 +174,20 @@ EVENTS: dict[str, tuple[str, ...]] = {
         "resumed_from",
         "resumed_step",
         "steps_lost",
+        # A user's own workload (train(model=Net, loss=..., ...)); absent for the built-in ones:
+        # what rebuilds the model anywhere (a built-in name or an import path; None: it travelled
+        # by value), the loss, the metrics' names, the optimizer, frozen parameters, and the
+        # stop conditions (JSON: metric -> [">=" or "<=", value]).
+        "model_ref",
+        "loss",
+        "metrics",
+        "optimizer",
+        "frozen_parameters",
+        "stop_at",
+        # ... and what the policy plans it from: FLOPs per sample of a training step and the
+        # operators a step runs (transient_nb.training.estimate).
+        "flops_per_sample",
+        "operators",
     ),
     "metrics": (
         "run",
@@ -183,7 +202,8 @@ EVENTS: dict[str, tuple[str, ...]] = {
         "updates",
     ),
     "worker-metrics": ("run", "worker", "step", "img_per_s", "local_step", "device"),
-    "eval": ("run", "step", "accuracy", "test_loss"),
+    # metrics: every metric's value (a user's workload; the built-in ones have accuracy alone).
+    "eval": ("run", "step", "accuracy", "test_loss", "metrics"),
     "checkpoint": ("run", "step", "path", "seconds"),  # all shards at one step, manifest written
     "ps-lost": ("run", "step", "address", "addresses"),  # addresses: every shard host
     "ps-recovered": ("run", "step", "steps_lost", "seconds", "generation", "source"),
@@ -226,6 +246,9 @@ EVENTS: dict[str, tuple[str, ...]] = {
         "wall_steps_per_s",
         "time_scale",
         "step_scale",
+        # A user's model: where its rate comes from (one given for it, or none measured: the
+        # paper's ResNet-32 rates are never used for it).
+        "basis",
     ),
     # The host could not keep an emulated pace: its own work per step was slower (wall rates).
     "emulation-behind": (
@@ -240,7 +263,7 @@ EVENTS: dict[str, tuple[str, ...]] = {
     ),
     "train-finished": (
         "run",
-        "reason",  # steps|accuracy|budget|deadline|stopped|error|trainer-failed
+        "reason",  # steps|accuracy|metric|budget|deadline|stopped|error|trainer-failed
         "step",
         "accuracy",
         "wall_s",
@@ -250,6 +273,8 @@ EVENTS: dict[str, tuple[str, ...]] = {
         "trainers",
         "error",
         "checkpoint_step",
+        "metrics",  # the newest evaluation's values (a user's workload)
+        "stopped_by",  # the stop_at condition met (reason "metric"), e.g. "mae<=0.3"
     ),
 }
 

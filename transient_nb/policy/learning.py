@@ -335,6 +335,8 @@ class PolicyLearning:
                     (str(gpu), wall_rate * self.step_scale / self.time_scale, vm.get("zone"))
                 )
         elif kind == "train-started":
+            if e.get("flops_per_sample") is not None:  # a user's model, not ResNet-32
+                self._use_model(e)
             self._train_started_at = t
             self._steps = int(e.get("steps") or 0) or None
             self._step = int(e.get("resumed_step") or 0)
@@ -346,6 +348,22 @@ class PolicyLearning:
         elif kind == "metrics":
             self._step = max(self._step, int(e.get("step", 0)))
             self._observe_ps(e, t)
+
+    def _use_model(self, e: Mapping[str, Any]) -> None:
+        """The run trains a user's model: its size and FLOPs, not ResNet-32's, are the
+        planner's priors (the PS's capacity, the rate of each GPU type it may buy)."""
+        # Imported here: a policy of the built-in runs never pays for torch's counters.
+        from transient_nb.training.estimate import worker_rate
+
+        flops = float(e["flops_per_sample"])
+        batch = int(e.get("batch_size") or 128)
+        operators = int(e.get("operators") or 0)
+        rates = {}
+        for kind in self.planner.kinds:
+            rate, _ = worker_rate(self.cluster.catalog, kind.gpu.lower(), flops, batch, operators)
+            if rate is not None:
+                rates[kind.gpu.lower()] = rate
+        self.planner.use_model(int(e.get("parameters") or 0), rates)
 
     def _observe_first_startup(self, name: str, training: float) -> None:
         """The start-up of a worker asked for before the run: from its request to its training,

@@ -124,6 +124,8 @@ def training_model(p: RunProgress | None) -> dict[str, Any] | None:
     return {
         "run": _plain(p.run),
         "model": _plain(p.model),
+        "parameters": _plain(p.parameters),
+        "metrics": {str(k): _plain(v) for k, v in p.metrics.items()},
         "step": p.step,
         "steps": _plain(p.target or None),
         "accuracy": _plain(p.accuracy),
