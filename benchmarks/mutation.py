@@ -35,10 +35,10 @@ ROOT = Path(__file__).resolve().parents[1]
 #: Module (path under transient_nb/, no .py) -> the unit tests that exercise it. Fast tests only:
 #: mutmut runs them once per mutant.
 MODULES: dict[str, list[str]] = {
-    "cost": ["tests/eventlog/test_bill.py"],
-    "prices": ["tests/catalog/test_prices.py"],
-    "replacement": ["tests/policy/test_placement.py"],
-    "preemption": ["tests/catalog/test_lifetimes.py"],
+    "eventlog/bill": ["tests/eventlog/test_bill.py"],
+    "catalog/prices": ["tests/catalog/test_prices.py"],
+    "policy/placement": ["tests/policy/test_placement.py"],
+    "catalog/lifetimes": ["tests/catalog/test_lifetimes.py"],
     "training/ps": ["tests/training/test_ps.py"],
     "training/trainer": ["tests/training/test_trainer.py"],
     "training/flat": ["tests/training/test_flat.py"],
@@ -48,12 +48,24 @@ MODULES: dict[str, list[str]] = {
     # The driver's functions and its loop against in-process doubles (test_run.py takes minutes).
     "training/run": ["tests/training/test_run_driver.py", "tests/training/test_run_loop.py"],
     # The transient-aware policy's model and its reading of the event log (synthetic streams).
-    "planner": ["tests/policy/test_planner.py"],
+    "policy/planner": ["tests/policy/test_planner.py"],
     # Its one real-cluster run (minutes a mutant) left out: the synthetic streams test each rule.
-    "policy": ["tests/policy/test_adaptive.py", "tests/policy/test_history.py", "-m", "not slow"],
-    "history": ["tests/policy/test_history.py"],
+    "policy/adaptive": [
+        "tests/policy/test_adaptive.py",
+        "tests/policy/test_history.py",
+        "-m",
+        "not slow",
+    ],
+    "policy/learning": [
+        "tests/policy/test_learning.py",
+        "tests/policy/test_history.py",
+        "-m",
+        "not slow",
+    ],
+    "policy/goals": ["tests/policy/test_goals.py"],
+    "policy/history": ["tests/policy/test_history.py"],
 }
-DEFAULT = ["cost", "prices", "replacement", "preemption"]
+DEFAULT = ["eventlog/bill", "catalog/prices", "policy/placement", "catalog/lifetimes"]
 
 #: mutmut's verdicts (``mutmut results --all true``), grouped for the score.
 KILLED = {"killed", "timeout", "caught by type check"}

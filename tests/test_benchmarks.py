@@ -254,3 +254,24 @@ def test_policy_evaluation():
     # The planner's first choice at the paper's prices: P100s (the cheapest per step).
     assert "p100" in rows[2]["start"], rows[2]
     assert "- calm, budget $1.00: policy" in out, out
+
+
+def test_estimate_cpu():
+    out = tiny("estimate_cpu.py")
+    measured, calibration = out.split("\n\n", 1)  # two tables
+    header, rows = first_table(measured, "estimate_cpu.py")
+    assert header[:3] == ["model", "GFLOP/sample", "operators"]
+    assert [r["model"] for r in rows] == ["resnet32", "vgg-3"]
+    assert_positive(rows, "measured ms", "predicted ms", "GFLOP/s")
+    _, paper = first_table(calibration, "estimate_cpu.py")
+    assert [(r["gpu"], r["worker steps/s"]) for r in paper if r["workers"] == "1"] == [
+        ("k80", "4.56"),
+        ("p100", "12.2"),
+        ("v100", "15.6"),
+    ]
+
+
+def test_reference_identity():
+    header, rows = run_tiny("reference_identity.py")
+    assert header == ["model", "data", "steps", "sha256 of w, v, bn"]
+    assert [len(r["sha256 of w, v, bn"]) for r in rows] == [16, 16]

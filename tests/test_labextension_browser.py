@@ -39,6 +39,8 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 CHROMIUM = os.environ.get("TRANSIENT_NB_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts" / "labextension"
+#: Pictures for the documentation (docs/_ext/transient_docs/screenshots.py shows them).
+DOCS_SHOTS = Path(__file__).resolve().parents[1] / "docs" / "_screenshots"
 TOKEN = "transient-nb-browser-test"
 #: Generous DOM waits (ms): two CPU cores run JupyterLab, a kernel, Chromium and the workers.
 SLOW_MS = 90_000
@@ -252,6 +254,8 @@ def test_panel_shows_preempts_connects_stops_and_creates(lab: Lab, kernel_cluste
             )
             expect(card.locator(".tnb-Counts")).to_contain_text("preemptions survived: 1")
             page.screenshot(path=ARTIFACTS / "2-worker-preempted-and-replaced.png")
+            DOCS_SHOTS.mkdir(parents=True, exist_ok=True)
+            panel.screenshot(path=DOCS_SHOTS / "lab-panel.png")
 
             # Scale from the panel's form: a third worker, and it runs on demand.
             card.locator(".tnb-ScaleButton").click()
@@ -306,6 +310,7 @@ def test_panel_shows_preempts_connects_stops_and_creates(lab: Lab, kernel_cluste
             form.locator("input").nth(0).fill("panel-demo")  # name
             form.locator("input").nth(1).fill("1")  # workers
             page.screenshot(path=ARTIFACTS / "5-new-cluster-form.png")
+            page.locator(".jp-Dialog-content").screenshot(path=DOCS_SHOTS / "lab-new-cluster.png")
             page.locator(".jp-Dialog .jp-mod-accept").click()
             created = panel.locator('.tnb-Cluster[data-cluster="panel-demo"]')
             expect(created.locator('div.tnb-Worker[data-state="joined"]')).to_have_count(
@@ -357,6 +362,7 @@ def test_panel_shows_preempts_connects_stops_and_creates(lab: Lab, kernel_cluste
             expect(policy).to_contain_text("expected $")
             expect(policy).to_contain_text("P(losing ≥1, ≥2, ≥3 workers within 1 h)")
             page.screenshot(path=ARTIFACTS / "8-policy-on.png")
+            panel.screenshot(path=DOCS_SHOTS / "lab-panel-policy.png")
             created.locator(".tnb-StopButton").click()
             page.locator(".jp-Dialog .jp-mod-accept").click()
             expect(created).to_have_count(0, timeout=SLOW_MS)

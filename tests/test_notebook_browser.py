@@ -28,9 +28,13 @@ import psutil
 import pytest
 
 from tests.conftest import require, require_module  # tests/conftest.py
+from transient_nb.eventlog.records import read_run_record
+from transient_nb.notebook.views.report import save_report
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "test-artifacts" / "browser"
+#: Pictures for the documentation (docs/_ext/transient_docs/screenshots.py shows them).
+DOCS_SHOTS = ROOT / "docs" / "_screenshots"
 CHROMIUM = "/usr/bin/chromium"
 TOKEN = "transient-nb-browser-test"
 
@@ -240,6 +244,10 @@ def test_quickstart_in_jupyterlab(lab: dict[str, Any]) -> None:
                 timeout=2 * minute
             )
             page.screenshot(path=str(ARTIFACTS / "1-panel.png"), full_page=True)
+            DOCS_SHOTS.mkdir(parents=True, exist_ok=True)
+            page.locator(".transient-panel").first.screenshot(
+                path=DOCS_SHOTS / "notebook-panel.png"
+            )
 
             # The live figures gain points while the run goes on (read twice, see it grow).
             page.wait_for_function(f"({SOURCE_LENGTH})('loss') > 0", timeout=5 * minute)
@@ -272,12 +280,20 @@ def test_quickstart_in_jupyterlab(lab: dict[str, Any]) -> None:
             figures = page.locator(".bk-Figure")
             figures.nth(min(3, figures.count() - 1)).scroll_into_view_if_needed()
             page.screenshot(path=str(ARTIFACTS / "3-preempted.png"), full_page=True)
+            dashboard = page.locator(".jp-OutputArea-output", has=page.locator(".bk-Figure"))
+            dashboard.first.screenshot(path=DOCS_SHOTS / "notebook-dashboard.png")
 
             # The notebook runs to its end and closes its cluster.
             expect(page.get_by_text("Cluster quickstart is down").first).to_be_visible(
                 timeout=10 * minute
             )
             page.screenshot(path=str(ARTIFACTS / "4-done.png"), full_page=True)
+            # The run's HTML report, made from its record as `transient-nb run` makes it.
+            record = max((lab["tmp"] / "runs").rglob("events.jsonl"), key=os.path.getmtime)
+            report = save_report(str(lab["tmp"] / "report.html"), read_run_record(record))
+            page.goto(Path(report).as_uri())
+            expect(page.locator(".bk-Figure").first).to_be_visible(timeout=minute)
+            page.screenshot(path=DOCS_SHOTS / "report.png", full_page=True)
             errors = page.locator(
                 ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']",
                 has_text="Traceback",

@@ -16,11 +16,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.mark.parametrize(
     "command",
     [
-        ["ruff", "check", "transient_nb", "tests", "benchmarks"],
-        ["ruff", "format", "--check", "transient_nb", "tests", "benchmarks"],
+        ["ruff", "check", "transient_nb", "tests", "benchmarks", "docs"],
+        ["ruff", "format", "--check", "transient_nb", "tests", "benchmarks", "docs"],
         ["mypy"],
+        # The documentation's own Sphinx extension and configuration (docs/conf.py).
+        ["mypy", "docs/_ext", "docs/conf.py"],
     ],
-    ids=["ruff-check", "ruff-format", "mypy"],
+    ids=["ruff-check", "ruff-format", "mypy", "mypy-docs"],
 )
 def test_clean(command):
     proc = subprocess.run(

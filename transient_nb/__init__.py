@@ -18,16 +18,22 @@ if TYPE_CHECKING:
     from transient_nb.deploy.cluster import TransientCluster
     from transient_nb.deploy.connect import connect
     from transient_nb.eventlog.bill import CostReport, compute_costs
+    from transient_nb.training.estimate import Estimate, estimate
+    from transient_nb.training.export import load_model, load_state_dict
     from transient_nb.training.run import TrainingRun, train
 
 #: Public name -> the module that defines it.
 _PUBLIC = {
     "CostReport": "transient_nb.eventlog.bill",
+    "Estimate": "transient_nb.training.estimate",
     "PriceCatalog": "transient_nb.catalog.prices",
     "TrainingRun": "transient_nb.training.run",
     "TransientCluster": "transient_nb.deploy.cluster",
     "compute_costs": "transient_nb.eventlog.bill",
     "connect": "transient_nb.deploy.connect",
+    "estimate": "transient_nb.training.estimate",
+    "load_model": "transient_nb.training.export",
+    "load_state_dict": "transient_nb.training.export",
     "train": "transient_nb.training.run",
 }
 
@@ -51,12 +57,16 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "CostReport",
+    "Estimate",
     "PriceCatalog",
     "TrainingRun",
     "TransientCluster",
     "__version__",
     "compute_costs",
     "connect",
+    "estimate",
+    "load_model",
+    "load_state_dict",
     "train",
 ]
 

@@ -62,6 +62,16 @@ def warn(old: str, new: str, stacklevel: int = 3) -> None:
     )
 
 
+def forward(package: str, module: str, name: str) -> Any:
+    """``name`` of ``transient_nb.<module>``, asked of ``transient_nb.<package>`` (which was that
+    module before 0.2), with the warning; an AttributeError if the module has no such name."""
+    target = importlib.import_module(f"transient_nb.{module}")
+    if name.startswith("__") or not hasattr(target, name):
+        raise AttributeError(f"module 'transient_nb.{package}' has no attribute {name!r}")
+    warn(f"{package}.{name}", f"{module}.{name}", stacklevel=4)
+    return getattr(target, name)
+
+
 class _Alias(importlib.abc.Loader):
     def __init__(self, old: str, new: str) -> None:
         self.old, self.new = old, new

@@ -2,8 +2,11 @@
 
 A limit is refused up front: :meth:`Limits.check_workers` runs in ``TransientCluster.__init__``
 and in ``scale()`` (which the magic, the JupyterLab panel's control requests and the CLI all go
-through), so that a typo such as ``scale 1000`` costs nothing. The budget and the deadline stop a
-running cluster; the join deadline deletes a VM that runs but whose worker never joins.
+through), so that a typo such as ``scale 1000`` costs nothing. Every VM a cluster creates
+(workers, replacements, spares, PS hosts, a PS move's new hosts, what the policy asks for) goes
+through :meth:`Limits.check_fleet` too, priced at its own placement beside every VM the cluster
+runs or asks for. The budget and the deadline stop a running cluster; the join deadline deletes
+a VM that runs but whose worker never joins.
 
 Every value comes from ``transient.limits`` in the Dask config unless given explicitly.
 """
@@ -40,6 +43,17 @@ def dollars(value: Any, what: str) -> float | None:
     return float(value)
 
 
+class LimitError(ValueError):
+    """A VM (or a change asked for) that the cluster's limits do not allow.
+
+    ``limit`` names the one it would break: ``"max_workers"`` or ``"max_hourly_cost"``.
+    """
+
+    def __init__(self, message: str, limit: str):
+        super().__init__(message)
+        self.limit = limit
+
+
 @dataclass(frozen=True)
 class Limits:
     """How big and how expensive a cluster may get, and how long it may wait.
@@ -66,7 +80,7 @@ class Limits:
     >>> limits.check_workers(9)
     Traceback (most recent call last):
     ...
-    ValueError: 9 workers is above max_workers=8 ...
+    transient_nb.limits.LimitError: 9 workers is above max_workers=8 ...
     """
 
     max_workers: int = 64
@@ -131,26 +145,70 @@ class Limits:
     def check_workers(self, n: int) -> None:
         """Refuse ``n`` workers above ``max_workers``, saying how to allow more."""
         if n > self.max_workers:
-            raise ValueError(
+            raise LimitError(
                 f"{n} workers is above max_workers={self.max_workers} (transient.limits."
                 "max-workers): ask for fewer, or raise the limit, e.g. "
                 f"TransientCluster(..., max_workers={n}) or dask.config.set("
-                f"{{'transient.limits.max-workers': {n}}})."
+                f"{{'transient.limits.max-workers': {n}}}).",
+                "max_workers",
             )
 
-    def check_hourly_cost(self, n: int, worker_hourly: float, ps_hourly: float) -> None:
+    def check_hourly_cost(
+        self, n: int, worker_hourly: float, ps_hourly: float, hosts: str = "the PS hosts"
+    ) -> None:
         """Refuse ``n`` workers whose hourly cost (with the PS hosts) is above ``max_hourly_cost``.
 
-        ``worker_hourly`` is the dearest hourly price a worker may be placed at.
+        ``worker_hourly`` is the dearest hourly price a worker may be placed at; ``ps_hourly``
+        what ``hosts`` (the PS hosts, and a head VM) cost per hour.
         """
         if self.max_hourly_cost is None:
             return
         hourly = n * worker_hourly + ps_hourly
         if hourly > self.max_hourly_cost:
+            if not worker_hourly:
+                raise LimitError(
+                    f"{hosts} could cost ${ps_hourly:.2f}/h, above max_hourly_cost="
+                    f"${self.max_hourly_cost:.2f}/h: raise max_hourly_cost "
+                    "(transient.limits.max-hourly-cost).",
+                    "max_hourly_cost",
+                )
             most = max(0, int((self.max_hourly_cost - ps_hourly) // worker_hourly))
-            raise ValueError(
+            raise LimitError(
                 f"{n} workers could cost ${hourly:.2f}/h (${worker_hourly:.3f}/h each at the "
-                f"dearest allowed placement, plus ${ps_hourly:.3f}/h for the PS hosts), above "
+                f"dearest allowed placement, plus ${ps_hourly:.3f}/h for {hosts}), above "
                 f"max_hourly_cost=${self.max_hourly_cost:.2f}/h: ask for at most {most} "
-                "workers, or raise max_hourly_cost (transient.limits.max-hourly-cost)."
+                "workers, or raise max_hourly_cost (transient.limits.max-hourly-cost).",
+                "max_hourly_cost",
+            )
+
+    def check_fleet(self, workers: int, hourly: float, what: str) -> None:
+        """Refuse ``what`` (a new VM) if the cluster would then hold more than ``max_workers`` GPU
+        workers, or cost more than ``max_hourly_cost`` per hour.
+
+        ``workers`` and ``hourly`` count every VM the cluster runs or is asking for (GPU workers,
+        PS hosts, a head VM), at each one's own price, ``what`` included; VMs on their way out
+        (at their notice) are not counted. The one check every VM a cluster creates goes
+        through, whatever asked for it.
+
+        Examples
+        --------
+        >>> Limits(max_workers=2, max_hourly_cost=1.0).check_fleet(2, 1.0, "VM w-1")
+        >>> Limits(max_workers=2).check_fleet(3, 0.5, "a spare w-2")
+        Traceback (most recent call last):
+        ...
+        transient_nb.limits.LimitError: a spare w-2 would make 3 GPU workers, above max_workers=2 ...
+        """
+        if workers > self.max_workers:
+            raise LimitError(
+                f"{what} would make {workers} GPU workers, above max_workers={self.max_workers} "
+                "(transient.limits.max-workers): the cluster goes on without it. Raise the limit "
+                f"to allow it, e.g. TransientCluster(..., max_workers={workers}).",
+                "max_workers",
+            )
+        if self.max_hourly_cost is not None and hourly > self.max_hourly_cost + 1e-9:
+            raise LimitError(
+                f"{what} would bring the cluster to ${hourly:.2f}/h, above max_hourly_cost="
+                f"${self.max_hourly_cost:.2f}/h (transient.limits.max-hourly-cost): the cluster "
+                "goes on without it. Raise the limit to allow it.",
+                "max_hourly_cost",
             )

@@ -12,7 +12,14 @@ from typing import Any
 import pytest
 
 from transient_nb.backends.gce import enroll as gce_enroll
-from transient_nb.backends.tls import CLIENT_CN, ClusterCA, common_name, make_csr
+from transient_nb.backends.tls import (
+    CLIENT_CN,
+    ClusterCA,
+    common_name,
+    make_csr,
+    role_of,
+    tls_lifetime_s,
+)
 
 
 def test_each_role_gets_its_own_certificate_from_the_clusters_ca() -> None:
@@ -27,18 +34,72 @@ def test_each_role_gets_its_own_certificate_from_the_clusters_ca() -> None:
 def test_a_csr_is_signed_only_for_the_name_it_was_expected_to_ask_for() -> None:
     ca = ClusterCA.create("demo")
     _, csr = make_csr("demo-w-0")
-    assert common_name(ca.sign_csr(csr, "demo-w-0")) == "demo-w-0"
+    assert common_name(ca.sign_csr(csr, "demo-w-0", role="worker")) == "demo-w-0"
     with pytest.raises(ValueError, match=r"asks for \['demo-w-0'\], not for 'demo-w-1'"):
-        ca.sign_csr(csr, "demo-w-1")
+        ca.sign_csr(csr, "demo-w-1", role="worker")
     _, as_client = make_csr(CLIENT_CN)
     with pytest.raises(ValueError, match="transient-client"):
-        ca.sign_csr(as_client, "demo-w-0")
+        ca.sign_csr(as_client, "demo-w-0", role="worker")
     with pytest.raises(ValueError, match="Not a certificate signing request"):
-        ca.sign_csr("-----BEGIN CERTIFICATE REQUEST-----\nAAAA\n", "demo-w-0")
+        ca.sign_csr("-----BEGIN CERTIFICATE REQUEST-----\nAAAA\n", "demo-w-0", role="worker")
+
+
+def test_every_certificate_names_its_role_which_the_ca_sets_and_remembers() -> None:
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
+    ca = ClusterCA.create("demo")
+    security = ca.cluster_security()
+    assert role_of(security.tls_client_cert) == "client"
+    assert role_of(security.tls_scheduler_cert) == "head"
+    # A VM asks for its name; the role is the CA's to set, whatever the request says.
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name(
+        [
+            x509.NameAttribute(NameOID.COMMON_NAME, "demo-w-0"),
+            x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, "client"),  # a wish
+        ]
+    )
+    from cryptography.hazmat.primitives import serialization
+
+    csr = x509.CertificateSigningRequestBuilder().subject_name(subject).sign(key, hashes.SHA256())
+    pem = csr.public_bytes(serialization.Encoding.PEM).decode()
+    cert = ca.sign_csr(pem, "demo-w-0", role="worker", vm="w-0")
+    assert role_of(cert) == "worker"
+    serial = x509.load_pem_x509_certificate(cert.encode()).serial_number
+    issued = ca.lookup(serial)
+    assert issued is not None and (issued.name, issued.role, issued.vm) == (
+        "demo-w-0",
+        "worker",
+        "w-0",
+    )
+    with pytest.raises(ValueError, match="role='root'"):
+        ca.issue("x", role="root")
+    # Its VM goes: the CA forgets its certificates, the others stay.
+    ca.issue("demo-w-1", role="worker", vm="w-1")
+    assert ca.revoke("w-0") == 1 and ca.lookup(serial) is None
+    assert ca.revoke("w-0") == 0
+    assert {i.vm for i in ca.issued.values()} == {None, "w-1"}
+
+
+def test_no_certificate_outlives_the_ca_whose_lifetime_is_the_clusters() -> None:
+    from cryptography import x509
+
+    ca = ClusterCA.create("demo", lifetime_s=7200)
+    cert = x509.load_pem_x509_certificate(ca.issue("demo-w-0", role="worker")[0].encode())
+    root = x509.load_pem_x509_certificate(ca.cert_pem.encode())
+    assert cert.not_valid_after_utc == root.not_valid_after_utc
+    assert abs(root.not_valid_after_utc.timestamp() - ca.not_after) < 1
+    assert tls_lifetime_s() == 30 * 24 * 3600
+    with pytest.raises(ValueError, match="tls-lifetime"):
+        tls_lifetime_s(-1)
 
 
 def test_files_are_for_this_user_only(tmp_path: Path) -> None:
-    paths = ClusterCA.create("demo").write_files(str(tmp_path / "tls"), "w-0")
+    paths = ClusterCA.create("demo").write_files(str(tmp_path / "tls"), "w-0", role="worker")
     assert stat.S_IMODE(os.stat(tmp_path / "tls").st_mode) == 0o700
     for path in paths.values():
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
@@ -65,7 +126,7 @@ def test_enrolment_keeps_the_key_and_publishes_only_the_csr(
             body = self.rfile.read(int(self.headers["Content-Length"])).decode()
             seen[self.path] = body
             # The cluster's side: it signs the request for this VM's name.
-            seen["cert"] = ca.sign_csr(body, "demo-w-0")
+            seen["cert"] = ca.sign_csr(body, "demo-w-0", role="worker", vm="w-0")
             self._answer(200, "")
 
         def do_GET(self) -> None:

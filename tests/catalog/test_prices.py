@@ -139,3 +139,14 @@ def test_malformed_catalog_error_says_what_is_wrong_and_what_is_needed() -> None
         "'regions: {REGION: {zones: [...], gpus: {GPU: {on_demand: X, spot: Y}}, "
         "machines: {...}}}' as in transient_nb/catalog/gce-2025.yaml."
     )
+
+
+def test_catalogs_carry_each_gpus_published_peak() -> None:
+    for name in shipped_catalogs():
+        catalog = PriceCatalog.load(name)
+        assert set(catalog.gpus()) <= set(catalog.peaks), name  # every priced type has one
+    gce = PriceCatalog.load("gce-2025")
+    assert gce.peak_tflops("V100") == 15.7 and gce.peak_tflops("k80") == 4.37
+    assert PriceCatalog.from_dict(CUSTOM).peak_tflops("x1") is None  # none given: none known
+    custom = PriceCatalog.from_dict({**CUSTOM, "peaks": {"x1": 12.5}})
+    assert custom.peak_tflops("x1") == 12.5

@@ -190,8 +190,8 @@ def test_workers_take_a_mix_of_gpu_types_and_refuse_bad_ones(tmp_path, capsys):
 @pytest.mark.slow
 def test_a_detached_mixed_cluster_scales_by_type(tmp_path, capsys):
     import dask
-    from conftest import of_kind, wait_for_sync
 
+    from tests.conftest import of_kind, wait_for_sync
     from transient_nb.deploy import registry
     from transient_nb.deploy.connect import connect
 
@@ -235,7 +235,7 @@ def test_a_detached_mixed_cluster_scales_by_type(tmp_path, capsys):
         assert main(["scale-ps", "cli-mix", "5"]) == 2
         assert "scale_ps(5): at most 4 PS hosts" in capsys.readouterr().err
         assert main(["scale-ps", "cli-mix", "0"]) == 2
-        assert "n=0 must be a whole number of at least 1" in capsys.readouterr().err
+        assert "hosts=0: give a whole number of PS hosts, 1 or more" in capsys.readouterr().err
         assert main(["scale-ps", "cli-mix", "2"]) == 0
         assert "Cluster cli-mix: keeping 2 PS host(s)" in capsys.readouterr().out
         wait_for_sync(

@@ -287,3 +287,91 @@ def test_shutdown_still_stops_the_head_after_the_mirror_gave_up() -> None:
     # The head answered and its cluster is closed (its registry entry is gone).
     assert answer["action"] == "stop" and answer["closed"] is True
     assert all(e["name"] != cluster.name or e["stale"] for e in registry.entries())
+
+
+def test_a_model_defined_in_the_clients_notebook_trains_in_the_head_and_comes_back(
+    tmp_path: Path, kernel_env: dict[str, str]
+) -> None:
+    """The client's ``__main__`` (a kernel's cell) defines the model, the data and a metric; the
+    detached cluster's head rebuilds them from the control request and trains; another process
+    then gets the trained module back from the head: ``connect(NAME).run.model()``."""
+    import torch
+
+    from transient_nb import load_state_dict
+
+    name = "own-model-1"
+    km, kc = _kernel(kernel_env, tmp_path)
+    try:
+        text = _run_cell(
+            kc,
+            "import torch\n"
+            "from torch import nn\n"
+            "from torch.utils.data import TensorDataset\n"
+            "from transient_nb import TransientCluster, train\n"
+            "class Net(nn.Module):\n"
+            "    def __init__(self):\n"
+            "        super().__init__()\n"
+            "        self.body = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 1))\n"
+            "    def forward(self, x):\n"
+            "        return self.body(x)\n"
+            "g = torch.Generator().manual_seed(0)\n"
+            "x = torch.randn(400, 4, generator=g)\n"
+            "y = (x @ torch.tensor([1.0, -2.0, 0.5, 0.0]))[:, None]\n"
+            "pair = (TensorDataset(x[:320], y[:320]), TensorDataset(x[320:], y[320:]))\n"
+            "def mae(out, t):\n"
+            "    return float((out - t).abs().mean())\n"
+            f"cluster = TransientCluster(workers=2, detached=True, name={name!r}, "
+            "preemption='none', provisioning_delay='1s')\n"
+            "run = train(cluster, model=Net, data=pair, loss='mse', metrics={'mae': mae}, "
+            "optimizer=lambda p: torch.optim.Adam(p, lr=1e-2), steps=300, batch_size=32, "
+            "eval_every=100)\n"
+            "run.wait(timeout=400)\n"
+            "print('RUN', run.id)\n"
+            "print('MAE', run.summary()['metrics']['mae'])\n"
+            "cluster.close()\n",
+            timeout=600,
+        )
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+    run_id, mae = _value(text, "RUN"), float(_value(text, "MAE"))
+    assert mae < 0.5  # learned (the targets' spread is about 2.3)
+    cluster = connect(name)
+    try:
+        run = cluster.run
+        assert run is not None and run.id == run_id and run.model_name == "Net"
+        model = run.model()  # the class came from the kernel's __main__, through the head
+        assert type(model).__name__ == "Net" and isinstance(model, torch.nn.Module)
+        assert not model.training
+        final = load_state_dict(run_id)  # from the run's checkpoints, here
+        state = model.state_dict()
+        assert list(state) == list(final)
+        assert all(torch.equal(state[k], final[k]) for k in final)
+        assert all(torch.equal(v, final[k]) for k, v in run.state_dict().items())
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(400, 4, generator=g)
+        y = (x @ torch.tensor([1.0, -2.0, 0.5, 0.0]))[:, None]
+        with torch.no_grad():
+            assert float((model(x[320:]) - y[320:]).abs().mean()) == pytest.approx(mae, rel=0.2)
+    finally:
+        cluster.shutdown()
+    assert registry.entries() == []
+
+
+def test_the_export_rpc_answers_the_clusters_client_only() -> None:
+    import threading
+    from types import SimpleNamespace
+
+    from transient_nb.backends.tls import CLIENT_CN
+    from transient_nb.deploy.head import Head
+
+    head = Head.__new__(Head)  # its handlers alone: no cluster behind it
+    head.runs, head._lock = {}, threading.Lock()
+
+    def comm(cn: str) -> Any:
+        return SimpleNamespace(extra_info={"peercert": {"subject": ((("commonName", cn),),)}})
+
+    with pytest.raises(PermissionError, match="transient_export is for the cluster's client"):
+        head._export(comm("w-0"), run="run-00000001")  # a worker's certificate
+    with pytest.raises(ValueError, match=r"No run 'run-00000001' on this cluster \(runs: none\)"):
+        head._export(comm(CLIENT_CN), run="run-00000001")

@@ -110,7 +110,7 @@ def test_remote_handle_reads_and_controls(cleanup: None) -> None:
                 30,
             )
             wait_for_sync(lambda: cluster.ps_move_zone is None, 120)
-            assert cluster.policy.ps_zone == "us-east1-c"
+            assert cluster.placement.ps_zone == "us-east1-c"
             ps = [vm for vm in cluster.workers.values() if vm.spec.role == "ps" and not vm.stopped]
             assert {vm.spec.zone for vm in ps} == {"us-east1-c"}
 

@@ -406,3 +406,44 @@ def test_vm_states() -> None:
 
 
 # -- the vocabulary ---------------------------------------------------------------------------------
+
+
+def _own_run_log() -> list[dict[str, Any]]:
+    """A user's run: its metrics in every evaluation, no accuracy among them."""
+    return [
+        {"kind": "train-started", "time": 0.0, "run": "r", "steps": 100, "batch_size": 8,
+         "model": "Net", "parameters": 385, "metrics": ["mae", "mse"]},
+        {"kind": "metrics", "time": 1.0, "run": "r", "step": 10, "loss": 2.0, "lr": 0.01,
+         "active_workers": 2, "staleness": 0.5, "img_per_s": 80.0},
+        {"kind": "eval", "time": 1.5, "run": "r", "step": 10, "accuracy": None, "test_loss": 1.2,
+         "metrics": {"mae": 0.9, "mse": 1.2}},
+        {"kind": "metrics", "time": 2.0, "run": "r", "step": 20, "loss": 1.0, "lr": 0.01,
+         "active_workers": 2, "staleness": 0.5, "img_per_s": 80.0},
+        {"kind": "eval", "time": 2.5, "run": "r", "step": 20, "accuracy": None, "test_loss": 0.6,
+         "metrics": {"mae": 0.5, "mse": 0.6}},
+        {"kind": "metrics", "time": 3.0, "run": "r", "step": 30, "loss": 0.7, "lr": 0.01,
+         "active_workers": 2, "staleness": 0.5, "img_per_s": 80.0},
+        {"kind": "train-finished", "time": 3.5, "run": "r", "reason": "metric", "step": 30,
+         "metrics": {"mae": 0.5, "mse": 0.6}, "stopped_by": "mae<=0.5"},
+    ]  # fmt: skip
+
+
+def test_every_metric_is_a_column_of_the_history_and_in_the_summary_and_progress() -> None:
+    from transient_nb.eventlog.folds import HISTORY_COLUMNS, RunTracker, eval_metrics, history
+
+    log = _own_run_log()
+    h = history(log, t0=0.0)
+    assert list(h.columns) == [*HISTORY_COLUMNS, "mae", "mse"]
+    assert h["mae"].isna().tolist() == [True, False, False]  # before the first evaluation
+    assert h["mae"].tolist()[1:] == [0.9, 0.5] and h["accuracy"].isna().all()
+    s = summarize(log)
+    assert s["metrics"] == {"mae": 0.5, "mse": 0.6} and s["accuracy"] is None
+    assert s["parameters"] == 385 and s["reason"] == "metric"
+    tracker = RunTracker()
+    tracker.feed(log)
+    assert tracker.progress is not None
+    assert tracker.progress.metrics == {"mae": 0.5, "mse": 0.6}
+    assert tracker.progress.parameters == 385
+    # A built-in run's evaluation has accuracy alone, and its history no further column.
+    assert eval_metrics({"kind": "eval", "accuracy": 0.9}) == {"accuracy": 0.9}
+    assert list(history([], t0=0.0).columns) == HISTORY_COLUMNS

@@ -10,7 +10,7 @@ import pytest
 
 from transient_nb.catalog.lifetimes import parse_preemption
 from transient_nb.experiments import evaluation
-from transient_nb.policy.adaptive import DEFAULT_MARGIN
+from transient_nb.policy.learning import DEFAULT_MARGIN
 
 
 def test_every_trace_is_a_lifetime_model_and_a_bad_one_is_refused_before_any_run():

@@ -43,7 +43,7 @@ def ip() -> Iterator[InteractiveShell]:
             cluster.close()
     magics.clusters.clear()
     magics.cluster = None
-    for name in ("cluster", "run", "c2"):
+    for name in ("cluster", "run", "c2", *_notebook_objects()):
         shell.user_ns.pop(name, None)
     shell.run_line_magic("unload_ext", "transient_nb")
 
@@ -129,9 +129,25 @@ def test_mistakes_say_what_to_type(ip: InteractiveShell, line: str, message: str
         ("cluster: {}\ntrain:\n  target_accuracy: 2", "train: target_accuracy=2"),
         ("cluster: {}\ntrain:\n  budget: -1", "train: budget=-1"),
         ("cluster:\n  workers: 1000", "1000 workers is above max_workers=64"),
+        # Your own model and data: import paths and the notebook's names, pre-flighted.
+        (
+            "cluster: {}\ntrain:\n  model: nosuch.mod:net",
+            "train: model='nosuch.mod:net': module 'nosuch.mod' cannot be imported",
+        ),
+        (
+            "cluster: {}\ntrain:\n  model: bad_net\n  data: pair\n  loss: mse",
+            "<lambda> returned a str, not an nn.Module: the factory must return the network",
+        ),
+        (
+            "cluster: {}\ntrain:\n  model: wide_net\n  data: pair\n  loss: mse\n  batch_size: 16",
+            "train: the model returns shape (16, 3) but the targets have shape (16, 1): with "
+            "loss='mse' they must match",
+        ),
+        ("cluster: {}\ntrain:\n  metrics: auc", "train: metric 'auc': unknown built-in 'auc'"),
     ],
 )
 def test_cell_mistakes(ip: InteractiveShell, cell: str, message: str) -> None:
+    ip.user_ns.update(_notebook_objects())
     before = len(registry.entries())
     with pytest.raises(UsageError) as info:
         ip.run_cell_magic("transient_cluster", "", cell)
@@ -206,6 +222,65 @@ def test_a_gce_cell_checks_its_checkpoint_url_before_any_vm(
     assert magics.cluster is None
 
 
+def _notebook_objects() -> dict[str, Any]:
+    """What a notebook's cells would define: models, a data pair, a metric."""
+    import torch
+    from torch import nn
+    from torch.utils.data import TensorDataset
+
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(64, 4, generator=g), torch.randn(64, 1, generator=g)
+    return {
+        "bad_net": lambda: "not a net",
+        "wide_net": lambda: nn.Linear(4, 3),
+        "small_net": lambda: nn.Linear(4, 1),
+        "pair": (TensorDataset(x[:48], y[:48]), TensorDataset(x[48:], y[48:])),
+        "mae": lambda out, t: float((out - t).abs().mean()),
+    }
+
+
+def test_save_and_estimate_need_no_cluster(ip: InteractiveShell) -> None:
+    with pytest.raises(UsageError, match="No training run in this kernel to save"):
+        magic(ip, "save /tmp/x.pt")
+    ip.user_ns.update(_notebook_objects())
+    with pytest.raises(UsageError, match="'pair' is not a training run of this notebook"):
+        magic(ip, "save /tmp/x.pt --run pair")
+    est = magic(
+        ip,
+        "estimate --model small_net --data pair --loss mse --workers t4=2 --steps 100 "
+        "--batch-size 16",
+    )
+    assert est.parameters == 5 and est.frame["workers"].tolist() == [1, 2]
+    with pytest.raises(UsageError, match=r"estimate: .*No peak throughput for GPU type 'x9'"):
+        magic(ip, "estimate --model small_net --data pair --loss mse --workers x9=1")
+
+
+@pytest.mark.slow
+def test_train_takes_the_notebooks_names_and_save_writes_the_weights(
+    ip: InteractiveShell, tmp_path: Path
+) -> None:
+    import torch
+
+    ip.user_ns.update(_notebook_objects())
+    with capture_output():
+        magic(ip, "up --workers 1 --provisioning-delay 0s --preemption none --name own-demo")
+        run = magic(
+            ip,
+            "train --model small_net --data pair --loss mse --metrics mae,mse --stop-at mae=50 "
+            "--steps 200 --batch-size 16 --eval-every 10 --wait --as run",
+        )
+    assert ip.user_ns["run"] is run and run.reason == "metric" and run.stopped_by == "mae<=50"
+    assert set(run.summary()["metrics"]) == {"mae", "mse"}
+    with capture_output() as saved:
+        magic(ip, f"save {tmp_path / 'w.pt'}")
+    assert f"Saved the trained weights of {run.id}" in saved.stdout
+    net = torch.nn.Linear(4, 1)
+    net.load_state_dict(torch.load(tmp_path / "w.pt"))
+    assert torch.equal(net.weight, run.model().weight)
+    with capture_output():
+        magic(ip, "down")
+
+
 def test_help_is_the_docstring_with_every_subcommand(ip: InteractiveShell) -> None:
     doc = ip.find_line_magic("transient_cluster").__doc__
     for name in SUBCOMMANDS:
@@ -237,7 +312,7 @@ def test_a_cluster_session(ip: InteractiveShell) -> None:
     assert isinstance(cluster, TransientCluster)
     assert ip.user_ns["c2"] is cluster
     assert (cluster.name, cluster.time_scale, cluster.notice_s) == ("magic-demo", 2.0, 1.0)
-    assert cluster.policy is not None
+    assert cluster.placement is not None
     shown = widgets_shown(captured)
     assert len(shown) == 1 and "ClusterPanel magic-demo" in shown[0].data["text/plain"]
     # Returned as the cell's result, the cluster is not displayed a second time...
@@ -277,7 +352,7 @@ def test_a_cluster_session(ip: InteractiveShell) -> None:
     move = wait_for_sync(lambda: of_kind(cluster.monitor.events, "ps-move", zone="us-east1-c"), 30)
     assert move[0]["zone_from"] == "us-central1-a" and move[0]["reason"] == "closer"
     wait_for_sync(lambda: cluster.ps_move_zone is None, 120)
-    assert cluster.policy.ps_zone == "us-east1-c"
+    assert cluster.placement.ps_zone == "us-east1-c"
 
     with capture_output() as out:
         magic(ip, "preempt w-1 --no-notice")

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import dask
 import pytest
 
-from tests.policy.test_adaptive import RecordingCluster, _storm_stream, _vm
+from tests.policy.policy_helpers import RecordingCluster, _storm_stream, _vm
 from transient_nb.policy.adaptive import TransientPolicy
 from transient_nb.policy.history import KEEP_STARTUPS, Observations, PolicyHistory
 from transient_nb.policy.planner import PRIOR_HOURS, Kind, Planner

@@ -909,3 +909,16 @@ def test_a_run_with_no_steps_left_is_done_now_whatever_the_change():
     assert (new.eta_s, new.cost) == (0.0, 0.0)
     plan = planner.choose("cost-per-step", 0, max_workers=2, current=current)
     assert plan.chosen.eta_s == 0.0
+
+
+def test_a_users_model_replaces_the_papers_priors():
+    planner = Planner([Kind("t4", "us-central1-a", True, 0.2)], 0.19)
+    assert planner.ps_capacity(1) == 45.0 and planner.rate("k80") == 4.56
+    planner.use_model(1_857_722, {"t4": 12.0})  # the paper's size: the same PS
+    assert planner.ps_capacity(1) == pytest.approx(45.0)
+    assert planner.ps_capacity(2) == pytest.approx(45.0 * 1.75)
+    assert planner.rate("t4") == 12.0 and planner.rate("k80") == 0.0  # no ResNet-32 figure
+    bigger = Planner([Kind("t4", "us-central1-a", True, 0.2)], 0.19)
+    bigger.use_model(4 * 1_857_722)
+    assert bigger.ps_capacity(1) < 45.0 / 3  # four times the bytes: under a third
+    assert bigger.ps_capacity(2) / bigger.ps_capacity(1) > 1.75  # a second shard helps more

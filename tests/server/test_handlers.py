@@ -14,6 +14,7 @@ from typing import Any
 
 import psutil
 import pytest
+from jupyter_server.auth.authorizer import Authorizer
 from tornado.httpclient import HTTPClientError, HTTPResponse
 
 from tests.conftest import wait_for  # tests/conftest.py: the suite's wait helper
@@ -532,6 +533,23 @@ async def test_bad_create_input_is_400(jp_fetch: Fetch, body: Any, fragment: str
     assert registry.entries() == []
 
 
+async def test_a_price_catalog_file_from_a_request_is_refused(
+    jp_fetch: Fetch, tmp_path: Any
+) -> None:
+    """A request names a packaged catalog only: a path would have the server read any YAML
+    file, and price a cluster (and its limits) from it. A valid catalog file is still refused."""
+    from importlib import resources
+
+    cheap = tmp_path / "cheap.yaml"
+    cheap.write_text((resources.files("transient_nb.catalog") / "gce-2025.yaml").read_text())
+    body = {"workers": 1, "prices": str(cheap), "name": "byfile", "time_scale": 60}
+    code, answer = await call(jp_fetch, "clusters", method="POST", body=body)
+    assert code == 400, answer
+    assert "not one of the packaged price catalogs (gce-2025, paper-2019)" in answer["message"]
+    assert "TransientCluster(prices='/path/catalog.yaml')" in answer["message"]
+    assert registry.entries() == []
+
+
 async def test_bad_wait_is_400(jp_fetch: Fetch) -> None:
     code, answer = await call(jp_fetch, "clusters", params={"wait": "soon"})
     assert code == 400 and "wait" in answer["message"]
@@ -569,3 +587,50 @@ async def test_unauthenticated_requests_are_refused(
         response = e.response  # type: ignore[assignment]
     assert response.code in (401, 403)
     assert registry.entries() == []
+
+
+# -- authorization --------------------------------------------------------------------------------
+class ReadOnlyAuthorizer(Authorizer):
+    """A server shared read-only: every user may read, nobody may write or execute."""
+
+    def is_authorized(self, handler: Any, user: Any, action: str, resource: str) -> bool:
+        return action == "read"
+
+
+class TestAReadOnlyAuthorizer:
+    """The server's Authorizer is asked on every route: a read-only share lists, never changes."""
+
+    @pytest.fixture
+    def jp_server_config(self) -> dict[str, Any]:
+        return {
+            "ServerApp": {
+                "jpserver_extensions": {"transient_nb": True},
+                "authorizer_class": ReadOnlyAuthorizer,
+            },
+            "TransientServerExtension": {"rpc_timeout": 1.0, "answer_timeout": 5.0},
+        }
+
+    async def test_lists_but_cannot_create_scale_or_stop(self, jp_fetch: Fetch) -> None:
+        async with kernel_cluster("ro", workers=1) as cluster:
+            models = await wait_model(jp_fetch, lambda m: "ro" in m)
+            assert models["ro"]["status"] == "running"
+            code, _ = await call(jp_fetch, "clusters", "ro")
+            assert code == 200
+            code, _ = await call(jp_fetch, "options")
+            assert code == 200
+            for parts, method, body in [
+                (("clusters",), "POST", {"workers": 1, "name": "sneaky"}),
+                (("clusters", "ro", "scale"), "POST", {"workers": 3}),
+                (("clusters", "ro", "scale-ps"), "POST", {"hosts": 2}),
+                (("clusters", "ro", "move-ps"), "POST", {"zone": "us-central1-a"}),
+                (("clusters", "ro", "preempt"), "POST", {"worker": "w-0"}),
+                (("clusters", "ro", "adapt"), "POST", {"goal": "cost-per-step"}),
+                (("clusters", "ro"), "DELETE", None),
+            ]:
+                code, answer = await call(jp_fetch, *parts, method=method, body=body)
+                assert code == 403, (parts, answer)
+                assert "not authorized to write" in answer["message"], answer
+            # Nothing was asked of the cluster: no control request reached it.
+            assert not [e for e in cluster.monitor.events if e["kind"] == "control"]
+            assert cluster.mix == {cluster.gpu: 1}
+            assert [e["name"] for e in registry.entries()] == ["ro"]

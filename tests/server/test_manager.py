@@ -87,6 +87,16 @@ def test_training_step_accuracy_and_eta() -> None:
     assert t["finished"] and t["eta_s"] == 0 and t["accuracy"] == 0.9 and t["step"] == 1000
 
 
+def test_training_shows_the_model_its_size_and_each_metric() -> None:
+    events = run(
+        event("train-started", 10.0, run="r1", model="Net", parameters=385, steps=100),
+        event("eval", 25.0, run="r1", step=50, accuracy=None, metrics={"mae": 0.3, "mse": 0.2}),
+    )
+    t = make_cluster_model(ENTRY, events, now=31.0)["training"]
+    assert (t["model"], t["parameters"]) == ("Net", 385)
+    assert t["metrics"] == {"mae": 0.3, "mse": 0.2} and t["accuracy"] is None
+
+
 def test_gone_vms_are_bounded() -> None:
     extra = []
     for i in range(2, 2 + 3 * MAX_GONE_ROWS):

@@ -161,3 +161,15 @@ def test_a_slow_reply_counts_as_the_hosts_work_only_when_the_ps_is_not_paced():
     assert own.behind() is None  # the emulated PS's plateau, not the host's fault
     behind = ours.behind()
     assert behind is not None and behind["achieved_steps_per_s"] == pytest.approx(1 / 0.22)
+
+
+def test_a_users_model_is_paced_only_at_a_rate_given_for_it_and_its_ps_by_its_size():
+    from transient_nb.training.emulation import PAPER_MODEL_PARAMETERS, parse_emulation
+
+    emu = parse_emulation("paper,t4=30,a100-40gb=50")
+    assert emu is not None and emu.given == {"t4", "a100-40gb"}
+    assert emu.rate_for("k80") == 4.56 and emu.rate_for("k80", reference_model=False) is None
+    assert emu.rate_for("T4", reference_model=False) == 30.0
+    one = emu.ps_service_s(1)
+    assert emu.ps_service_s(1, parameters=PAPER_MODEL_PARAMETERS) == pytest.approx(one)
+    assert emu.ps_service_s(1, parameters=2 * PAPER_MODEL_PARAMETERS) > 1.8 * one

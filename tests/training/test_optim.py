@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-import numpy as np
+import functools
+import json
 
-from transient_nb.training.optim import momentum_sgd_
+import numpy as np
+import pytest
+import torch
+
+from transient_nb.training.optim import ShardOptimizer, lr_scale, momentum_sgd_
 
 
 def _reference(w, v, grad, decay, lr, momentum):
@@ -65,3 +70,63 @@ def test_a_bfloat16_gradient_is_widened_in_a_buffer_each_thread_keeps():
     thread.start()
     thread.join()
     assert other[0][0] == [1.0, 2.5, 1.75] and other[0][1] != here[0][1]  # one per thread
+
+
+# -- a user's torch optimizer over a shard ---------------------------------------------------------
+
+
+def test_a_shard_optimizer_steps_exactly_as_torch_does_on_its_slice():
+    """AdamW over the shard's numpy weights, in place, equals AdamW on a Parameter bit for bit."""
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal(50).astype(np.float32)
+    ref = torch.nn.Parameter(torch.tensor(w))
+    factory = functools.partial(torch.optim.AdamW, lr=1e-2, weight_decay=0.05)
+    ours, theirs = ShardOptimizer(factory, w), factory([ref])
+    address = w.ctypes.data
+    for _ in range(7):
+        g = rng.standard_normal(50).astype(np.float32)
+        ours.step(g)
+        ref.grad = torch.tensor(g)
+        theirs.step()
+    assert np.array_equal(w, ref.detach().numpy()) and w.ctypes.data == address
+
+
+def test_the_learning_rate_follows_the_active_workers():
+    assert lr_scale(1) == 1.0 and lr_scale(4) == 0.5 and lr_scale(9, False) == 1.0
+    w = np.zeros(3, np.float32)
+    opt = ShardOptimizer(functools.partial(torch.optim.SGD, lr=0.8), w)
+    opt.step(np.ones(3, np.float32), scale=lr_scale(4))
+    assert opt.lr == 0.4 and w.tolist() == pytest.approx([-0.4] * 3)
+    opt.step(np.ones(3, np.float16), scale=1.0)  # a float16 gradient from the wire
+    assert opt.lr == 0.8 and w.tolist() == pytest.approx([-1.2] * 3)
+    assert opt.base_lrs == [0.8]  # the factory's own, never the scaled one
+
+
+def test_its_state_goes_out_as_arrays_and_json_and_resumes_the_same_trajectory():
+    rng = np.random.default_rng(2)
+    grads = [rng.standard_normal(20).astype(np.float32) for _ in range(10)]
+    factory = functools.partial(torch.optim.Adam, lr=3e-3, betas=(0.8, 0.95))
+    straight = np.ones(20, np.float32)
+    a = ShardOptimizer(factory, straight)
+    for g in grads:
+        a.step(g, scale=0.5)
+    resumed = np.ones(20, np.float32)
+    b = ShardOptimizer(factory, resumed)
+    for g in grads[:4]:
+        b.step(g, scale=0.5)
+    state = b.state_arrays()
+    assert sorted(state) == ["opt.exp_avg", "opt.exp_avg_sq", "opt.step", "opt_meta"]
+    assert all(isinstance(v, np.ndarray) and v.dtype != object for v in state.values())
+    meta = json.loads(bytes(state["opt_meta"]).decode())
+    assert meta["base_lrs"] == [3e-3] and meta["groups"][0]["betas"] == [0.8, 0.95]
+    # A new optimizer (a PS re-created from the checkpoint) goes on exactly where b was.
+    c = ShardOptimizer(factory, resumed.copy(), state)
+    for g in grads[4:]:
+        c.step(g, scale=0.5)
+    assert np.array_equal(c.param.numpy(), straight)
+    assert c.opt.param_groups[0]["betas"] == (0.8, 0.95)
+
+
+def test_an_optimizer_without_a_learning_rate_or_not_an_optimizer_is_refused():
+    with pytest.raises(TypeError, match=r"returned a list, not a torch\.optim\.Optimizer"):
+        ShardOptimizer(lambda params: list(params), np.zeros(2, np.float32))

@@ -805,3 +805,101 @@ def test_a_ps_that_keeps_up_with_its_capacity_never_says_it_is_behind(tmp_path, 
     asyncio.run(main())
     assert [e["kind"] for e in posted if e["kind"].startswith("emulation")] == ["emulation-paced"]
     assert posted[0]["worker"] == "ps"  # no worker: the PS names itself
+
+
+# -- a user's torch optimizer on the PS ------------------------------------------------------------
+def _adamw_ps(tmp_path, shard=0, shards=1, weights=None, opt_state=None):
+    import functools
+
+    import cloudpickle
+
+    hparams = HParams(steps=100, warmup_steps=0).to_dict()
+    w = np.linspace(-1, 1, 6).astype(np.float32) if weights is None else weights
+    factory = cloudpickle.dumps(functools.partial(torch.optim.AdamW, lr=0.01))
+    return ParameterServer(
+        "r",
+        shard,
+        shards,
+        w,
+        np.ones(len(w), np.uint8),
+        None,
+        hparams,
+        str(tmp_path),
+        optimizer=factory,
+        opt_state=opt_state,
+        parameters=6,
+    )
+
+
+def test_a_users_optimizer_updates_the_shard_with_the_lr_of_the_active_workers(tmp_path):
+    ps = _adamw_ps(tmp_path)
+    ref = torch.nn.Parameter(torch.tensor(ps.w.copy()))
+    opt = torch.optim.AdamW([ref], lr=0.01)
+    rng = np.random.default_rng(3)
+
+    async def scenario():
+        for t in ("a", "b", "c", "d"):
+            await ps.register(t)
+        for i in range(5):
+            g = rng.normal(size=6).astype(np.float32)
+            await ps.push_pull(trainer="a", grad=g, base_version=i, local_step=i + 1)
+            opt.param_groups[0]["lr"] = 0.01 / 2  # four active trainers: lr / sqrt(4)
+            ref.grad = torch.tensor(g)
+            opt.step()
+
+    asyncio.run(scenario())
+    assert np.array_equal(ps.w, ref.detach().numpy())
+    assert ps.opt is not None and ps.opt.lr == 0.005 and ps.v.size == 0  # no momentum kept
+
+
+def test_its_state_is_in_the_snapshot_and_a_recovered_ps_goes_on_from_it(tmp_path):
+    ps = _adamw_ps(tmp_path)
+    rng = np.random.default_rng(4)
+    grads = [rng.normal(size=6).astype(np.float32) for _ in range(6)]
+
+    async def push(server, gs, start):
+        for i, g in enumerate(gs):
+            await server.push_pull(
+                trainer="a", grad=g, base_version=start + i, local_step=start + i + 1
+            )
+
+    asyncio.run(push(ps, grads[:3], 0))
+    asyncio.run(ps.snapshot())
+    entry = asyncio.run(ps.write_snapshot(3))
+    checkpoint.write_manifest(str(tmp_path), 3, {"model": "m"}, [entry])
+    ck = checkpoint.load_latest(str(tmp_path))
+    assert ck is not None and "momentum" not in ck.shards[0]
+    assert {"opt.exp_avg", "opt.exp_avg_sq", "opt.step", "opt_meta"} <= set(ck.shards[0])
+    from transient_nb.training.optim import optimizer_state
+
+    again = _adamw_ps(
+        tmp_path, weights=ck.shards[0]["weights"], opt_state=optimizer_state(ck.shards[0])
+    )
+    asyncio.run(push(ps, grads[3:], 3))
+    asyncio.run(push(again, grads[3:], 3))
+    assert np.array_equal(again.w, ps.w)  # the same trajectory: the state came back whole
+
+
+def test_regroup_cuts_a_users_optimizer_state_with_the_weights():
+    from transient_nb.training.optim import META_KEY
+
+    meta = np.frombuffer(b'{"groups": [], "base_lrs": [0.1], "scalars": {}}', np.uint8)
+    old = [
+        {
+            "weights": np.arange(3.0),
+            "momentum": None,
+            "bn": None,
+            "opt": {"opt.exp_avg": np.arange(3.0), "opt.step": np.array(7.0), META_KEY: meta},
+        },
+        {
+            "weights": np.arange(3.0, 5.0),
+            "momentum": None,
+            "bn": None,
+            "opt": {"opt.exp_avg": np.arange(3.0, 5.0), "opt.step": np.array(7.0), META_KEY: meta},
+        },
+    ]
+    new = regroup(old, 3)
+    assert [s["opt"]["opt.exp_avg"].tolist() for s in new] == [[0.0, 1.0], [2.0], [3.0, 4.0]]
+    assert all(float(s["opt"]["opt.step"]) == 7.0 for s in new)
+    assert all(bytes(s["opt"][META_KEY]) == bytes(meta) for s in new)
+    assert all(s["opt"] is None for s in regroup([{**o, "opt": None} for o in old], 2))

@@ -158,3 +158,18 @@ def test_summaries_and_history_join_the_earlier_attempt(tmp_path: Path) -> None:
     assert list(h["step"]) == [250, 500]
     assert list(h["time"]) == [pytest.approx(100.0), pytest.approx(200.0)]
     assert list(h["cost"]) == [pytest.approx(100.0), pytest.approx(200.0)]
+
+
+def test_a_users_optimizer_must_come_with_its_resume() -> None:
+    from transient_nb.training.resume import ResumePoint, check_optimizer
+
+    adamw = ResumePoint("run-1", "memory://x", settings={"optimizer": "partial(AdamW, lr=0.01)"})
+    sgd = ResumePoint("run-2", "memory://y", settings={"optimizer": "sgd"})
+    old = ResumePoint("run-3", "memory://z", settings={})  # a record from before: no check
+    check_optimizer(adamw, lambda p: None)
+    check_optimizer(sgd, None)
+    check_optimizer(old, lambda p: None)
+    with pytest.raises(ValueError, match="pass the same optimizer= again"):
+        check_optimizer(adamw, None)
+    with pytest.raises(ValueError, match="drop optimizer= to resume it"):
+        check_optimizer(sgd, lambda p: None)

@@ -2,20 +2,30 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
+import sys
 import time
 
+import cloudpickle
 import numpy as np
 import pytest
+import torch
 from dask.utils import parse_timedelta
+from torch import nn
+from torch.utils.data import TensorDataset
 
 from transient_nb import TransientCluster, train
 from transient_nb.eventlog.folds import HISTORY_COLUMNS
+from transient_nb.training import checkpoint
 from transient_nb.training.data import write_cifar10_files
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+# The models of this module travel by value, as a notebook's do.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 def until(predicate, timeout=240, what="condition", interval=0.05):
@@ -580,7 +590,7 @@ def test_the_ps_moves_to_another_region_mid_run_and_the_trainers_follow():
     goes on to its steps, each trainer is paced anew for its distance from the PS, and the old
     PS host is given back once the run has moved."""
     with TransientCluster(**TWO_REGIONS) as cluster:
-        cluster.policy.prefer_zone("k80", "us-east1-c")
+        cluster.placement.prefer_zone("k80", "us-east1-c")
         cluster.scale(2)
         cluster.wait_for_workers(2, timeout=120)
         zones = {n: vm.spec.zone for n, vm in cluster.workers.items()}
@@ -632,7 +642,7 @@ def test_the_ps_moves_to_another_region_mid_run_and_the_trainers_follow():
         i for i, e in enumerate(events) if e["kind"] == "deleted" and e["worker"] == "ps-0"
     )
     assert events.index(move) < i_moved < i_gone
-    assert cluster.policy.ps_zone == "us-east1-c"
+    assert cluster.placement.ps_zone == "us-east1-c"
     # Each trainer paced for its distance from the PS, before and after the move.
     paced: dict[str, list[bool]] = {}
     for e in events:
@@ -693,4 +703,111 @@ def test_a_new_ps_host_lost_before_the_run_moved_fails_the_move_and_a_second_one
     assert new_ps == [("ps-0", "us-central1-a"), ("ps-1", "us-east1-c"), ("ps-2", "us-east1-c")]
     # The run never took its PS for lost: the failed move did not touch it.
     assert not [e for e in events if e["kind"] in ("ps-lost", "ps-recovered")]
-    assert cluster.policy.ps_zone == "us-east1-c"
+    assert cluster.placement.ps_zone == "us-east1-c"
+
+
+# -- your own model through the same faults ---------------------------------------------------------
+class _Net(nn.Module):
+    """A small MLP with batch norm (float buffers flow to the PS; its counter stays put)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 32)
+        self.norm = nn.BatchNorm1d(32)
+        self.b = nn.Linear(32, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.relu(self.norm(self.a(x))))
+
+
+def _regression() -> tuple[TensorDataset, TensorDataset]:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(600, 8, generator=g)
+    y = (x[:, :3].sum(1, keepdim=True) + 0.1 * torch.randn(600, 1, generator=g)).float()
+    return TensorDataset(x[:500], y[:500]), TensorDataset(x[500:], y[500:])
+
+
+def test_a_lost_ps_of_a_custom_run_resumes_its_adamw_state_from_the_checkpoint():
+    """A user's model with AdamW on the PS: the PS host dies; the PS comes back from the newest
+    checkpoint with the optimizer's state as it was written (moments and step count), not a
+    fresh optimizer, and the run goes on to learn."""
+    with TransientCluster(workers=2, notice="1s", provisioning_delay=0) as cluster:
+        cluster.wait_for_workers(timeout=120)
+        run = train(
+            cluster,
+            model=_Net,
+            data=_regression(),
+            loss="mse",
+            optimizer=functools.partial(torch.optim.AdamW, lr=3e-3),
+            steps=600,
+            batch_size=16,
+            checkpoint_every=100,
+            eval_every=600,
+            emulate="t4=20",  # a rate given for this model: paced, ~2 s a stretch on any host
+        )
+        until(
+            lambda: (
+                not run.done
+                and run.checkpoint_step >= 200
+                and run._inflight is None
+                and run.step <= run._next_checkpoint - 25
+            ),
+            what="a stretch after a checkpoint",
+        )
+        ps_vm = next(vm for name, vm in cluster.workers.items() if name.startswith("ps-"))
+        trainer_vms = [vm for name, vm in cluster.workers.items() if name.startswith("w-")]
+        for vm in trainer_vms:
+            os.killpg(vm.pid, signal.SIGSTOP)
+        try:
+            os.killpg(ps_vm.pid, signal.SIGKILL)
+            until(lambda: kinds(run, "ps-recovered"), timeout=240, what="the PS recovered")
+            recovered = kinds(run, "ps-recovered")[0]
+            # The new PS, before any trainer pushed to it, against the checkpoint it came from
+            # (read now: the run goes on later, and prunes old checkpoints).
+            state = run._ps[0].get_state().result(timeout=30)
+            ck = checkpoint.load_step(run.checkpoint_url, recovered["step"])
+        finally:
+            for vm in trainer_vms:
+                os.killpg(vm.pid, signal.SIGCONT)
+        run.wait(timeout=400)
+        summary = run.summary()
+    assert recovered["source"] == "checkpoint"
+    assert ck is not None and recovered["step"] >= 200
+    written = ck.shards[0]
+    assert state["step"] == recovered["step"]
+    assert np.array_equal(state["weights"], written["weights"])
+    for key in ("opt.exp_avg", "opt.exp_avg_sq", "opt.step"):
+        assert np.array_equal(state["opt"][key], written[key]), key
+    # The optimizer's own step count went on from the checkpoint's (not from 0).
+    assert float(state["opt"]["opt.step"]) >= recovered["step"] > 0
+    assert summary["reason"] == "steps" and summary["ps_recoveries"] == 1
+    assert summary["metrics"]["mse"] < 0.5  # the targets' variance is about 3: it learned
+
+
+def test_preempting_workers_of_a_custom_run_loses_at_most_the_killed_gradient():
+    with TransientCluster(workers=3, notice="2s", provisioning_delay=0) as cluster:
+        cluster.wait_for_workers(timeout=120)
+        run = train(
+            cluster,
+            model=_Net,
+            data=_regression(),
+            loss="mse",
+            optimizer=functools.partial(torch.optim.Adam, lr=1e-3),
+            steps=1500,
+            batch_size=16,
+            eval_every=1500,
+        )
+        until(lambda: len(run.status.get("active", [])) == 3, what="3 trainers pushing")
+        drained, killed = "w-0", "w-1"
+        cluster.preempt(drained, notice=True)
+        cluster.preempt(killed, notice=False)
+        run.wait(timeout=400)
+        status = run.status
+        events = run.events()
+    finished = kinds(run, "train-finished")[-1]
+    assert finished["reason"] == "steps" and finished["step"] >= 1500
+    assert drained in status["drained"]
+    lost = [e["worker"] for e in events if e["kind"] == "gradient-lost"]
+    assert set(lost) <= {killed} and len(lost) <= 1
+    assert finished["lost_in_flight"] == len(lost) and status["gaps"] == 0
+    assert sum(status["accepted"].values()) == status["step"]

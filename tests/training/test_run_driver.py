@@ -1216,14 +1216,17 @@ def test_evaluation_reads_the_ps_weights_on_the_run_test_images(loop, tmp_path, 
     (event,) = posted(run, "eval")
     assert event["step"] == 300 and event["accuracy"] == accuracy and event["test_loss"] > 0
     test = load_dataset("digits", train=False)
-    assert list(run._test[1]) == list(test.labels[: HP.eval_images])  # the test set's first
+    # The test set's first eval_images (held by the workload once read).
+    assert list(run.workload._cache[f"test-{HP.eval_images}"][1]) == list(
+        test.labels[: HP.eval_images]
+    )
     run._ps[0].error = ConnectionError("gone")
     assert run._evaluate() is None and len(posted(run, "eval")) == 1
     assert logged(caplog, "INFO", "Evaluation skipped: ConnectionError('gone')")
     every = driver(tmp_path, hp=HP.with_(eval_images=None))
     every._ps = [resnet8_ps(loop, every, version=1)]
     every._evaluate()
-    assert len(every._test[1]) == len(test)
+    assert len(every.workload._cache["test-None"][1]) == len(test)
 
 
 def test_evaluation_uses_the_ps_batch_norm_statistics(loop, tmp_path):

@@ -945,7 +945,7 @@ def test_train_starts_a_run_with_one_shard_per_ps_host_that_follows_them(tmp_pat
     cluster = Cluster(str(tmp_path), ps_hosts=2)
     run = train(cluster, model="resnet8", data="digits", steps=77, lr=0.2, seed=4, device="cpu")
     assert isinstance(run, Unstarted) and run.calls == ["start"]
-    assert (run.cluster, run.model, run.data, run.seed, run.device) == (
+    assert (run.cluster, run.model_name, run.data, run.seed, run.device) == (
         cluster,
         "resnet8",
         "digits",
@@ -957,7 +957,7 @@ def test_train_starts_a_run_with_one_shard_per_ps_host_that_follows_them(tmp_pat
     assert run.resume is None and run.deadline is None and run.budget is None
     assert run.target_accuracy is None
     default = train(Cluster(str(tmp_path), ps_hosts=None))
-    assert (default.model, default.data, default.shards) == ("resnet32", "synthetic", 1)
+    assert (default.model_name, default.data, default.shards) == ("resnet32", "synthetic", 1)
     assert default.hp == HParams() and default.seed == 0 and default.device is None
     assert default.checkpoint_url == str(tmp_path / "checkpoints" / default.id)
 
@@ -1019,7 +1019,8 @@ def test_train_refuses_a_cloud_run_without_shared_checkpoints(tmp_path, unstarte
 
 def test_train_probes_the_shared_checkpoints_of_a_cloud_run(tmp_path, unstarted, monkeypatch):
     probed = []
-    monkeypatch.setattr(run_module, "probe_checkpoint_url", probed.append)
+    # The check lives with the checkpoints (run re-exports it).
+    monkeypatch.setattr(checkpoint, "probe_checkpoint_url", probed.append)
     cluster = Cluster(str(tmp_path))
     cluster.backend = SimpleNamespace(name="gcp")
     run = train(cluster, model="resnet8", data="digits", checkpoint_url="gs://bucket/runs")
@@ -1065,7 +1066,7 @@ def test_train_resumes_a_run_with_its_settings(tmp_path, unstarted):
     checkpoint.write_manifest(url, 30, meta, [entry])
     run = train(Cluster(str(tmp_path), ps_hosts=1), resume=url, steps=900)
     assert run.id == "run-0123abcd" and run.resume.checkpoint_url == url
-    assert (run.model, run.data, run.shards) == ("resnet8", "digits", 2)
+    assert (run.model_name, run.data, run.shards) == ("resnet8", "digits", 2)
     assert run.hp.steps == 900 and run.hp.lr == 0.3
     assert run.elastic_shards  # no shards given: it follows the PS hosts from there
     kept = train(Cluster(str(tmp_path)), resume=url)

@@ -10,11 +10,14 @@ and deletes.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
+import signal
+import subprocess
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import IO, Any
 
 from distributed.core import Status, rpc
 from distributed.deploy.spec import ProcessInterface
@@ -62,6 +65,39 @@ class VMSpec:
             "price_on_demand": self.price.on_demand,
             "slot": self.slot,
         }
+
+
+def die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """``preexec_fn`` of a VM's process: the kernel kills it when its parent dies.
+
+    A VM must not outlive the process that owns it (a kernel, a head), even one killed with
+    SIGKILL: Linux's ``PR_SET_PDEATHSIG``. Elsewhere, a no-op.
+    """
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def start_process(
+    cmd: Sequence[str], env: Mapping[str, str], log_path: str, *, new_session: bool = False
+) -> tuple[subprocess.Popen[bytes], IO[bytes]]:
+    """Start a VM's process, its output appended to ``log_path``; the process and the open log.
+
+    It dies with this process (:func:`die_with_parent`); ``new_session``: in a process group of
+    its own, so that one kill stops a nanny and its worker.
+    """
+    log = open(log_path, "ab")
+    proc = subprocess.Popen(
+        list(cmd),
+        env=dict(env),
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=new_session,
+        preexec_fn=die_with_parent,
+    )
+    return proc, log
 
 
 class CapacityError(RuntimeError):
@@ -115,8 +151,9 @@ class TransientVM(ProcessInterface):
         Where the VM's worker connects.
     post
         Coroutine function ``post(kind, **fields)`` that logs an event on the scheduler.
-    on_running, on_exit
-        Callbacks to the cluster: the VM runs (billing starts); the VM stopped by itself.
+    on_running, on_exit, on_gone
+        Callbacks to the cluster: the VM runs (billing starts); the VM stopped by itself; the
+        VM is gone, for whatever reason (its certificates are revoked then).
     """
 
     def __init__(
@@ -127,6 +164,7 @@ class TransientVM(ProcessInterface):
         post: PostEvent,
         on_running: Callable[[TransientVM], None] | None = None,
         on_exit: Callable[[TransientVM], None] | None = None,
+        on_gone: Callable[[TransientVM], None] | None = None,
     ):
         super().__init__()
         self.spec = spec
@@ -135,6 +173,7 @@ class TransientVM(ProcessInterface):
         self._post_event = post
         self._on_running = on_running
         self._on_exit = on_exit
+        self._on_gone = on_gone
         self.lifecycle = "created"
         self.running_since: float | None = None
         #: True once we stopped the VM on purpose (preemption or deletion).
@@ -211,6 +250,7 @@ class TransientVM(ProcessInterface):
             try:
                 await self._delete()
             finally:
+                self.gone()
                 try:
                     await self.post("deleted")
                 except Exception:  # the scheduler may already be gone at interpreter exit
@@ -227,7 +267,10 @@ class TransientVM(ProcessInterface):
             if not self.provider_notice:
                 await self._notify(deadline)
             await self._wait_gone(deadline)
-        await self._kill()
+        try:
+            await self._kill()
+        finally:
+            self.gone()
 
     async def joined_during_notice(self) -> None:
         """The VM's worker joined after its notice was given: deliver the notice now.
@@ -250,8 +293,14 @@ class TransientVM(ProcessInterface):
 
     def exited_by_itself(self) -> None:
         """To be called by subclasses when the VM stopped without being asked to."""
+        self.gone()
         if not self.stopped and self._on_exit is not None:
             self._on_exit(self)
+
+    def gone(self) -> None:
+        """The VM no longer runs (deleted, preempted, stopped by itself): tell the cluster."""
+        if self._on_gone is not None:
+            self._on_gone(self)
 
     # -- to implement ------------------------------------------------------------------------------
     async def _create(self) -> None:
@@ -326,15 +375,21 @@ class Backend:
     async def close(self) -> None:
         """Remove cluster-wide resources once every VM is gone."""
 
-    def client_tls_files(self) -> dict[str, str] | None:
+    def client_tls_files(self, folder: str) -> dict[str, str] | None:
         """``ca``/``cert``/``key`` files of a client certificate for this user's other processes.
 
-        Written 0600 into a 0700 folder; None when the cluster does not use TLS.
+        Written 0600 into ``folder`` (0700: the cluster registry's, which owns them); None when
+        the cluster does not use TLS.
         """
         return None
 
     def make_vm(self, spec: VMSpec, **kwargs: Any) -> TransientVM:
         raise NotImplementedError
+
+    def hosts_next_ps(self) -> bool:
+        """Whether the next PS host asked for runs on the head VM itself (billed as the head's
+        machine type) rather than on a VM of its own; False by default."""
+        return False
 
     def describe(self) -> str:
         """One line for logs: what this backend runs."""

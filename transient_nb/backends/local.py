@@ -17,7 +17,6 @@ the scheduler nor to a worker.
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import json
 import logging
 import os
@@ -40,9 +39,11 @@ from transient_nb.backends.base import (
     CapacityError,
     TransientVM,
     VMSpec,
+    start_process,
 )
-from transient_nb.backends.tls import CLIENT_CN, ClusterCA
-from transient_nb.worker.preload import WORKER_PRELOADS
+from transient_nb.backends.tls import CLIENT_CN, ClusterCA, tls_lifetime_s
+from transient_nb.worker.peers import ROLE_CLIENT
+from transient_nb.worker.preload import NANNY_PRELOADS, WORKER_PRELOADS
 
 logger = logging.getLogger(__name__)
 
@@ -73,15 +74,6 @@ def _dask_cuda_available() -> bool:
     except Exception:
         return False
     return True
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    # A VM must not outlive the kernel that owns it, even when that kernel is killed with SIGKILL.
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 class LocalVM(TransientVM):
@@ -120,15 +112,8 @@ class LocalVM(TransientVM):
         await asyncio.sleep(self.delay_s)
         cmd, env = self.backend.command(self.spec, self.scheduler_address)
         os.makedirs(self.backend.log_dir, exist_ok=True)
-        self._log = open(os.path.join(self.backend.log_dir, f"{self.name}.log"), "ab")
-        self.proc = subprocess.Popen(
-            cmd,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group: one kill stops nanny and worker
-            preexec_fn=_die_with_parent,
+        self.proc, self._log = start_process(
+            cmd, env, os.path.join(self.backend.log_dir, f"{self.name}.log"), new_session=True
         )
         self.backend.live_pids.add(self.proc.pid)
         self._watch_task = asyncio.ensure_future(self._watch())
@@ -215,6 +200,8 @@ class LocalBackend(Backend):
         A worker that loses its scheduler this long exits by itself.
     tls
         TLS with the cluster's own certificates between scheduler, workers and clients.
+    tls_lifetime
+        Seconds the cluster's CA, and so every certificate, lives (default ``tls-lifetime``).
     """
 
     name = "local"
@@ -227,6 +214,7 @@ class LocalBackend(Backend):
         cuda: str | None = None,
         death_timeout: str | float | None = None,
         tls: bool | None = None,
+        tls_lifetime: float | None = None,
     ):
         self.log_dir = log_dir
         self.stockouts = set(config.get("local.stockouts", override_with=stockouts) or ())
@@ -253,7 +241,7 @@ class LocalBackend(Backend):
         self._security: Any = None
         self._tls_dir: str | None = None
         if self.tls:
-            self.ca = ClusterCA.create("local")
+            self.ca = ClusterCA.create("local", tls_lifetime_s(tls_lifetime))
             self._security = self.ca.cluster_security()
 
     @property
@@ -266,17 +254,22 @@ class LocalBackend(Backend):
             return {}
         return {"protocol": "tls", "security": self._security}
 
-    def tls_files(self, subject: str) -> dict[str, str] | None:
-        """Issue a certificate for ``subject`` into this cluster's private folder (0700)."""
+    def tls_files(self, spec: VMSpec) -> dict[str, str] | None:
+        """Issue the certificate of VM ``spec`` (its role, its name) into this cluster's private
+        folder (0700)."""
         if self.ca is None:
             return None
         if self._tls_dir is None:
             self._tls_dir = tempfile.mkdtemp(prefix="transient-nb-tls-")
-        return self.ca.write_files(os.path.join(self._tls_dir, subject), subject)
+        folder = os.path.join(self._tls_dir, spec.name)
+        return self.ca.write_files(folder, spec.name, role=spec.role, vm=spec.name)
 
-    def client_tls_files(self) -> dict[str, str] | None:
-        """A client certificate in files, for this user's other processes (connect, panel)."""
-        return self.tls_files(CLIENT_CN)
+    def client_tls_files(self, folder: str) -> dict[str, str] | None:
+        """A client certificate in files in ``folder``, for this user's other processes (connect,
+        the panel)."""
+        if self.ca is None:
+            return None
+        return self.ca.write_files(folder, CLIENT_CN, role=ROLE_CLIENT)
 
     async def close(self) -> None:
         if self._tls_dir is not None:
@@ -319,9 +312,11 @@ class LocalBackend(Backend):
             "--no-dashboard",
             *(arg for name in WORKER_PRELOADS for arg in ("--preload", name)),
         ]
+        if not cuda:  # dask-cuda's command line has no --preload-nanny
+            cmd += [arg for name in NANNY_PRELOADS for arg in ("--preload-nanny", name)]
         if resources:
             cmd += ["--resources", resources]
-        tls = self.tls_files(spec.name) if scheduler_address.startswith("tls://") else None
+        tls = self.tls_files(spec) if scheduler_address.startswith("tls://") else None
         if tls is not None:
             cmd += ["--tls-ca-file", tls["ca"], "--tls-cert", tls["cert"], "--tls-key", tls["key"]]
         env = dict(os.environ)

@@ -41,6 +41,25 @@ PAPER_LIFETIME_CDF: dict[str, list[tuple[float, float]]] = {
     "cpu": [(0, 0.0), (1, 0.040), (2, 0.083), (6, 0.121), (12, 0.158), (23, 0.175), (24, 1.0)],
 }
 
+#: The curve of a GPU type the paper did not measure (T4, L4, A100): the K80's, a GPU server's
+#: measured on the most servers (128 of the study's GPU VMs). One default for the simulator, the
+#: planner and every view (a CPU server's curve would make them look twice as calm).
+UNMEASURED_GPU_CURVE = "k80"
+
+
+def paper_curve(gpu: str | None) -> list[tuple[float, float]]:
+    """The paper's lifetime CDF of a ``gpu`` server (:data:`UNMEASURED_GPU_CURVE`'s if it did
+    not measure that type).
+
+    Examples
+    --------
+    >>> paper_curve("t4") == paper_curve("k80") != paper_curve("v100")
+    True
+    """
+    key = gpu.lower() if gpu and gpu.lower() in PAPER_LIFETIME_CDF else UNMEASURED_GPU_CURVE
+    return PAPER_LIFETIME_CDF[key]
+
+
 #: Seconds from API request to a booted VM (Li et al. §5): preemptible GPU 81-98 s, on-demand 69-82 s.
 PAPER_STARTUP_S = {"spot": (81.0, 98.0), "on_demand": (69.0, 82.0)}
 
@@ -122,7 +141,7 @@ class PaperLifetimesByGpu:
     """
 
     spec: str = "paper"
-    fallback: str = "k80"
+    fallback: str = UNMEASURED_GPU_CURVE
 
     def for_gpu(self, gpu: str | None) -> EmpiricalLifetimes:
         """The paper's model of a ``gpu`` worker (the fallback type's if it has none)."""

@@ -17,6 +17,10 @@ import yaml
 
 from transient_nb import config
 
+#: The minimum billed seconds of a VM where a catalog does not say (Compute Engine's: per-second
+#: billing, at least one minute). The one place this rule is written.
+BILLING_MINIMUM_S = 60.0
+
 
 @dataclass(frozen=True)
 class Price:
@@ -64,8 +68,10 @@ class PriceCatalog:
     date: str
     source: str
     regions: dict[str, Region]
-    minimum_s: float = 60.0
+    minimum_s: float = BILLING_MINIMUM_S
     increment_s: float = 1.0
+    #: GPU type -> published peak FP32 TFLOPS (the catalog's ``peaks:``; what estimates start from).
+    peaks: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def load(cls, name_or_path: str | None = None) -> PriceCatalog:
@@ -106,13 +112,18 @@ class PriceCatalog:
                 for rname, r in data["regions"].items()
             }
             billing = data.get("billing", {})
+            peaks = {
+                str(k): float(v["fp32_tflops"] if isinstance(v, dict) else v)
+                for k, v in (data.get("peaks") or {}).items()
+            }
             return cls(
                 name=str(data.get("name", origin)),
                 date=str(data.get("date", "undated")),
                 source=str(data.get("source", origin)),
                 regions=regions,
-                minimum_s=float(billing.get("minimum", 60)),
+                minimum_s=float(billing.get("minimum", BILLING_MINIMUM_S)),
                 increment_s=float(billing.get("increment", 1)),
+                peaks=peaks,
             )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ValueError(
@@ -142,25 +153,30 @@ class PriceCatalog:
 
     def gpu_price(self, gpu: str, zone: str) -> Price:
         """Hourly price of one GPU of type ``gpu`` in ``zone``."""
-        region = self.region(zone)
-        if gpu not in region.gpus:
-            known = ", ".join(sorted(region.gpus)) or "none"
-            raise ValueError(
-                f"Unknown GPU type {gpu!r} in {zone} (catalog {self.name!r}): use one of {known}, "
-                "or load a price catalog that lists it."
-            )
-        return region.gpus[gpu]
+        return self._price(self.region(zone).gpus, gpu, "GPU type", zone)
 
     def machine_price(self, machine: str, zone: str) -> Price:
         """Hourly price of the VM part (cores, memory) of machine type ``machine``."""
-        region = self.region(zone)
-        if machine not in region.machines:
-            known = ", ".join(sorted(region.machines)) or "none"
+        return self._price(self.region(zone).machines, machine, "machine type", zone)
+
+    def _price(self, table: dict[str, Price], key: str, what: str, zone: str) -> Price:
+        if key not in table:
+            known = ", ".join(sorted(table)) or "none"
             raise ValueError(
-                f"Unknown machine type {machine!r} in {zone} (catalog {self.name!r}): use one of "
-                f"{known}, or load a price catalog that lists it."
+                f"Unknown {what} {key!r} in {zone} (catalog {self.name!r}): use one of {known}, "
+                "or load a price catalog that lists it."
             )
-        return region.machines[machine]
+        return table[key]
+
+    def peak_tflops(self, gpu: str) -> float | None:
+        """Published peak FP32 TFLOPS of one ``gpu`` (None when the catalog has no figure).
+
+        Examples
+        --------
+        >>> PriceCatalog.load("gce-2025").peak_tflops("t4")
+        8.1
+        """
+        return self.peaks.get(gpu.lower())
 
     def worker_price(self, gpu: str | None, machine: str, zone: str) -> Price:
         """Hourly price of a worker VM: its machine type plus its GPU (if any)."""

@@ -4,7 +4,9 @@
 asynchronous PS training while the simulator preempts workers, prints a progress bar and a
 summary, and writes the run record, the summary and a standalone HTML report into ``--out``.
 ``transient-nb list`` shows the clusters running on this machine; ``transient-nb sweep`` deletes
-the GCE VMs of clusters that are gone.
+the GCE VMs of clusters that are gone. Your own model and data go by import path
+(``--model mypkg.nets:make_net --data mypkg.data:make_data --loss mse``); ``transient-nb export``
+writes a run's trained weights, ``transient-nb estimate`` what a cluster would do for a model.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from transient_nb.catalog.mix import format_mix, parse_mix, zero_mix
+from transient_nb.cli import workloads
 from transient_nb.deploy import registry
+from transient_nb.eventlog.format import metrics_text, model_text
 
 #: Defaults of ``run``'s training options (a resumed run keeps its own instead): minutes on 2 cores.
 CLI_DEFAULTS: dict[str, Any] = {
@@ -140,7 +144,7 @@ def _add_goal_options(r: argparse.ArgumentParser, flag: str, help: str) -> None:
 
 
 def _policy_kwargs(args: argparse.Namespace, goal_text: str) -> tuple[str | None, dict[str, Any]]:
-    from transient_nb.policy.adaptive import parse_goal
+    from transient_nb.policy.goals import parse_goal
 
     goal, kwargs = parse_goal(goal_text)
     if args.gpus:
@@ -158,9 +162,15 @@ def _add_train_options(r: argparse.ArgumentParser) -> None:
     r.add_argument(
         "--model",
         default=None,
-        help="resnet32 | resnet32-t2t | resnet20 | resnet8 (default resnet8: minutes on 2 CPU cores)",
+        help="resnet32 | resnet32-t2t | resnet20 | resnet8 (default resnet8: minutes on 2 CPU "
+        "cores), or your own: the import path pkg.mod:attr of an nn.Module or its factory",
     )
-    r.add_argument("--data", default=None, help="synthetic | digits | cifar10:PATH-OR-URL")
+    r.add_argument(
+        "--data",
+        default=None,
+        help="synthetic | digits | cifar10:PATH-OR-URL, or the import path pkg.mod:attr of a "
+        "(train, test) pair of Datasets or its factory",
+    )
     r.add_argument("--steps", type=int, default=None, help="global steps (default 2000)")
     r.add_argument(
         "--batch-size", type=int, default=None, help="images per worker step (default 32)"
@@ -186,6 +196,7 @@ def _add_train_options(r: argparse.ArgumentParser) -> None:
         metavar="RUN_ID_OR_URL",
         help="continue this run from its newest complete checkpoint (its settings are kept)",
     )
+    workloads.add_workload_options(r)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -263,7 +274,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     # -- sweep (GCE backend) --
     w = sub.add_parser(
-        "sweep", help="delete GCE VMs left behind by transient clusters that are gone"
+        "sweep",
+        help="delete GCE VMs left behind by transient clusters that are gone (their lease ran "
+        "out, or their head VM stopped)",
     )
     w.add_argument("--project", default=None, help="GCE project (default: config or gcloud's)")
     w.add_argument(
@@ -276,9 +289,18 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument(
         "--force",
         action="store_true",
-        help="also delete VMs created from other machines (their owner cannot be checked)",
+        help="also delete what cannot be proven dead (no lease, a head elsewhere): it is shown, "
+        "owner and lease included, and only the cluster ids you then type are deleted",
+    )
+    w.add_argument(
+        "--id",
+        action="append",
+        default=None,
+        dest="ids",
+        help="with --force: a cluster id to delete without being asked (repeat for more)",
     )
     w.add_argument("--yes", action="store_true", help="delete without asking")
+    workloads.add_parsers(sub)
     return p
 
 
@@ -291,7 +313,27 @@ def sweep_vms(args: argparse.Namespace) -> int:
         answer = input(f"Delete these {len(doomed)}? [y/N] ")
         return answer.strip().lower() in ("y", "yes")
 
-    sweep(args.project, args.zone, args.dry_run, force=args.force, confirm=confirm)
+    def choose(unknown: list[dict[str, Any]]) -> list[str]:
+        ids = sorted({str(f["id"]) for f in unknown if f["id"]})
+        answer = input(
+            f"Type the cluster ids to delete anyway, separated by spaces ({', '.join(ids)}); "
+            "nothing to keep them all: "
+        )
+        typed = answer.split()
+        unknown_ids = [i for i in typed if i not in ids]
+        if unknown_ids:
+            print(f"Not among them, ignored: {', '.join(unknown_ids)}")
+        return [i for i in typed if i in ids]
+
+    sweep(
+        args.project,
+        args.zone,
+        args.dry_run,
+        force=args.force,
+        ids=args.ids,
+        choose=choose if args.force and args.ids is None else None,
+        confirm=confirm,
+    )
     return 0
 
 
@@ -299,6 +341,7 @@ def _print_summary(s: dict[str, Any]) -> None:
     acc = f"{s['accuracy']:.2%}" if s.get("accuracy") is not None else "n/a"
     speedup = s.get("speedup_over_one_worker")
     lines = [
+        ("model", model_text(s.get("model"), s.get("parameters"))),
         ("wall time", f"{s['wall_s']:.1f} s"),
         ("global steps", f"{s['steps']}"),
         ("final test accuracy", acc),
@@ -313,6 +356,9 @@ def _print_summary(s: dict[str, Any]) -> None:
             f"{speedup:.2f}x" if speedup else f"n/a ({s.get('speedup_note') or 'not measured'})",
         ),
     ]
+    metrics = s.get("metrics") or {}
+    if set(metrics) - {"accuracy"}:  # a run's own metrics, each by name
+        lines.insert(4, ("final test metrics", metrics_text(metrics)))
     by_gpu = s.get("by_gpu") or {}
     if len(by_gpu) > 1:  # a mixed cluster: each type's share of the workers' steps
         lines.append(
@@ -364,10 +410,13 @@ def _train_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         given = {k: v for k, v in given.items() if v is not None}
     else:
         given = {k: CLI_DEFAULTS[k] if v is None else v for k, v in given.items()}
+        if args.optimizer is not None and args.lr is None:
+            del given["lr"]  # a user's optimizer has its own learning rate
         if args.shards is None:  # one shard per PS host, as train() does
             given["shards"] = getattr(args, "ps_hosts", None) or CLI_DEFAULTS["shards"]
     return {
         **given,
+        **workloads.workload_kwargs(args),
         "resume": args.resume,
         "target_accuracy": args.target_accuracy,
         "budget": args.budget,
@@ -395,7 +444,7 @@ def run(args: argparse.Namespace) -> int:
         )
     goal, policy_kwargs = _policy_kwargs(args, args.adapt) if args.adapt else (None, {})
     if goal is not None:
-        from transient_nb.policy.adaptive import check_goal
+        from transient_nb.policy.goals import check_goal
 
         check_goal(goal, policy_kwargs.get("deadline"), policy_kwargs.get("budget"))
     if args.detach:
@@ -430,7 +479,7 @@ def run(args: argparse.Namespace) -> int:
         os.path.join(args.out, "report.html"),
         events,
         summary,
-        title=f"transient_nb: {job.model} on {job.data}",
+        title=f"transient_nb: {job.model_name} on {job.data}",
     )
     summary["run_record"] = run_record
     summary["report"] = report
@@ -441,6 +490,7 @@ def run(args: argparse.Namespace) -> int:
             json.dump(summary, f, indent=2, default=str)
     _print_summary(summary)
     print(f"\nRun record: {run_record}\nReport:     {report}")
+    print(f"Weights:    transient-nb export {job.id} PATH --run-dir {args.out}")
     return 0
 
 
@@ -515,7 +565,7 @@ def status(args: argparse.Namespace) -> int:
             steps = r.started_event.get("steps", "?")
             state = r.reason or ("running" if not r.done else "gone")
             print(
-                f"  {r.id}  {r.model} on {r.data}: step {r.step}/{steps}, accuracy {acc}, {state}"
+                f"  {r.id}  {r.model_name} on {r.data}: step {r.step}/{steps}, accuracy {acc}, {state}"
             )
         if not cluster.runs():
             print("  no training run yet")
@@ -707,6 +757,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "move-ps": move_ps,
             "adapt": adapt,
             "sweep": sweep_vms,
+            "export": workloads.export,
+            "estimate": workloads.estimate,
         }
         if args.command in commands:
             return commands[args.command](args)

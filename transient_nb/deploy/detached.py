@@ -53,7 +53,7 @@ from transient_nb.backends.gce.head import (
 from transient_nb.backends.tls import CLIENT_CN, cert_matches_key, make_csr
 from transient_nb.deploy import registry
 from transient_nb.deploy.remote import RemoteCluster
-from transient_nb.deploy.settings import ClusterSettings, check_name
+from transient_nb.deploy.settings import ClusterSettings, check_name, head_machine_type
 
 #: Prefix of the line a head writes to its log when its settings were refused.
 ERROR_PREFIX = "transient-nb head: error: "
@@ -254,7 +254,7 @@ def launch_gce(
     if backend.client_cidr is None and backend.head_address is None:
         raise ValueError(NO_ROUTE)
     zone = probe.zone
-    machine_type = backend.head_machine_type or probe.ps_machine_type
+    machine_type = head_machine_type(backend.head_machine_type, probe.ps_machine_type)
     if machine_type != probe.ps_machine_type:
         probe.catalog.machine_price(machine_type, zone)  # it is billed: the catalog must know it
         try:
@@ -264,14 +264,24 @@ def launch_gce(
                 f"gce.head-machine-type {machine_type!r} is not available in {zone} ({e}). List "
                 f"the machine types with `gcloud compute machine-types list --zones {zone}`."
             ) from e
+    # The limits, before the head VM exists: the head hosts the first PS, billed as its own
+    # machine type, beside the workers at their dearest placement.
+    probe.head_machine_type = machine_type
+    probe.check_hourly_cost(probe.replacement_policy(), probe.mix, {})
     timeout = backend.head_timeout_s if timeout is None else timeout
     key_pem, csr_pem = make_csr(CLIENT_CN)
     # The project as resolved here (an argument, the config or this client's gcloud default):
-    # the head's own default would be its service account's project.
-    # The PS runs on the head VM (gce_head_ps): its bill line is the head's machine type.
+    # the head's own default would be its service account's project. The PS runs on the head
+    # VM (backends.gce.head_ps): its bill line is the head's machine type.
     spec = head_spec(
         name,
-        {**kwargs, "project": backend.project, "ps_machine_type": machine_type},
+        {
+            **kwargs,
+            "project": backend.project,
+            "head_machine_type": machine_type,
+            # What the head creates is this client's user's (labels carry it, hashed).
+            "owner": backend.owner,
+        },
         dask.config.get("transient"),
         probe.cluster_id,
     )
@@ -335,17 +345,3 @@ def launch_gce(
         },
     )
     return registry.lookup(name)
-
-
-def forget_gone_heads(found: list[dict[str, Any]], project: str, zones: list[str]) -> None:
-    """Remove the local registry entries of detached clusters whose head VM is gone, among the
-    instances a sweep of ``zones`` found (a head elsewhere was not seen, not found gone)."""
-    for entry in registry.entries():
-        head = entry.get("head_vm") or {}
-        if head.get("project") != project or head.get("zone") not in zones:
-            continue
-        if not any(
-            f["kind"] == "instance" and f["name"] == head.get("instance") and f["alive"]
-            for f in found
-        ):
-            registry.forget(entry)

@@ -10,7 +10,13 @@ reach it through the scheduler's event log and ``transient-control`` topic, as
 
 The head understands two requests beyond the cluster's own (``scale``, ``preempt``, ``stop``):
 ``train`` (start a :func:`~transient_nb.training.run.train` run here; the answer names the run)
-and ``run-stop``. Closing the cluster (``down``, ``stop``, a budget or deadline, SIGTERM) stops
+and ``run-stop``. A ``train`` request carries the client's own model, data, loss, metrics and
+optimizer, when they are objects (a class defined in the client's notebook), cloudpickled under
+``by_value``: the head rebuilds them, as a Dask worker rebuilds a function it is sent. Control
+requests are honoured only from the cluster's client (over TLS, its certificate; see
+:class:`~transient_nb.deploy.monitor.TransientMonitor`), so only the client's code runs here.
+The scheduler's ``transient_export`` RPC (same check) hands a client a run's trained model:
+:meth:`~transient_nb.deploy.remote_run.RemoteRun.model`. Closing the cluster (``down``, ``stop``, a budget or deadline, SIGTERM) stops
 the head's runs first, so every run record ends with its ``train-finished`` event; then the
 head exits. When the head itself is killed, its local workers go with it (they watch their
 parent) and the run record on disk stays intact for ``train(..., resume=RUN_ID)``.
@@ -28,9 +34,14 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import cloudpickle
 import dask.config
+from distributed import Scheduler
 
 from transient_nb.deploy.detached import ERROR_PREFIX
+from transient_nb.eventlog.vocabulary import EXPORT_RPC
+from transient_nb.training.export import state_bytes
+from transient_nb.worker.peers import ROLE_CLIENT, peer_of
 
 logger = logging.getLogger(__name__)
 
@@ -52,12 +63,18 @@ class Head:
         cluster.control_handlers["train"] = self._train
         cluster.control_handlers["run-stop"] = self._run_stop
         cluster.close_hooks.append(self._stop_runs)
+        scheduler = getattr(cluster, "scheduler", None)
+        if isinstance(scheduler, Scheduler):
+            scheduler.handlers[EXPORT_RPC] = self._export
 
     def _train(self, msg: Mapping[str, Any]) -> dict[str, Any]:
         from transient_nb.training.run import train
 
         args = dict(msg.get("args") or {})
         args.pop("wait", None)  # the head never blocks its control loop on a run
+        blob = args.pop("by_value", None)
+        if blob is not None:  # the client's own objects (checked there, and again by train())
+            args.update(cloudpickle.loads(blob))
         run = train(self.cluster, **args)
         with self._lock:
             self.runs[run.id] = run
@@ -72,6 +89,22 @@ class Head:
             raise ValueError(f"No run {run_id!r} on this cluster (runs: {known}).")
         run.stop(wait=False)
         return {"run": run_id}
+
+    def _export(self, comm: Any = None, run: str = "", what: str = "state") -> dict[str, Any]:
+        """The ``transient_export`` RPC: a run's trained weights (``what="state"``: the state
+        dict as ``.npz`` bytes) or its model (``"model"``: the module, cloudpickled), from the
+        PS or, once the run ended, its newest checkpoint. Only for the cluster's client."""
+        peer = peer_of(comm)
+        if peer is not None and peer.role != ROLE_CLIENT:
+            raise PermissionError(f"{EXPORT_RPC} is for the cluster's client, not {peer.name!r}")
+        with self._lock:
+            found = self.runs.get(str(run))
+        if found is None:
+            known = ", ".join(self.runs) or "none"
+            raise ValueError(f"No run {run!r} on this cluster (runs: {known}).")
+        if what == "model":
+            return {"run": found.id, "model": cloudpickle.dumps(found.model())}
+        return {"run": found.id, "state": state_bytes(found.state_dict())}
 
     def _stop_runs(self) -> None:
         """Stop every run before the cluster closes, so each posts its ``train-finished``."""

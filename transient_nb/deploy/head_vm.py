@@ -37,6 +37,7 @@ from transient_nb.backends.gce.head import (
 )
 from transient_nb.backends.tls import CLIENT_CN
 from transient_nb.deploy.head import prepare_process
+from transient_nb.worker.peers import ROLE_CLIENT
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     backend = cluster.backend
     assert isinstance(backend, GCEBackend)  # ``head=True`` is an option of the GCE backend
     try:
-        cert = backend.ca.sign_csr(csr, CLIENT_CN)
+        cert = backend.ca.sign_csr(csr, CLIENT_CN, role=ROLE_CLIENT)
         publish(CA_ATTRIBUTE, backend.ca.cert_pem)
         publish(PORT_ATTRIBUTE, str(cluster.scheduler_address.rsplit(":", 1)[-1]))
         # Last: the client takes this one as the sign that it may connect.

@@ -18,29 +18,15 @@ from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from transient_nb.backends.tls import CLIENT_CN
 from transient_nb.eventlog.vocabulary import CONTROL_TOPIC, PROVIDER_NOTICE_OP, TOPIC, make_event
+from transient_nb.worker.peers import ROLE_CLIENT, peer_of
 
 logger = logging.getLogger(__name__)
-
-#: Batched-stream op through which a worker reports its VM's provider notice.
 
 
 def _is_control(topic: Any) -> bool:
     topics = [topic] if isinstance(topic, str) else list(topic or ())
     return CONTROL_TOPIC in topics
-
-
-def peer_name(comm: Any) -> str | None:
-    """The common name of a TLS peer's certificate; None on a connection without TLS."""
-    cert = (getattr(comm, "extra_info", None) or {}).get("peercert")
-    if not cert:
-        return None
-    for rdn in cert.get("subject", ()):
-        for key, value in rdn:
-            if key == "commonName":
-                return str(value)
-    return ""
 
 
 #: Fields that ``joined``/``left`` events copy from the VM's ``requested`` event.
@@ -86,8 +72,8 @@ class TransientMonitor(SchedulerPlugin):
         # Workers' own messages: the scheduler adds the sender's address from the worker's
         # connection, so a provider notice cannot be sent in another VM's name.
         scheduler.stream_handlers[PROVIDER_NOTICE_OP] = self.provider_notice
-        # Control requests are honoured only from the cluster's own client: over TLS, a
-        # connection whose certificate is the client's (a worker's certificate names its VM);
+        # Control requests are honoured only from the cluster's own clients: over TLS, a
+        # connection whose certificate names the client role (a VM's names worker or ps);
         # never from a worker's stream.
         self._log_event_rpc = scheduler.handlers["log_event"]
         self._log_worker_event = scheduler.stream_handlers["log-event"]
@@ -103,9 +89,9 @@ class TransientMonitor(SchedulerPlugin):
 
     def _checked_log_event(self, comm: Any, topic: Any, msg: Any) -> Any:
         if _is_control(topic):
-            peer = peer_name(comm)
-            if peer is not None and peer != CLIENT_CN:
-                self._refuse(msg, peer)
+            peer = peer_of(comm)
+            if peer is not None and peer.role != ROLE_CLIENT:
+                self._refuse(msg, peer.name)
                 return None
         return self._log_event_rpc(topic=topic, msg=msg)
 

@@ -13,10 +13,10 @@ cluster acts on and answers with a ``control`` event.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,9 +26,8 @@ from distributed.comm.core import CommClosedError
 from distributed.core import Status
 
 from transient_nb.backends.tls import security_from_registry
-from transient_nb.catalog.mix import on_demand_value, parse_mix
 from transient_nb.catalog.prices import PriceCatalog
-from transient_nb.deploy import registry
+from transient_nb.deploy import messages, registry
 from transient_nb.deploy.remote_run import RemoteRun
 from transient_nb.eventlog.bill import CostReport
 from transient_nb.eventlog.folds import ClusterState
@@ -36,9 +35,22 @@ from transient_nb.eventlog.records import events_frame
 from transient_nb.eventlog.vocabulary import (
     CONTROL_TOPIC,
     EVENTS_RPC,
-    move_ps_message,
+    ClusterStart,
 )
 from transient_nb.ticker import Ticker
+
+#: ``train()`` arguments that may be objects: they travel to a head cloudpickled.
+BY_VALUE = ("model", "data", "loss", "metrics", "optimizer", "collate_fn")
+
+
+def _plain(value: Any) -> bool:
+    """Whether ``value`` travels as JSON (a name, a number, a mapping of them)."""
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
 
 logger = logging.getLogger(__name__)
 
@@ -167,14 +179,14 @@ class RemoteCluster:
         assert self.client.scheduler is not None
         return self.client.scheduler
 
-    def _started(self) -> Mapping[str, Any]:
-        return next((e for e in self.monitor.events if e.get("kind") == "started"), {})
+    def _started(self) -> ClusterStart:
+        return ClusterStart.of(self.monitor.events)
 
     @property
     def catalog(self) -> PriceCatalog | None:
         """The price catalog the owning cluster bills with (None if it cannot be loaded)."""
         if self._catalog is None:
-            name = self._started().get("catalog")
+            name = self._started().catalog
             try:
                 self._catalog = PriceCatalog.load(name) if name else None
             except (ValueError, OSError):
@@ -184,7 +196,7 @@ class RemoteCluster:
     @property
     def time_scale(self) -> float:
         """Simulated seconds per wall second of the owning cluster."""
-        return float(self._started().get("time_scale", 1.0))
+        return self._started().time_scale
 
     @property
     def gpu(self) -> str | None:
@@ -198,8 +210,7 @@ class RemoteCluster:
         for e in reversed(events):
             if e.get("kind") in ("scale", "started") and e.get("mix"):
                 return {str(g): int(n) for g, n in e["mix"].items()}
-        started = self._started()
-        return {str(started.get("gpu")): int(started.get("workers") or 0)} if started else {}
+        return self._started().mix
 
     @property
     def zone(self) -> str | None:
@@ -247,10 +258,9 @@ class RemoteCluster:
 
     # -- control ----------------------------------------------------------------------------------------
     async def _control(self, msg: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
-        request = uuid.uuid4().hex[:12]
-        msg = {**msg, "id": request}
+        req = messages.ControlRequest(msg)
         since = len(self.monitor.events)
-        await self._scheduler.log_event(topic=CONTROL_TOPIC, msg=msg)
+        await self._scheduler.log_event(topic=CONTROL_TOPIC, msg=req.msg)
         timeout = self.answer_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -265,22 +275,19 @@ class RemoteCluster:
             except (OSError, CommClosedError, asyncio.TimeoutError) as failure:
                 # A "stop" may close the scheduler before its answer is read: that is the answer,
                 # once the owner's registry entry confirms it.
-                if msg["action"] == "stop" and await self._owner_gone(time.monotonic()):
-                    return {"action": "stop", "ok": True, "request": request, "closed": True}
+                if req.action == "stop" and await self._owner_gone(time.monotonic()):
+                    return {"action": "stop", "ok": True, "request": req.id, "closed": True}
                 if isinstance(failure, asyncio.TimeoutError):
                     continue  # a slow read (a loaded host): read again until the deadline
                 raise
-            for e in new:
-                if e.get("kind") == "control" and e.get("request") == request:
-                    if not e.get("ok"):
-                        raise ValueError(str(e.get("error") or "the cluster refused"))
-                    answer = dict(e)
-                    if msg["action"] == "stop":
-                        answer["closed"] = await self._owner_gone(deadline)
-                    return answer
+            answer = req.answer_in(new)
+            if answer is not None:
+                if req.action == "stop":
+                    answer["closed"] = await self._owner_gone(deadline)
+                return answer
             since += len(new)
         raise TimeoutError(
-            f"Cluster {self.name!r} did not answer the {msg['action']!r} request within "
+            f"Cluster {self.name!r} did not answer the {req.action!r} request within "
             f"{timeout:g} s; its owning process may be gone or busy."
         )
 
@@ -323,7 +330,9 @@ class RemoteCluster:
         Takes the arguments of :func:`transient_nb.train` (which calls this for a detached
         cluster), checked here first: a mistake is reported before the head starts anything.
         """
-        from transient_nb.training.run import check_train_args
+        # Imported here: a handle that only watches never pays for torch.
+        from transient_nb.training.preflight import dumps
+        from transient_nb.training.spec import check_train_args
 
         if not self.detached:
             raise ValueError(
@@ -334,7 +343,17 @@ class RemoteCluster:
         kwargs.pop("wait", None)
         checked = {
             k: kwargs[k]
-            for k in ("model", "data", "steps", "shards", "target_accuracy", "deadline")
+            for k in (
+                "model",
+                "data",
+                "steps",
+                "shards",
+                "target_accuracy",
+                "deadline",
+                *BY_VALUE,
+                "stop_at",
+                "num_workers",
+            )
             if k in kwargs
         }
         hparams = {
@@ -344,7 +363,13 @@ class RemoteCluster:
             and k not in ("budget", "checkpoint_url", "seed", "device", "resume")
         }
         if kwargs.get("resume") is None:
+            # The same checks as an attached run's, here: the model built, one batch run.
             check_train_args(**checked, **hparams)
+        # Objects (a model class of this notebook, data sets, callables) travel cloudpickled, as
+        # Dask ships functions; plain values as they are.
+        objects = {k: kwargs.pop(k) for k in BY_VALUE if k in kwargs and not _plain(kwargs[k])}
+        if objects:
+            kwargs["by_value"] = dumps(objects, "model and data")
         deadline: Any = kwargs.get("deadline")
         if hasattr(deadline, "timestamp"):  # a datetime travels as seconds from now
             kwargs["deadline"] = max(1.0, deadline.timestamp() - time.time())
@@ -388,28 +413,12 @@ class RemoteCluster:
         or ``"v100=1"``). The owning cluster checks the types against its catalog and the
         on-demand counts against the mix, and answers with its error if one is wrong.
         """
-        if isinstance(n, str) and n.strip().isdigit():
-            n = int(n.strip())
-        if (
-            isinstance(n, bool)
-            or not isinstance(n, (int, str, Mapping))
-            or (isinstance(n, int) and n < 0)
-        ):
-            raise ValueError(f"scale({n!r}): give a whole number of workers, 0 or more.")
-        workers: int | dict[str, int] = n if isinstance(n, int) else parse_mix(n, "")
-        msg: dict[str, Any] = {"action": "scale", "workers": workers}
-        if gpu is not None:
-            msg["gpu"] = gpu
-        if on_demand is not None:
-            msg["on_demand"] = on_demand_value(on_demand)
-        return self._request(msg)
+        return self._request(messages.scale_message(n, gpu, on_demand))
 
     def scale_ps(self, n: int) -> dict[str, Any]:
         """Ask the owning cluster to keep ``n`` PS hosts (see
         :meth:`transient_nb.TransientCluster.scale_ps`); returns its answer."""
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"scale_ps: n={n!r} must be a whole number of at least 1.")
-        return self._request({"action": "scale-ps", "hosts": n})
+        return self._request(messages.scale_ps_message(n))
 
     def move_ps(self, zone: str, reason: str = "") -> dict[str, Any]:
         """Ask the owning cluster to move its PS hosts to ``zone`` (see
@@ -418,8 +427,7 @@ class RemoteCluster:
         The owning cluster answers with its error for a zone it may not use (neither its own
         nor one of its ``fallback_zones``) or while a move is under way.
         """
-        msg = move_ps_message(zone, reason)
-        return self._request(msg)
+        return self._request(messages.move_ps_message(zone, reason))
 
     def adapt(self, goal: str | None = None, **kwargs: Any) -> dict[str, Any]:
         """Start (or, with ``goal=None``, stop) the owning cluster's transient-aware policy.
@@ -428,21 +436,14 @@ class RemoteCluster:
         arguments are those of :meth:`transient_nb.TransientCluster.adapt`. Its decisions are
         ``policy-decision`` events, seen here as any other.
         """
-        from transient_nb.policy.adaptive import check_goal
-
-        if goal is not None:  # checked here first: a mistake is reported before any change
-            check_goal(goal, kwargs.get("deadline"), kwargs.get("budget"))
-        return self._request({"action": "adapt", "goal": goal, "args": kwargs})
+        # Checked here first: a mistake is reported before any change.
+        return self._request(messages.adapt_message(goal, **kwargs))
 
     def preempt(self, target: int | str = 1, notice: bool = True) -> dict[str, Any]:
         """Ask the owning cluster to preempt ``target`` workers (a count) or the worker named so."""
-        if isinstance(target, bool) or not isinstance(target, (int, str)):
-            raise ValueError(f"preempt({target!r}): give a number of workers or a worker name.")
-        if isinstance(target, int):
-            if target < 1:
-                raise ValueError(f"preempt({target}): the number of workers must be at least 1.")
-            return self._request({"action": "preempt", "count": target, "notice": bool(notice)})
-        return self._request({"action": "preempt", "worker": target, "notice": bool(notice)})
+        if isinstance(target, str):
+            return self._request(messages.preempt_message(worker=target, notice=notice))
+        return self._request(messages.preempt_message(count=target, notice=notice))
 
     def shutdown(self, timeout: float = 300.0) -> dict[str, Any]:
         """Ask the owning process to close the cluster, then close this handle.
@@ -453,7 +454,7 @@ class RemoteCluster:
         """
         try:
             if self.status == Status.running:
-                answer = self._request({"action": "stop"})
+                answer = self._request(messages.stop_message())
             else:
                 # The mirror gave up on a slow scheduler (MAX_FAILURES reads in a row): the owner
                 # may well be alive, and "stop" must still reach it rather than leave it running.

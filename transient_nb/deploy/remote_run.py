@@ -3,7 +3,9 @@
 The run belongs to the head; what a notebook, a second kernel or the CLI holds is a
 :class:`RemoteRun`: ``step``, ``accuracy``, ``history``, ``summary()``, ``wait()`` and ``stop()``,
 every one read from the cluster's event log (the same folds as the run's own), and ``stop()``
-sent to the head as a ``run-stop`` control request.
+sent to the head as a ``run-stop`` control request. The trained model comes from the head over
+the scheduler's ``transient_export`` RPC: ``model()`` (the module, rebuilt here even when its
+class was defined in another client's notebook), ``state_dict()`` and ``save(path)``.
 """
 
 from __future__ import annotations
@@ -13,9 +15,12 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+import cloudpickle
 import pandas as pd
 
+from transient_nb.catalog.prices import BILLING_MINIMUM_S
 from transient_nb.eventlog.folds import event_log
+from transient_nb.eventlog.vocabulary import EXPORT_RPC
 from transient_nb.training.hparams import HParams
 from transient_nb.training.resume import run_history, summarize_run
 
@@ -75,7 +80,8 @@ class RemoteRun:
         return HParams.from_dict(json.loads(raw)) if raw else HParams()
 
     @property
-    def model(self) -> str | None:
+    def model_name(self) -> str | None:
+        """The model's name (a built-in name, an import path, or its class's name)."""
         return self.started_event.get("model")
 
     @property
@@ -140,7 +146,31 @@ class RemoteRun:
 
     def _minimum_s(self) -> float:
         catalog = getattr(self.cluster, "catalog", None)
-        return float(catalog.minimum_s) if catalog is not None else 60.0
+        return float(catalog.minimum_s) if catalog is not None else BILLING_MINIMUM_S
+
+    # -- the trained model (from the head) -------------------------------------------------------
+    def _export(self, what: str) -> dict[str, Any]:
+        client = self.cluster.client
+        rpc = getattr(client.scheduler, EXPORT_RPC)
+        return dict(client.sync(rpc, run=self.id, what=what))
+
+    def state_dict(self) -> dict[str, Any]:
+        """The model's ``state_dict`` with the newest weights (the PS's while the run goes on,
+        its newest checkpoint after), as the head has them; CPU tensors."""
+        from transient_nb.training.export import state_of
+
+        return state_of(self._export("state")["state"])
+
+    def model(self) -> Any:
+        """The trained network (the head's copy of it, with the newest weights), on the CPU, in
+        eval mode; its class is rebuilt here even when another client's notebook defined it."""
+        return cloudpickle.loads(self._export("model")["model"])
+
+    def save(self, path: str) -> str:
+        """Write :meth:`state_dict` with ``torch.save``; returns the path."""
+        from transient_nb.training.export import save
+
+        return save(self.state_dict(), path)
 
     # -- control -------------------------------------------------------------------------------
     def wait(self, timeout: float | None = None) -> RemoteRun:
@@ -182,6 +212,6 @@ class RemoteRun:
         acc = f", accuracy {self.accuracy:.3f}" if self.accuracy is not None else ""
         state = self.reason or ("running" if not self.done else "gone")
         return (
-            f"<RemoteRun {self.id} on {self.cluster.name}: {self.model} on {self.data}, "
+            f"<RemoteRun {self.id} on {self.cluster.name}: {self.model_name} on {self.data}, "
             f"step {self.step}/{steps}{acc}, {state}>"
         )

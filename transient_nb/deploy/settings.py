@@ -11,7 +11,6 @@ creates anything.
 from __future__ import annotations
 
 import os
-import re
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,10 +24,10 @@ from transient_nb.catalog.lifetimes import PreemptionModel, parse_preemption, va
 from transient_nb.catalog.mix import Mix, format_mix, parse_mix
 from transient_nb.catalog.prices import PriceCatalog
 from transient_nb.deploy import registry
+from transient_nb.deploy.registry import check_name as check_name  # one rule, with the registry
 from transient_nb.limits import Limits
 from transient_nb.policy.placement import ReplacementPolicy
 
-_NAME_RE = re.compile(r"[a-z]([-a-z0-9]{0,40}[a-z0-9])?\Z")
 #: When a replacement is asked for: once the worker is gone, at its notice, or (``ahead``) once
 #: gone and, where the lifetime model predicts a revocation, as a spare before it.
 REPLACE_AT = ("preempted", "notice", "ahead")
@@ -49,26 +48,6 @@ def positive_int(value: Any, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{what}={value!r} must be a whole number of at least 1.")
     return value
-
-
-def check_name(name: Any) -> str:
-    """``name`` if it is an allowed cluster name; a ``ValueError`` saying what is allowed if not.
-
-    Examples
-    --------
-    >>> check_name("demo-1")
-    'demo-1'
-    >>> check_name("demo\\n")
-    Traceback (most recent call last):
-    ...
-    ValueError: Cluster name 'demo\\n' is not allowed: ...
-    """
-    if not isinstance(name, str) or not _NAME_RE.match(name):
-        raise ValueError(
-            f"Cluster name {name!r} is not allowed: use lowercase letters, digits and dashes, "
-            "starting with a letter (at most 42 characters), e.g. 'demo-1'."
-        )
-    return name
 
 
 def is_detached(detached: bool | None, backend: str | None) -> bool:
@@ -120,6 +99,9 @@ class ClusterSettings:
     run_dir: str
     cluster_id: str
     backend_options: dict[str, Any] = field(default_factory=dict)
+    #: The machine type of a head VM that hosts the first PS host (a detached GCE cluster): that
+    #: host is billed as the head VM. None: no head VM (an attached cluster, the local backend).
+    head_machine_type: str | None = None
 
     @classmethod
     def from_arguments(
@@ -181,6 +163,11 @@ class ClusterSettings:
         zones_ = list(config.get("replacement.fallback-zones", override_with=fallback_zones))
         gpus_ = list(config.get("replacement.fallback-gpus", override_with=fallback_gpus))
         _check_prices(catalog, mix, machine, ps_machine, zone, zones_, gpus_)
+        head_machine = None
+        if backend_options.get("head"):
+            # On the head VM (gce): the first PS host is the head VM, billed as its machine type.
+            head_machine = head_machine_type(backend_options.get("head_machine_type"), ps_machine)
+            catalog.machine_price(head_machine, zone)
         model = _preemption(preemption, [zone, *zones_])
         scale = float(config.get("time-scale", override_with=time_scale))
         backend_name = str(config.get("backend", override_with=backend))
@@ -229,6 +216,7 @@ class ClusterSettings:
             # delete only what carries it. A head VM's comes from the client that made it.
             cluster_id=str(cluster_id or uuid.uuid4().hex[:12]),
             backend_options=dict(backend_options),
+            head_machine_type=head_machine,
         )
 
     # -- what the cluster is made of ---------------------------------------------------------------
@@ -251,9 +239,18 @@ class ClusterSettings:
             preemption_window_s=_seconds("replacement.preemption-window") / self.time_scale,
         )
 
+    @property
+    def tls_lifetime_s(self) -> float | None:
+        """How long the cluster's certificates live: its deadline and an hour (no certificate
+        outlives the cluster); None without a deadline (``transient.tls-lifetime``)."""
+        if self.limits.deadline_s is None:
+            return None
+        return self.limits.deadline_s + 3600.0
+
     def make_backend(self, log_dir: str | None = None) -> Backend:
         """The backend object (nothing is asked of its provider yet)."""
-        return get_backend(self.backend_name, log_dir=log_dir, **self.backend_options)
+        options = {"tls_lifetime": self.tls_lifetime_s, **self.backend_options}
+        return get_backend(self.backend_name, log_dir=log_dir, **options)
 
     def prepare_options(self) -> dict[str, Any]:
         """What the backend's ``prepare`` checks against its provider."""
@@ -285,14 +282,13 @@ class ClusterSettings:
     ) -> None:
         """Refuse a mix (with its on-demand share and the PS hosts) that could cost more per
         hour than ``max_hourly_cost``, at the dearest placement ``policy`` may pick for each
-        worker (a fallback GPU, zone, or on demand). ``limits``: the cluster's now, if not
-        these settings' own."""
+        worker (a fallback GPU, zone, or on demand), with the PS hosts (the first one priced as
+        the head VM where it runs on one, :attr:`head_machine_type`). ``limits``: the
+        cluster's now, if not these settings' own."""
         limits = self.limits if limits is None else limits
         if limits.max_hourly_cost is None:
             return
         n = sum(mix.values())
-        if n == 0:
-            return
         hourly = 0.0
         for gpu, count in mix.items():
             dear = min(count, on_demand.get(gpu, 0))
@@ -307,12 +303,37 @@ class ClusterSettings:
                         continue
                     rates.append(price.rate(p.spot))
                 hourly += share * max(rates)
+        hosts = self.ps_hosts if ps_hosts is None else ps_hosts
+        ps, what = self._hosts_hourly(policy, hosts)
+        if n == 0:
+            limits.check_hourly_cost(0, 0.0, ps, what)
+            return
+        # The mean over the mix: n times it is the mix's dearest hourly cost.
+        limits.check_hourly_cost(n, hourly / n, ps, what)
+
+    def _hosts_hourly(self, policy: ReplacementPolicy, hosts: int) -> tuple[float, str]:
+        """What ``hosts`` PS hosts cost per hour at their dearest zone, the first one priced as
+        the head VM where it runs on one, and how to name them."""
         ps = max(
             self.catalog.machine_price(self.ps_machine_type, z).rate(False) for z in policy.zones()
         )
-        hosts = self.ps_hosts if ps_hosts is None else ps_hosts
-        # The mean over the mix: n times it is the mix's dearest hourly cost.
-        limits.check_hourly_cost(n, hourly / n, ps * hosts)
+        if self.head_machine_type is None or hosts < 1:
+            return ps * hosts, "the PS hosts"
+        head = self.catalog.machine_price(self.head_machine_type, self.zone).rate(False)
+        what = "the head VM" if hosts == 1 else "the head VM and the other PS hosts"
+        return head + ps * (hosts - 1), what
+
+
+def head_machine_type(given: str | None, ps_machine_type: str) -> str:
+    """The machine type of a detached GCE cluster's head VM: ``given``, else
+    ``gce.head-machine-type``, else the PS machine type (the paper's PS/scheduler host).
+
+    Examples
+    --------
+    >>> head_machine_type(None, "n1-standard-4"), head_machine_type("e2-small", "n1-standard-4")
+    ('n1-standard-4', 'e2-small')
+    """
+    return str(config.get("gce.head-machine-type", override_with=given) or ps_machine_type)
 
 
 def _mix_of(workers: Any, gpu: str | None) -> tuple[Mix, str]:

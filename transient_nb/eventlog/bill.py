@@ -16,24 +16,13 @@ from typing import Any
 
 import pandas as pd
 
-from transient_nb.eventlog.vocabulary import BILLING_ENDS
+from transient_nb.catalog.prices import BILLING_MINIMUM_S
+from transient_nb.eventlog.vocabulary import BILLING_ENDS, ClusterStart
 
-_COLUMNS = [
-    "role",
-    "gpu",
-    "zone",
-    "spot",
-    "price",
-    "price_on_demand",
-    "start",
-    "end",
-    "seconds",
-    "cost",
-    "cost_on_demand",
-]
+Event = Mapping[str, Any]
 
 
-def bill(seconds: float, hourly: float, minimum_s: float = 60.0) -> float:
+def bill(seconds: float, hourly: float, minimum_s: float = BILLING_MINIMUM_S) -> float:
     """Dollars for a VM that ran ``seconds``: per-second billing with a minimum charge.
 
     Examples
@@ -140,10 +129,10 @@ class CostReport:
 def compute_costs(
     events: Iterable[Mapping[str, Any]],
     now: float | None = None,
-    minimum_s: float = 60.0,
+    minimum_s: float = BILLING_MINIMUM_S,
     time_scale: float | None = None,
 ) -> CostReport:
-    """Bill every VM of a run from its events.
+    """Bill every VM of a run from its events (the whole log at once; :class:`Bill` folds it).
 
     Parameters
     ----------
@@ -157,63 +146,194 @@ def compute_costs(
     time_scale
         Simulated seconds per wall second; defaults to the value in the run's ``started`` event.
     """
-    events = list(events)
-    if time_scale is None:
-        time_scale = next(
-            (float(e["time_scale"]) for e in events if e.get("kind") == "started"), 1.0
-        )
-    if now is None:
-        closed = [e["time"] for e in events if e.get("kind") == "closed"]
-        now = closed[-1] if closed else time.time()
-    vms: dict[str, dict[str, Any]] = {}
+    fold = Bill(minimum_s, time_scale=time_scale)
     for e in events:
+        fold.feed(e)
+    return fold.report(now)
+
+
+@dataclass
+class _BilledVM:
+    role: str
+    gpu: Any
+    zone: Any
+    spot: bool
+    price: float
+    price_on_demand: float
+    start: float | None = None
+    end: float | None = None
+
+
+class Bill:
+    """The bill of a run, kept up to date event by event.
+
+    The one bill of the package (:func:`compute_costs` folds a whole log with it): per-second
+    billing with a minimum, from
+    ``running`` to ``preempted``/``deleted``, in simulated time. A VM's cost is fixed once it
+    stops, so a query only walks the VMs that still run.
+
+    Parameters
+    ----------
+    minimum_s
+        Minimum billed seconds per VM (the price catalog's).
+
+    Examples
+    --------
+    >>> b = Bill(minimum_s=60)
+    >>> b.feed({"kind": "requested", "time": 0.0, "worker": "w-0", "price": 3.6})
+    >>> b.feed({"kind": "running", "time": 0.0, "worker": "w-0"})
+    >>> round(b.totals(now=90.0)[0], 4)
+    0.09
+    """
+
+    def __init__(self, minimum_s: float = BILLING_MINIMUM_S, time_scale: float | None = None):
+        self.minimum_s = minimum_s
+        self.time_scale = 1.0 if time_scale is None else float(time_scale)
+        #: A given time scale wins over the ``started`` event's.
+        self._scale_known = time_scale is not None
+        #: Wall time of the last ``closed`` event: VMs still running are billed up to it.
+        self.closed_at: float | None = None
+        self._vms: dict[str, _BilledVM] = {}
+        self._running: dict[str, _BilledVM] = {}
+        self._fixed = 0.0
+        self._fixed_od = 0.0
+
+    def _stopped_cost(self, vm: _BilledVM) -> tuple[float, float]:
+        assert vm.start is not None and vm.end is not None
+        seconds = max(0.0, vm.end - vm.start) * self.time_scale
+        return bill(seconds, vm.price, self.minimum_s), bill(
+            seconds, vm.price_on_demand, self.minimum_s
+        )
+
+    def feed(self, e: Event) -> None:
+        """Take one event into account (any kind; the irrelevant ones cost a lookup)."""
+        kind = e.get("kind")
+        if kind == "started" and not self._scale_known:
+            self._scale_known = True
+            self.time_scale = ClusterStart(e).time_scale
+            if self.time_scale != 1.0 and self._fixed:
+                # Only when "started" comes after VMs stopped (never in a real log): re-bill them.
+                self._fixed = self._fixed_od = 0.0
+                for vm in self._vms.values():
+                    if vm.end is not None and vm.start is not None:
+                        c, od = self._stopped_cost(vm)
+                        self._fixed += c
+                        self._fixed_od += od
+            return
+        if kind == "closed":
+            self.closed_at = float(e["time"])
+            return
         name = e.get("worker")
         if not name:
-            continue
-        kind = e.get("kind")
+            return
         if kind == "requested":
-            vms[name] = {
-                "role": e.get("role", "worker"),
-                "gpu": e.get("gpu"),
-                "zone": e.get("zone"),
-                "spot": bool(e.get("spot", False)),
-                "price": float(e.get("price", 0.0)),
-                "price_on_demand": float(e.get("price_on_demand", 0.0)),
-                "start": None,
-                "end": None,
-            }
-        elif name in vms:
-            vm = vms[name]
-            if kind == "running" and vm["start"] is None:
-                vm["start"] = e["time"]
-            elif kind in BILLING_ENDS and vm["end"] is None and vm["start"] is not None:
-                vm["end"] = e["time"]
-    rows = []
-    rate = rate_od = 0.0
-    for name, vm in vms.items():
-        if vm["start"] is None:
-            seconds = 0.0
-        else:
-            end = vm["end"] if vm["end"] is not None else now
-            seconds = max(0.0, end - vm["start"]) * time_scale
-            if vm["end"] is None:
-                rate += vm["price"]
-                rate_od += vm["price_on_demand"]
-        rows.append(
-            {
-                "name": name,
-                **vm,
-                "seconds": seconds,
-                "cost": bill(seconds, vm["price"], minimum_s),
-                "cost_on_demand": bill(seconds, vm["price_on_demand"], minimum_s),
-            }
+            old = self._vms.get(name)
+            if old is not None:  # the same name again: the new VM replaces the old one's bill
+                self._running.pop(name, None)
+                if old.end is not None and old.start is not None:
+                    c, od = self._stopped_cost(old)
+                    self._fixed -= c
+                    self._fixed_od -= od
+            self._vms[name] = _BilledVM(
+                role=e.get("role", "worker"),
+                gpu=e.get("gpu"),
+                zone=e.get("zone"),
+                spot=bool(e.get("spot", False)),
+                price=float(e.get("price", 0.0)),
+                price_on_demand=float(e.get("price_on_demand", 0.0)),
+            )
+            return
+        billed = self._vms.get(name)
+        if billed is None:
+            return
+        vm = billed
+        if kind == "running" and vm.start is None:
+            vm.start = float(e["time"])
+            self._running[name] = vm
+        elif kind in BILLING_ENDS and vm.end is None and vm.start is not None:
+            vm.end = float(e["time"])
+            self._running.pop(name, None)
+            c, od = self._stopped_cost(vm)
+            self._fixed += c
+            self._fixed_od += od
+
+    def _now(self, now: float | None) -> float:
+        if now is not None:
+            return now
+        return self.closed_at if self.closed_at is not None else time.time()
+
+    def _running_seconds(self, vm: _BilledVM, now: float) -> float:
+        assert vm.start is not None
+        return max(0.0, now - vm.start) * self.time_scale
+
+    def totals(self, now: float | None = None) -> tuple[float, float, float, float]:
+        """``(total, total_on_demand, rate, rate_on_demand)`` at ``now``.
+
+        ``now`` defaults to the ``closed`` event's time, else the current time.
+        """
+        now = self._now(now)
+        total, total_od, rate, rate_od = self._fixed, self._fixed_od, 0.0, 0.0
+        for vm in self._running.values():
+            seconds = self._running_seconds(vm, now)
+            total += bill(seconds, vm.price, self.minimum_s)
+            total_od += bill(seconds, vm.price_on_demand, self.minimum_s)
+            rate += vm.price
+            rate_od += vm.price_on_demand
+        return total, total_od, rate, rate_od
+
+    def vm_cost(self, name: str, now: float | None = None) -> float:
+        """Dollars billed for VM ``name`` so far (0 for an unknown one)."""
+        vm = self._vms.get(name)
+        if vm is None or vm.start is None:
+            return 0.0
+        if vm.end is not None:
+            return self._stopped_cost(vm)[0]
+        return bill(self._running_seconds(vm, self._now(now)), vm.price, self.minimum_s)
+
+    def is_running(self, name: str) -> bool:
+        """True while VM ``name`` is billed (running, not yet stopped)."""
+        return name in self._running
+
+    def price(self, name: str) -> float:
+        """Hourly price of VM ``name`` (0 for an unknown one)."""
+        vm = self._vms.get(name)
+        return vm.price if vm is not None else 0.0
+
+    def report(self, now: float | None = None) -> CostReport:
+        """The whole bill as a :class:`~transient_nb.eventlog.bill.CostReport` (one row per VM)."""
+        now = self._now(now)
+        rows = []
+        for name, vm in self._vms.items():
+            if vm.start is None:
+                seconds = 0.0
+            else:
+                end = vm.end if vm.end is not None else now
+                seconds = max(0.0, end - vm.start) * self.time_scale
+            rows.append(
+                {
+                    "name": name,
+                    "role": vm.role,
+                    "gpu": vm.gpu,
+                    "zone": vm.zone,
+                    "spot": vm.spot,
+                    "price": vm.price,
+                    "price_on_demand": vm.price_on_demand,
+                    "start": vm.start,
+                    "end": vm.end,
+                    "seconds": seconds,
+                    "cost": bill(seconds, vm.price, self.minimum_s),
+                    "cost_on_demand": bill(seconds, vm.price_on_demand, self.minimum_s),
+                }
+            )
+        columns = ["name", "role", "gpu", "zone", "spot", "price", "price_on_demand", "start"]
+        columns += ["end", "seconds", "cost", "cost_on_demand"]
+        per_vm = pd.DataFrame(rows, columns=columns).set_index("name")
+        total, total_od, rate, rate_od = self.totals(now)
+        return CostReport(
+            per_vm=per_vm,
+            total=total,
+            total_on_demand=total_od,
+            rate=rate,
+            rate_on_demand=rate_od,
+            time_scale=self.time_scale,
         )
-    per_vm = pd.DataFrame(rows, columns=["name", *_COLUMNS]).set_index("name")
-    return CostReport(
-        per_vm=per_vm,
-        total=float(per_vm["cost"].sum()),
-        total_on_demand=float(per_vm["cost_on_demand"].sum()),
-        rate=rate,
-        rate_on_demand=rate_od,
-        time_scale=time_scale,
-    )

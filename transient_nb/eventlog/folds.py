@@ -30,7 +30,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from transient_nb.eventlog.bill import CostReport, bill
+from transient_nb.catalog.prices import BILLING_MINIMUM_S
+from transient_nb.eventlog.bill import Bill, CostReport
 from transient_nb.eventlog.vocabulary import BILLING_ENDS, LIFECYCLE
 
 Event = Mapping[str, Any]
@@ -80,192 +81,6 @@ def worker_key(name: str) -> tuple[int, int, str]:
     return role, number, name
 
 
-# -- money ---------------------------------------------------------------------------------------
-@dataclass
-class _BilledVM:
-    role: str
-    gpu: Any
-    zone: Any
-    spot: bool
-    price: float
-    price_on_demand: float
-    start: float | None = None
-    end: float | None = None
-
-
-class Bill:
-    """The bill of a run, kept up to date event by event.
-
-    Same rules as :func:`transient_nb.eventlog.bill.compute_costs` (per-second billing with a minimum, from
-    ``running`` to ``preempted``/``deleted``, in simulated time), but a VM's cost is fixed once it
-    stops, so a query only walks the VMs that still run.
-
-    Parameters
-    ----------
-    minimum_s
-        Minimum billed seconds per VM (the price catalog's).
-
-    Examples
-    --------
-    >>> b = Bill(minimum_s=60)
-    >>> b.feed({"kind": "requested", "time": 0.0, "worker": "w-0", "price": 3.6})
-    >>> b.feed({"kind": "running", "time": 0.0, "worker": "w-0"})
-    >>> round(b.totals(now=90.0)[0], 4)
-    0.09
-    """
-
-    def __init__(self, minimum_s: float = 60.0):
-        self.minimum_s = minimum_s
-        self.time_scale = 1.0
-        self._scale_known = False
-        #: Wall time of the last ``closed`` event: VMs still running are billed up to it.
-        self.closed_at: float | None = None
-        self._vms: dict[str, _BilledVM] = {}
-        self._running: dict[str, _BilledVM] = {}
-        self._fixed = 0.0
-        self._fixed_od = 0.0
-
-    def _stopped_cost(self, vm: _BilledVM) -> tuple[float, float]:
-        assert vm.start is not None and vm.end is not None
-        seconds = max(0.0, vm.end - vm.start) * self.time_scale
-        return bill(seconds, vm.price, self.minimum_s), bill(
-            seconds, vm.price_on_demand, self.minimum_s
-        )
-
-    def feed(self, e: Event) -> None:
-        """Take one event into account (any kind; the irrelevant ones cost a lookup)."""
-        kind = e.get("kind")
-        if kind == "started" and not self._scale_known:
-            self._scale_known = True
-            self.time_scale = float(e.get("time_scale") or 1.0)
-            if self.time_scale != 1.0 and self._fixed:
-                # Only when "started" comes after VMs stopped (never in a real log): re-bill them.
-                self._fixed = self._fixed_od = 0.0
-                for vm in self._vms.values():
-                    if vm.end is not None and vm.start is not None:
-                        c, od = self._stopped_cost(vm)
-                        self._fixed += c
-                        self._fixed_od += od
-            return
-        if kind == "closed":
-            self.closed_at = float(e["time"])
-            return
-        name = e.get("worker")
-        if not name:
-            return
-        if kind == "requested":
-            old = self._vms.get(name)
-            if old is not None:  # the same name again: the new VM replaces the old one's bill
-                self._running.pop(name, None)
-                if old.end is not None and old.start is not None:
-                    c, od = self._stopped_cost(old)
-                    self._fixed -= c
-                    self._fixed_od -= od
-            self._vms[name] = _BilledVM(
-                role=e.get("role", "worker"),
-                gpu=e.get("gpu"),
-                zone=e.get("zone"),
-                spot=bool(e.get("spot", False)),
-                price=float(e.get("price", 0.0)),
-                price_on_demand=float(e.get("price_on_demand", 0.0)),
-            )
-            return
-        billed = self._vms.get(name)
-        if billed is None:
-            return
-        vm = billed
-        if kind == "running" and vm.start is None:
-            vm.start = float(e["time"])
-            self._running[name] = vm
-        elif kind in BILLING_ENDS and vm.end is None and vm.start is not None:
-            vm.end = float(e["time"])
-            self._running.pop(name, None)
-            c, od = self._stopped_cost(vm)
-            self._fixed += c
-            self._fixed_od += od
-
-    def _now(self, now: float | None) -> float:
-        if now is not None:
-            return now
-        return self.closed_at if self.closed_at is not None else time.time()
-
-    def _running_seconds(self, vm: _BilledVM, now: float) -> float:
-        assert vm.start is not None
-        return max(0.0, now - vm.start) * self.time_scale
-
-    def totals(self, now: float | None = None) -> tuple[float, float, float, float]:
-        """``(total, total_on_demand, rate, rate_on_demand)`` at ``now``.
-
-        ``now`` defaults to the ``closed`` event's time, else the current time.
-        """
-        now = self._now(now)
-        total, total_od, rate, rate_od = self._fixed, self._fixed_od, 0.0, 0.0
-        for vm in self._running.values():
-            seconds = self._running_seconds(vm, now)
-            total += bill(seconds, vm.price, self.minimum_s)
-            total_od += bill(seconds, vm.price_on_demand, self.minimum_s)
-            rate += vm.price
-            rate_od += vm.price_on_demand
-        return total, total_od, rate, rate_od
-
-    def vm_cost(self, name: str, now: float | None = None) -> float:
-        """Dollars billed for VM ``name`` so far (0 for an unknown one)."""
-        vm = self._vms.get(name)
-        if vm is None or vm.start is None:
-            return 0.0
-        if vm.end is not None:
-            return self._stopped_cost(vm)[0]
-        return bill(self._running_seconds(vm, self._now(now)), vm.price, self.minimum_s)
-
-    def is_running(self, name: str) -> bool:
-        """True while VM ``name`` is billed (running, not yet stopped)."""
-        return name in self._running
-
-    def price(self, name: str) -> float:
-        """Hourly price of VM ``name`` (0 for an unknown one)."""
-        vm = self._vms.get(name)
-        return vm.price if vm is not None else 0.0
-
-    def report(self, now: float | None = None) -> CostReport:
-        """The whole bill as a :class:`~transient_nb.eventlog.bill.CostReport` (one row per VM)."""
-        now = self._now(now)
-        rows = []
-        for name, vm in self._vms.items():
-            if vm.start is None:
-                seconds = 0.0
-            else:
-                end = vm.end if vm.end is not None else now
-                seconds = max(0.0, end - vm.start) * self.time_scale
-            rows.append(
-                {
-                    "name": name,
-                    "role": vm.role,
-                    "gpu": vm.gpu,
-                    "zone": vm.zone,
-                    "spot": vm.spot,
-                    "price": vm.price,
-                    "price_on_demand": vm.price_on_demand,
-                    "start": vm.start,
-                    "end": vm.end,
-                    "seconds": seconds,
-                    "cost": bill(seconds, vm.price, self.minimum_s),
-                    "cost_on_demand": bill(seconds, vm.price_on_demand, self.minimum_s),
-                }
-            )
-        columns = ["name", "role", "gpu", "zone", "spot", "price", "price_on_demand", "start"]
-        columns += ["end", "seconds", "cost", "cost_on_demand"]
-        per_vm = pd.DataFrame(rows, columns=columns).set_index("name")
-        total, total_od, rate, rate_od = self.totals(now)
-        return CostReport(
-            per_vm=per_vm,
-            total=total,
-            total_on_demand=total_od,
-            rate=rate,
-            rate_on_demand=rate_od,
-            time_scale=self.time_scale,
-        )
-
-
 # -- training progress -----------------------------------------------------------------------------
 @dataclass
 class RunProgress:
@@ -296,6 +111,10 @@ class RunProgress:
         Trainers that failed, and restarts of them (``trainer-failed``, ``trainer-restarted``).
     model, data, started, updated
         What is trained, on what, since when, and the time of the last ``metrics`` event.
+    parameters
+        The model's trainable parameters (what the PS holds), once the run has started.
+    metrics
+        Every metric of the last evaluation (accuracy among them where it is one).
     """
 
     run: str
@@ -316,6 +135,8 @@ class RunProgress:
     data: str = ""
     started: float = 0.0
     updated: float = 0.0
+    parameters: int | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
 
     @property
     def finished(self) -> bool:
@@ -367,6 +188,7 @@ class RunTracker:
                     data=str(e.get("data", "")),
                     started=t,
                     updated=t,
+                    parameters=_int_or_none(e.get("parameters")),
                 )
                 self._pace.clear()
             return
@@ -382,6 +204,7 @@ class RunTracker:
             self._metrics(p, e)
         elif kind == "eval":
             p.accuracy = e.get("accuracy")
+            p.metrics = eval_metrics(e)
         elif kind == "trainer-failed":
             p.trainer_failures += 1
         elif kind == "trainer-restarted":
@@ -420,7 +243,7 @@ class RunSummary:
     the times of those rare events only; the bill is a :class:`Bill`.
     """
 
-    def __init__(self, minimum_s: float = 60.0, bill: Bill | None = None):
+    def __init__(self, minimum_s: float = BILLING_MINIMUM_S, bill: Bill | None = None):
         self.bill = bill if bill is not None else Bill(minimum_s)
         self._own_bill = bill is None
         self.started: Event | None = None
@@ -428,6 +251,7 @@ class RunSummary:
         self.first_time: float | None = None
         self.last_time: float | None = None
         self.accuracy: Any = None
+        self.metrics: dict[str, float] = {}
         self.last_metrics_step: Any = None
         self._preempted: list[float] = []
         self._replacements: list[float] = []
@@ -456,6 +280,7 @@ class RunSummary:
             self.finished = e
         elif kind == "eval":
             self.accuracy = e["accuracy"]
+            self.metrics = eval_metrics(e)
         elif kind == "preempted" and e.get("role") == "worker":
             self._preempted.append(tw)
         elif kind in ("replacement-requested", "spare-requested") and e.get("role") != "ps":
@@ -503,7 +328,14 @@ class RunSummary:
             )
         else:
             parts.append("the host kept the emulated pace of every paced process")
-        if unpaced:
+        own = any(e.get("basis") for e in self._paced.values())
+        if unpaced and own:
+            # A user's model: the paper's ResNet-32 rates say nothing of it.
+            parts.append(
+                f"no step rate measured for this model on the GPU type of {', '.join(unpaced)}: "
+                "not paced (give one, e.g. emulate='paper,t4=STEPS_PER_S')"
+            )
+        elif unpaced:
             parts.append(f"no step rate for the GPU type of {', '.join(unpaced)}: not paced")
         return "; ".join(parts)
 
@@ -537,6 +369,8 @@ class RunSummary:
             "steps": steps,
             "wall_s": wall,
             "accuracy": self.accuracy,
+            "metrics": dict(self.metrics),
+            "parameters": started.get("parameters") if started else None,
             "preemptions": len(within(self._preempted)),
             "replacements": len(within(self._replacements)),
             "ps_recoveries": len(recoveries),
@@ -590,11 +424,12 @@ class RunSummary:
         return cluster_rate / one_worker, "over the median rate of trainers on GPUs of their own"
 
 
-def summarize(events: Iterable[Event], minimum_s: float = 60.0) -> dict[str, Any]:
+def summarize(events: Iterable[Event], minimum_s: float = BILLING_MINIMUM_S) -> dict[str, Any]:
     """The summary of a run, from its event log alone (a run record will do).
 
     Keys: run, model, data, reason, error,
-    trainer_failures, steps, wall_s, accuracy, preemptions, replacements, ps_recoveries, steps_lost, lost_in_flight, cost,
+    trainer_failures, steps, wall_s, accuracy, metrics (every metric of the last evaluation),
+    parameters (the model's trainable ones), preemptions, replacements, ps_recoveries, steps_lost, lost_in_flight, cost,
     cost_on_demand, saved, saved_fraction, img_per_s, speedup_over_one_worker (None where no
     one-worker rate was measured alone: see ``speedup_note``), speedup_note, emulated (paced
     GPU or PS emulation, :mod:`transient_nb.training.emulation`), emulation_behind (paced processes whose
@@ -627,7 +462,9 @@ HISTORY_COLUMNS = [
 ]
 
 
-def history(events: Iterable[Event], t0: float, minimum_s: float = 60.0) -> pd.DataFrame:
+def history(
+    events: Iterable[Event], t0: float, minimum_s: float = BILLING_MINIMUM_S
+) -> pd.DataFrame:
     """One row per ``metrics`` event: the training curve with the money spent at each point.
 
     Parameters
@@ -642,8 +479,10 @@ def history(events: Iterable[Event], t0: float, minimum_s: float = 60.0) -> pd.D
     Returns
     -------
     A DataFrame with :data:`HISTORY_COLUMNS`: step, time (s since ``t0``), loss, test accuracy
-    (last evaluation), active workers, staleness, img/s, lr, cost and on-demand cost so far.
-    Linear in the number of events (the bill is kept incrementally).
+    (last evaluation), active workers, staleness, img/s, lr, cost and on-demand cost so far;
+    then one column per further metric of the run (a user's ``metrics=``: its last
+    evaluation's value, empty before the first). Linear in the number of events (the bill is
+    kept incrementally).
 
     Examples
     --------
@@ -653,16 +492,19 @@ def history(events: Iterable[Event], t0: float, minimum_s: float = 60.0) -> pd.D
     bill_ = Bill(minimum_s)
     rows = []
     acc = None
+    more: dict[str, float] = {}  # the metrics beside accuracy, as last evaluated
     for e in events:
         bill_.feed(e)
         kind = e.get("kind")
         if kind == "eval":
             acc = e["accuracy"]
+            more.update({k: v for k, v in eval_metrics(e).items() if k != "accuracy"})
         if kind != "metrics":
             continue
         total, total_od, _, _ = bill_.totals(now=e["time"])
         rows.append(
             {
+                **more,
                 "step": e["step"],
                 "time": e["time"] - t0,
                 "loss": e["loss"],
@@ -675,7 +517,21 @@ def history(events: Iterable[Event], t0: float, minimum_s: float = 60.0) -> pd.D
                 "cost_on_demand": total_od,
             }
         )
-    return pd.DataFrame(rows, columns=HISTORY_COLUMNS)
+    return pd.DataFrame(rows, columns=[*HISTORY_COLUMNS, *more])
+
+
+def eval_metrics(e: Event) -> dict[str, float]:
+    """Every metric of an ``eval`` event: its ``metrics`` (a user's workload), else accuracy.
+
+    Examples
+    --------
+    >>> eval_metrics({"kind": "eval", "accuracy": 0.9}), eval_metrics({"metrics": {"mae": 0.2}})
+    ({'accuracy': 0.9}, {'mae': 0.2})
+    """
+    metrics = e.get("metrics")
+    if isinstance(metrics, Mapping):
+        return {str(k): v for k, v in metrics.items()}
+    return {} if e.get("accuracy") is None else {"accuracy": e["accuracy"]}
 
 
 # -- the whole cluster -------------------------------------------------------------------------------
@@ -703,7 +559,7 @@ class ClusterState:
     """
 
     run_id: str | None = None
-    minimum_s: float = 60.0
+    minimum_s: float = BILLING_MINIMUM_S
     #: Events read so far (the index of the next one in the log).
     n_events: int = 0
     #: The first ``started`` event ({} before it).
@@ -960,4 +816,4 @@ def is_closed(cluster: Any, events: Sequence[Event]) -> bool:
 
 def minimum_s_of(cluster: Any) -> float:
     """Minimum billed seconds of ``cluster``'s price catalog (60 without one)."""
-    return float(getattr(getattr(cluster, "catalog", None), "minimum_s", 60.0))
+    return float(getattr(getattr(cluster, "catalog", None), "minimum_s", BILLING_MINIMUM_S))

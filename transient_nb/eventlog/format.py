@@ -88,3 +88,43 @@ def policy_text(policy: Mapping[str, Any] | None) -> str:
         if decision.get("ps_bottleneck"):
             text += " (the bottleneck now)"
     return text
+
+
+def metric_value(name: str, value: Any) -> str:
+    """A metric as people read it: accuracy as a percentage, others with 4 significant digits.
+
+    Examples
+    --------
+    >>> metric_value("accuracy", 0.9312), metric_value("mae", 0.123456), metric_value("mae", None)
+    ('93.1%', '0.1235', '–')
+    """
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        return "–"
+    return f"{value:.1%}" if name == "accuracy" else f"{value:.4g}"
+
+
+def metrics_text(metrics: Mapping[str, Any] | None, accuracy: Any = None) -> str:
+    """Every metric of an evaluation, ``name value`` joined with `` · `` (accuracy alone when
+    that is all a run has).
+
+    Examples
+    --------
+    >>> metrics_text({"mae": 0.31, "mse": 0.2}), metrics_text(None, accuracy=0.5)
+    ('mae 0.31 · mse 0.2', 'accuracy 50.0%')
+    """
+    shown = dict(metrics or {})
+    if not shown and accuracy is not None:
+        shown = {"accuracy": accuracy}
+    return " · ".join(f"{k} {metric_value(k, v)}" for k, v in shown.items())
+
+
+def model_text(model: Any, parameters: Any = None) -> str:
+    """A model's name and parameter count: ``Net (1,234 parameters)``.
+
+    Examples
+    --------
+    >>> model_text("resnet8", 78042), model_text("Net")
+    ('resnet8 (78,042 parameters)', 'Net')
+    """
+    name = str(model or "?")
+    return f"{name} ({parameters:,} parameters)" if isinstance(parameters, int) else name

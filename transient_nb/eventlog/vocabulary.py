@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 #: Topic under which every transient_nb event is logged on the scheduler.
@@ -27,6 +28,11 @@ PROVIDER_NOTICE_OP = "transient-provider-notice"
 #: :func:`transient_nb.eventlog.folds.event_log`. (Live subscribers of :data:`TOPIC` see events as posted,
 #: before the monitor names the worker that posted them: the RPC's copy is the one to show.)
 EVENTS_RPC = "transient_events"
+
+#: The scheduler RPC of a detached cluster's head that hands the cluster's client a run's trained
+#: model: ``transient_export(run=RUN_ID, what="state" | "model")`` (see
+#: :class:`transient_nb.deploy.head.Head`).
+EXPORT_RPC = "transient_export"
 
 #: Fields every lifecycle event of a VM carries (``VMSpec.event_fields``); ``joined`` and
 #: ``left`` also carry the worker's ``address``.
@@ -94,6 +100,8 @@ EVENTS: dict[str, tuple[str, ...]] = {
     # The provider refused a VM for a quota (the cluster tries elsewhere or gives up).
     "quota-exceeded": ("worker", "role", "gpu", "zone", "quota", "region", "limit", "message"),
     "provision-failed": ("worker", "role", "zone", "error"),  # creating a VM failed otherwise
+    # A VM the cluster's limits did not allow (max_workers, max_hourly_cost): none was created.
+    "limit-refused": ("role", "gpu", "limit", "reason"),
     # VMs of one role failed in a row: the next attempt waits ``delay_s``.
     "crash-loop": ("role", "failures", "delay_s", "reason"),
     # A VM ran without its worker joining: it is deleted (``cost``: what it cost meanwhile).
@@ -166,6 +174,20 @@ EVENTS: dict[str, tuple[str, ...]] = {
         "resumed_from",
         "resumed_step",
         "steps_lost",
+        # A user's own workload (train(model=Net, loss=..., ...)); absent for the built-in ones:
+        # what rebuilds the model anywhere (a built-in name or an import path; None: it travelled
+        # by value), the loss, the metrics' names, the optimizer, frozen parameters, and the
+        # stop conditions (JSON: metric -> [">=" or "<=", value]).
+        "model_ref",
+        "loss",
+        "metrics",
+        "optimizer",
+        "frozen_parameters",
+        "stop_at",
+        # ... and what the policy plans it from: FLOPs per sample of a training step and the
+        # operators a step runs (transient_nb.training.estimate).
+        "flops_per_sample",
+        "operators",
     ),
     "metrics": (
         "run",
@@ -180,7 +202,8 @@ EVENTS: dict[str, tuple[str, ...]] = {
         "updates",
     ),
     "worker-metrics": ("run", "worker", "step", "img_per_s", "local_step", "device"),
-    "eval": ("run", "step", "accuracy", "test_loss"),
+    # metrics: every metric's value (a user's workload; the built-in ones have accuracy alone).
+    "eval": ("run", "step", "accuracy", "test_loss", "metrics"),
     "checkpoint": ("run", "step", "path", "seconds"),  # all shards at one step, manifest written
     "ps-lost": ("run", "step", "address", "addresses"),  # addresses: every shard host
     "ps-recovered": ("run", "step", "steps_lost", "seconds", "generation", "source"),
@@ -223,6 +246,9 @@ EVENTS: dict[str, tuple[str, ...]] = {
         "wall_steps_per_s",
         "time_scale",
         "step_scale",
+        # A user's model: where its rate comes from (one given for it, or none measured: the
+        # paper's ResNet-32 rates are never used for it).
+        "basis",
     ),
     # The host could not keep an emulated pace: its own work per step was slower (wall rates).
     "emulation-behind": (
@@ -237,7 +263,7 @@ EVENTS: dict[str, tuple[str, ...]] = {
     ),
     "train-finished": (
         "run",
-        "reason",  # steps|accuracy|budget|deadline|stopped|error|trainer-failed
+        "reason",  # steps|accuracy|metric|budget|deadline|stopped|error|trainer-failed
         "step",
         "accuracy",
         "wall_s",
@@ -247,6 +273,8 @@ EVENTS: dict[str, tuple[str, ...]] = {
         "trainers",
         "error",
         "checkpoint_step",
+        "metrics",  # the newest evaluation's values (a user's workload)
+        "stopped_by",  # the stop_at condition met (reason "metric"), e.g. "mae<=0.3"
     ),
 }
 
@@ -259,6 +287,7 @@ CLUSTER_EVENTS = (
     "capacity-exhausted",
     "quota-exceeded",
     "provision-failed",
+    "limit-refused",
     "crash-loop",
     "join-timeout",
     "scale",
@@ -346,23 +375,65 @@ def make_event(kind: str, **fields: Any) -> dict[str, Any]:
     return event
 
 
-def move_ps_message(zone: Any, reason: Any = "") -> dict[str, Any]:
-    """The control request that moves a cluster's PS hosts to ``zone``, its form checked (the
-    owning cluster checks the zone against those it may use).
+class ClusterStart:
+    """What a cluster's ``started`` event says: the one reader of its fields.
+
+    Built from the event itself (:meth:`of` finds the first one in a log); a log without one
+    reads as an empty event (time scale 1, no catalog).
 
     Examples
     --------
-    >>> move_ps_message(" us-east1-c ", "closer")
-    {'action': 'move-ps', 'zone': 'us-east1-c', 'reason': 'closer'}
+    >>> start = ClusterStart.of([{"kind": "requested"}, {"kind": "started", "time_scale": 120,
+    ...                          "catalog": "paper-2019", "gpu": "k80", "workers": 2}])
+    >>> start.time_scale, start.catalog, start.mix
+    (120.0, 'paper-2019', {'k80': 2})
+    >>> ClusterStart.of([]).time_scale
+    1.0
     """
-    if not isinstance(zone, str) or not zone.strip():
-        raise ValueError(
-            f"move_ps({zone!r}): give a zone name such as 'us-east1-c' (the cluster's zone or "
-            "one of its fallback_zones)."
+
+    def __init__(self, event: Mapping[str, Any] | None = None):
+        self.event: Mapping[str, Any] = event or {}
+
+    @classmethod
+    def of(cls, events: Iterable[Any]) -> ClusterStart:
+        """The first ``started`` event of ``events`` (anything else in the log is skipped)."""
+        return cls(
+            next(
+                (e for e in events or () if isinstance(e, Mapping) and e.get("kind") == "started"),
+                None,
+            )
         )
-    if not isinstance(reason, str):
-        raise ValueError(f"move_ps({zone!r}, reason={reason!r}): the reason is text.")
-    msg: dict[str, Any] = {"action": "move-ps", "zone": zone.strip()}
-    if reason:
-        msg["reason"] = reason
-    return msg
+
+    def __bool__(self) -> bool:
+        return bool(self.event)
+
+    def get(self, field: str, default: Any = None) -> Any:
+        """Any other field of the event (see :data:`EVENTS`)."""
+        return self.event.get(field, default)
+
+    @property
+    def time_scale(self) -> float:
+        """Simulated seconds per wall second (1 where the event does not say)."""
+        return float(self.event.get("time_scale") or 1.0)
+
+    @property
+    def catalog(self) -> str | None:
+        """The name (or path) of the price catalog the cluster bills with."""
+        name = self.event.get("catalog")
+        return str(name) if name else None
+
+    @property
+    def mix(self) -> dict[str, int]:
+        """GPU type -> workers asked for at the start (a one-type cluster's ``gpu`` and
+        ``workers`` where no mix is given); {} without an event."""
+        mix = self.event.get("mix")
+        if mix:
+            return {str(g): int(n) for g, n in mix.items()}
+        if not self.event:
+            return {}
+        return {str(self.event.get("gpu")): int(self.event.get("workers") or 0)}
+
+    @property
+    def zones(self) -> list[str]:
+        """The zones the cluster may use: its own, then its fallback zones."""
+        return [str(z) for z in self.event.get("zones") or [self.event.get("zone")] if z]

@@ -121,7 +121,8 @@ def first_choice(
     policy gave back a K80 it had just booted at once), on up to ``max_shards`` PS shards
     (default: as many as the policy may grow to); from what earlier runs saw, ``past``, where
     the policy keeps a history."""
-    from transient_nb.policy.adaptive import DEFAULT_MARGIN, DEFAULT_MAX_SHARDS, check_goal
+    from transient_nb.policy.goals import check_goal
+    from transient_nb.policy.learning import DEFAULT_MARGIN, DEFAULT_MAX_SHARDS
 
     deadline_s, budget = check_goal(goal["goal"], goal.get("deadline"), goal.get("budget"))
     keep = 1 - DEFAULT_MARGIN

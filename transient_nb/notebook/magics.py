@@ -26,7 +26,7 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
 
-from transient_nb import config
+from transient_nb import config, limits
 from transient_nb.catalog.mix import format_mix, parse_mix, zero_mix
 from transient_nb.deploy import registry
 
@@ -273,8 +273,28 @@ def _status() -> None:
 
 
 @magic_arguments(name="transient_cluster train")
-@argument("--model", default="resnet32", help="resnet32 | resnet32-t2t | resnet20 | resnet8")
-@argument("--data", default="synthetic", help="synthetic | digits | cifar10:PATH-OR-URL")
+@argument(
+    "--model",
+    default="resnet32",
+    help="resnet32 | resnet32-t2t | resnet20 | resnet8, or your own: a variable of the notebook "
+    "(an nn.Module or its factory) or an import path pkg.mod:attr",
+)
+@argument(
+    "--data",
+    default="synthetic",
+    help="synthetic | digits | cifar10:PATH-OR-URL, or a variable holding a (train, test) pair "
+    "of Datasets (or its factory), or an import path",
+)
+@argument("--loss", help="cross_entropy (default) | mse | a variable or import path of a function")
+@argument(
+    "--metrics",
+    metavar="M1,M2",
+    help="accuracy, mse, or variables (functions (output, target) -> float) or import paths",
+)
+@argument("--optimizer", help="sgd (default) or a variable/import path of a torch.optim factory")
+@argument("--stop-at", metavar="METRIC=X", help="stop at a metric's value, e.g. mae=0.3")
+@argument("--collate-fn", help="a variable or import path: the DataLoader's collate_fn")
+@argument("--num-workers", type=_whole("DataLoader workers", 0), help="DataLoader workers")
 @argument("--steps", type=_whole("steps", 1), default=64_000, help="global steps (default 64000)")
 @argument("--batch-size", type=_whole("images", 1), default=128, help="images per worker step")
 @argument("--lr", type=_positive("learning rate"), default=0.1, help="base learning rate")
@@ -296,6 +316,34 @@ def _status() -> None:
 @argument("--wait", action="store_true", help="block until the run finishes")
 def _train() -> None:
     """Start asynchronous PS training in the background, show the live dashboard, return the run."""
+
+
+@magic_arguments(name="transient_cluster save")
+@argument("path", metavar="PATH", help="file (or fsspec URL) to write the state dict to")
+@argument("--run", dest="run_var", metavar="VAR", help="the run's variable (default: the latest)")
+def _save() -> None:
+    """Write the latest run's trained weights (``run.save(PATH)``): the newest of the PS, or of
+    its checkpoints once it has ended; ``model.load_state_dict(torch.load(PATH))`` reads them."""
+
+
+@magic_arguments(name="transient_cluster estimate")
+@argument("--model", default="resnet32", help="a built-in name, a variable or an import path")
+@argument("--data", default="synthetic", help="a built-in spec, a variable or an import path")
+@argument("--loss", help="cross_entropy (default), mse, a variable or an import path")
+@argument(
+    "--workers",
+    type=_workers(1),
+    metavar="TYPE=N,...",
+    help="GPU types and the largest cluster of each, e.g. t4=4,v100=2",
+)
+@argument("--steps", type=_whole("steps", 1), default=64_000, help="global steps")
+@argument("--batch-size", type=_whole("items", 1), default=128, help="items per worker step")
+@argument("--shards", type=_whole("PS shards", 1), default=1, help="PS shards")
+@argument("--prices", metavar="CATALOG", help="gce-2025, paper-2019 or a YAML path")
+@argument("--measured", metavar="TYPE=STEPS_PER_S", help="measured rates: replace the estimate")
+def _estimate() -> None:
+    """What a cluster would do for a model before renting anything: time, money and the PS
+    bottleneck per GPU type and size (:func:`transient_nb.estimate`)."""
 
 
 @magic_arguments(name="transient_cluster down")
@@ -336,6 +384,8 @@ SUBCOMMANDS: dict[str, Any] = {
     "preempt": _preempt,
     "status": _status,
     "train": _train,
+    "save": _save,
+    "estimate": _estimate,
     "down": _down,
     "list": _list,
     "connect": _connect,
@@ -440,6 +490,9 @@ class TransientMagics(Magics):
             %load_ext transient_nb
             %transient_cluster up --workers 4 --gpu t4 --spot --preemption paper:k80 --name demo
             %transient_cluster train --model resnet8 --data digits --steps 500
+            %transient_cluster train --model net --data data --loss mse --metrics mae
+            %transient_cluster save weights.pt
+            %transient_cluster estimate --model net --data data --workers t4=4,v100=2
             %transient_cluster preempt 1
             %transient_cluster scale 6
             %transient_cluster up --workers k80=2,p100=1,v100=1 --prices paper-2019 --name mixed
@@ -466,7 +519,8 @@ class TransientMagics(Magics):
         if not command:
             raise UsageError(
                 "Give a subcommand: %transient_cluster up (or scale, scale-ps, move-ps, adapt, "
-                "preempt, status, train, down, list, connect); %transient_cluster? shows the help."
+                "preempt, status, train, save, estimate, down, list, connect); "
+                "%transient_cluster? shows the help."
             )
         if command not in SUBCOMMANDS:
             raise UsageError(
@@ -543,7 +597,7 @@ class TransientMagics(Magics):
         return self._adopt(cluster, args.var, not args.no_panel)
 
     def _do_adapt(self, args: argparse.Namespace) -> None:
-        from transient_nb.policy.adaptive import parse_goal
+        from transient_nb.policy.goals import parse_goal
 
         with _usage_errors():
             goal, kwargs = parse_goal(args.goal)
@@ -627,9 +681,66 @@ class TransientMagics(Magics):
                 "checkpoint_every",
                 "checkpoint_url",
                 "seed",
+                "loss",
+                "metrics",
+                "optimizer",
+                "stop_at",
+                "collate_fn",
+                "num_workers",
             ),
         )
+        kwargs = self._named(kwargs)
         return self._start_run(kwargs, args.var, not args.no_dashboard, args.wait)
+
+    def _named(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """Names of the notebook's variables replaced by what they hold."""
+        from transient_nb.notebook.workloads import from_namespace
+
+        namespace = self.shell.user_ns if self.shell is not None else {}
+        with _usage_errors("%transient_cluster train: "):
+            return from_namespace(kwargs, namespace)
+
+    def _do_save(self, args: argparse.Namespace) -> None:
+        from transient_nb.notebook.workloads import save
+
+        if args.run_var:
+            namespace = self.shell.user_ns if self.shell is not None else {}
+            run = namespace.get(args.run_var)
+            if not hasattr(run, "save"):
+                raise UsageError(
+                    f"{args.run_var!r} is not a training run of this notebook; give --run VAR of "
+                    "one (or leave it out for the latest)."
+                )
+        elif self.runs:
+            run = self.runs[-1]
+        else:
+            raise UsageError(
+                "No training run in this kernel to save: start one with %transient_cluster train."
+            )
+        with _usage_errors("%transient_cluster save: "):
+            print(save(run, args.path))
+
+    def _do_estimate(self, args: argparse.Namespace) -> Any:
+        from transient_nb.training.estimate import estimate, measured_from_text
+
+        named = self._named({"model": args.model, "data": args.data, "loss": args.loss})
+        workers = (
+            args.workers
+            if isinstance(args.workers, dict) or args.workers is None
+            else {str(config.get("gpu")): args.workers}
+        )
+        with _usage_errors("%transient_cluster estimate: "):
+            return estimate(
+                named["model"],
+                named["data"],
+                workers,
+                args.steps,
+                batch_size=args.batch_size,
+                shards=args.shards,
+                loss=named["loss"],
+                measured=measured_from_text(args.measured),
+                prices=args.prices,
+            )
 
     def _start_run(
         self,
@@ -755,9 +866,7 @@ class TransientMagics(Magics):
         cluster_kwargs = _settings(spec.get("cluster"), "cluster", [*allowed, *BACKEND_OPTIONS])
         train_kwargs: dict[str, Any] | None = None
         if spec.get("train") is not None or "train" in spec:
-            from transient_nb.training.data import check_data_spec
             from transient_nb.training.hparams import HParams
-            from transient_nb.training.models import MODELS
             from transient_nb.training.run import check_checkpoint_url, check_train_args, train
 
             # train()'s own arguments and, through its **hparams, every HParams field.
@@ -767,13 +876,11 @@ class TransientMagics(Magics):
                 "train",
                 [*_signature_names(train, ("cluster",)), *hparam_names],
             )
-            # Checked before anything starts, as train() checks it (hyperparameters included,
-            # through HParams.validate): a typo costs nothing.
-            model = train_kwargs.get("model", "resnet32")
-            if model not in MODELS:
-                raise UsageError(f"Unknown model {model!r}: use one of {', '.join(MODELS)}.")
+            # Checked before anything starts, as train() checks it (the model built, one batch
+            # run, the hyperparameters validated): a typo costs nothing. Names of the notebook's
+            # variables stand for what they hold; other text is a built-in name or import path.
+            train_kwargs = self._named(train_kwargs)
             with _usage_errors("train: "):
-                check_data_spec(train_kwargs.get("data", "synthetic"))
                 not_checked = ("budget", "checkpoint_url", "seed", "device", "wait", "resume")
                 check_train_args(**{k: v for k, v in train_kwargs.items() if k not in not_checked})
                 # On a cloud backend: shared storage, probed with a write, before any VM is made.
@@ -781,13 +888,7 @@ class TransientMagics(Magics):
                     train_kwargs.get("checkpoint_url"),
                     str(config.get("backend", override_with=cluster_kwargs.get("backend"))),
                 )
-                budget = train_kwargs.get("budget")
-                if budget is not None and (
-                    isinstance(budget, bool)
-                    or not isinstance(budget, (int, float))
-                    or not budget > 0
-                ):
-                    raise ValueError(f"budget={budget!r} must be a positive number of dollars.")
+                limits.dollars(train_kwargs.get("budget"), "budget")
         with _usage_errors("cluster: "):
             cluster = TransientCluster(**cluster_kwargs)
         if train_kwargs is None:

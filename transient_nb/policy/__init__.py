@@ -8,15 +8,10 @@ them from :mod:`transient_nb.policy.adaptive`.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 
 def __getattr__(name: str) -> Any:
-    adaptive = importlib.import_module("transient_nb.policy.adaptive")
-    if name.startswith("__") or not hasattr(adaptive, name):
-        raise AttributeError(f"module 'transient_nb.policy' has no attribute {name!r}")
-    from transient_nb._moved import warn
+    from transient_nb._moved import forward
 
-    warn(f"policy.{name}", f"policy.adaptive.{name}")
-    return getattr(adaptive, name)
+    return forward("policy", "policy.adaptive", name)

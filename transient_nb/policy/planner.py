@@ -46,12 +46,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from transient_nb.catalog.lifetimes import HOUR, PAPER_LIFETIME_CDF, PAPER_STARTUP_S
+from transient_nb.catalog.lifetimes import HOUR, PAPER_STARTUP_S, paper_curve
 from transient_nb.policy.history import Observations
 from transient_nb.training.emulation import (
     CROSS_REGION_SLOWDOWN,
     PAPER_PS_STEPS_PER_S,
     PAPER_TWO_SHARD_GAIN,
+    Emulation,
     cross_region,
     parse_emulation,
 )
@@ -94,11 +95,10 @@ def paper_hazard_per_h(gpu: str) -> float:
     --------
     >>> round(paper_hazard_per_h("k80"), 4)
     0.0812
-    >>> round(paper_hazard_per_h("t4"), 4)  # not measured by the paper: the CPU servers' figure
-    0.0408
+    >>> paper_hazard_per_h("t4") == paper_hazard_per_h("k80")  # not measured: the K80's curve
+    True
     """
-    cdf = PAPER_LIFETIME_CDF.get(gpu.lower(), PAPER_LIFETIME_CDF["cpu"])
-    first_hour = dict(cdf)[1]
+    first_hour = dict(paper_curve(gpu))[1]
     return -math.log(1.0 - first_hour)
 
 
@@ -267,6 +267,31 @@ class Planner:
         self._past = Observations()
 
     # -- what it knows --------------------------------------------------------------------------
+    def use_model(self, parameters: int, rates: Mapping[str, float] | None = None) -> None:
+        """Plan for a user's model rather than the paper's ResNet-32: the PS's prior capacity
+        is the paper's scaled to ``parameters`` (a push's fixed part and a part that grows with
+        the bytes; :meth:`~transient_nb.training.emulation.Emulation.ps_service_s`), and the
+        workers' prior rates are ``rates`` (the FLOP-based estimate,
+        :func:`~transient_nb.training.estimate.worker_rate`; a type without one has none until
+        its workers report). What workers and the PS are seen to do replaces both, as ever.
+
+        Examples
+        --------
+        >>> planner = Planner([Kind("t4", "us-central1-a", True, 0.2)], 0.19)
+        >>> planner.use_model(466_906, {"t4": 30.0})
+        >>> round(planner.ps_capacity(1), 1), planner.rate("t4"), planner.rate("k80")
+        (125.6, 30.0, 0.0)
+        """
+        if self.ps_steps_per_s is not None:
+            emu = Emulation({}, self.ps_steps_per_s, self.two_shard_gain)
+            one, two = (
+                emu.ps_service_s(1, parameters=parameters),
+                emu.ps_service_s(2, parameters=parameters),
+            )
+            assert one is not None and two is not None
+            self.ps_steps_per_s, self.two_shard_gain = 1.0 / one, one / two
+        self.prior_rates = {k.lower(): float(v) for k, v in (rates or {}).items()}
+
     def remember(self, past: Observations) -> None:
         """Start from what earlier runs saw (:class:`~transient_nb.policy.history.PolicyHistory`):
         their revocations and hours add to this run's for the hazards, their places' hours to

@@ -15,8 +15,12 @@
 ``GET    /transient-nb/options``                      what the "new cluster" form offers
 ====================================================  =============================================
 
-Every verb needs an authenticated user. Bad input gets a 4xx with ``{"message": ...}``; the
-handlers hold no state, the :class:`~transient_nb.server.manager.ClusterManager` does.
+Every verb needs an authenticated user, and the server's Authorizer
+(:class:`jupyter_server.auth.Authorizer`) must allow the user to ``read`` (``GET``) or ``write``
+(every other verb: create, scale, preempt, adapt, stop) the resource :data:`AUTH_RESOURCE`: a
+server shared read-only (an Authorizer that allows only ``read``) lets its guests watch the
+clusters, never change them. Bad input gets a 4xx with ``{"message": ...}``; the handlers hold no
+state, the :class:`~transient_nb.server.manager.ClusterManager` does.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import json
 from typing import Any
 
 import tornado.web
+from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 
@@ -34,10 +39,14 @@ from transient_nb.server.manager import ClusterManager, ClusterNotFound
 #: Longest long poll a client may ask for, in seconds.
 MAX_WAIT_S = 30.0
 _NAME = r"(?P<name>[^/]+)"
+#: The resource the server's Authorizer is asked about (``read`` to list, ``write`` to change).
+AUTH_RESOURCE = "transient_nb"
 
 
 class _BaseHandler(APIHandler):
     """Shared plumbing: the manager, the JSON body, and errors as JSON with a message."""
+
+    auth_resource = AUTH_RESOURCE
 
     @property
     def manager(self) -> ClusterManager:
@@ -87,6 +96,7 @@ class ClustersHandler(_BaseHandler):
     """``/transient-nb/clusters``: list (long poll) and create."""
 
     @tornado.web.authenticated
+    @authorized("read")
     async def get(self) -> None:
         version = self.get_query_argument("version", None)
         try:
@@ -112,6 +122,7 @@ class ClustersHandler(_BaseHandler):
         super().on_connection_close()
 
     @tornado.web.authenticated
+    @authorized("write")
     async def post(self) -> None:
         try:
             params = self.body()
@@ -124,10 +135,12 @@ class ClusterHandler(_BaseHandler):
     """``/transient-nb/clusters/NAME``: one model, or stop."""
 
     @tornado.web.authenticated
+    @authorized("read")
     async def get(self, name: str) -> None:
         await self.run(self.manager.get_cluster(name))
 
     @tornado.web.authenticated
+    @authorized("write")
     async def delete(self, name: str) -> None:
         await self.run(self.manager.stop(name))
 
@@ -138,6 +151,7 @@ class ScaleHandler(_BaseHandler):
     how many of them run on demand."""
 
     @tornado.web.authenticated
+    @authorized("write")
     async def post(self, name: str) -> None:
         try:
             body = self.body()
@@ -154,6 +168,7 @@ class ScalePsHandler(_BaseHandler):
     """``/transient-nb/clusters/NAME/scale-ps``: ``{"hosts": n}``, the PS hosts to keep."""
 
     @tornado.web.authenticated
+    @authorized("write")
     async def post(self, name: str) -> None:
         try:
             body = self.body()
@@ -168,6 +183,7 @@ class MovePsHandler(_BaseHandler):
     """``/transient-nb/clusters/NAME/move-ps``: ``{"zone": "us-east1-c"[, "reason": "..."]}``."""
 
     @tornado.web.authenticated
+    @authorized("write")
     async def post(self, name: str) -> None:
         try:
             body = self.body()
@@ -182,6 +198,7 @@ class PreemptHandler(_BaseHandler):
     """``/transient-nb/clusters/NAME/preempt``: ``{"worker": "w-0", "notice": true}``."""
 
     @tornado.web.authenticated
+    @authorized("write")
     async def post(self, name: str) -> None:
         try:
             body = self.body()
@@ -197,6 +214,7 @@ class AdaptHandler(_BaseHandler):
     ``cost-per-step``, ``off``)."""
 
     @tornado.web.authenticated
+    @authorized("write")
     async def post(self, name: str) -> None:
         try:
             body = self.body()
@@ -213,6 +231,7 @@ class OptionsHandler(_BaseHandler):
     """``/transient-nb/options``: defaults and choices of the "new cluster" form."""
 
     @tornado.web.authenticated
+    @authorized("read")
     async def get(self) -> None:
         self.reply(self.manager.options())
 

@@ -25,15 +25,15 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from distributed.core import ConnectionPool
 
 from transient_nb import config
 from transient_nb.backends.tls import security_from_registry
-from transient_nb.catalog.mix import on_demand_value, parse_mix
-from transient_nb.catalog.prices import PriceCatalog, shipped_catalogs
-from transient_nb.deploy import registry
+from transient_nb.catalog.mix import parse_mix
+from transient_nb.catalog.prices import BILLING_MINIMUM_S, PriceCatalog, shipped_catalogs
+from transient_nb.deploy import messages, registry
 from transient_nb.deploy.detached import launch_head
 from transient_nb.eventlog.folds import GONE_STATES, MAX_GONE_ROWS, ClusterState, RunProgress
 from transient_nb.eventlog.format import policy_text
@@ -41,7 +41,7 @@ from transient_nb.eventlog.records import read_run_record
 from transient_nb.eventlog.vocabulary import (
     CONTROL_TOPIC,
     EVENTS_RPC,
-    move_ps_message,
+    ClusterStart,
 )
 
 logger = logging.getLogger(__name__)
@@ -78,10 +78,6 @@ class ClusterNotFound(KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else "cluster not found"
-
-
-class ControlRefused(ValueError):
-    """The owning cluster answered a control request with an error."""
 
 
 # -- the model ------------------------------------------------------------------------------------
@@ -128,6 +124,8 @@ def training_model(p: RunProgress | None) -> dict[str, Any] | None:
     return {
         "run": _plain(p.run),
         "model": _plain(p.model),
+        "parameters": _plain(p.parameters),
+        "metrics": {str(k): _plain(v) for k, v in p.metrics.items()},
         "step": p.step,
         "steps": _plain(p.target or None),
         "accuracy": _plain(p.accuracy),
@@ -150,7 +148,7 @@ def make_cluster_model(
     status: str = "running",
     owner: str = "kernel",
     now: float | None = None,
-    minimum_s: float = 60.0,
+    minimum_s: float = BILLING_MINIMUM_S,
     state: ClusterState | None = None,
 ) -> dict[str, Any]:
     """The JSON model of one cluster that the panel shows.
@@ -220,7 +218,7 @@ def make_cluster_model(
         "gpu": _plain(entry.get("gpu", started.get("gpu"))),
         "zone": _plain(entry.get("zone", started.get("zone"))),
         # The zones it may use (its own, then its fallbacks) and where its PS runs now.
-        "zones": [str(z) for z in started.get("zones") or [started.get("zone")] if z],
+        "zones": ClusterStart(started).zones,
         "ps_zone": next(
             (r["zone"] for r in rows if r["role"] == "ps" and r["state"] not in GONE_STATES),
             None,
@@ -519,9 +517,23 @@ class ClusterManager:
             if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
                 kind = " or ".join(_TYPE_NAMES[t] for t in types)
                 raise ValueError(f"{key}={value!r} must be {kind}.")
+            if key == "prices" and value not in shipped_catalogs():
+                # A path from a request would have the server read any YAML file it can: a
+                # catalog file of one's own is for Python or the CLI.
+                raise ValueError(
+                    f"prices={value!r} is not one of the packaged price catalogs "
+                    f"({', '.join(shipped_catalogs())}); a catalog file of your own is passed "
+                    "from Python (TransientCluster(prices='/path/catalog.yaml')) or the CLI "
+                    "(transient-nb up --prices /path/catalog.yaml)."
+                )
             if key == "workers" and not isinstance(value, int):
-                # The form's one text field takes a mix too; refused here, before any head.
-                value = _workers(value)
+                # The form's one text field takes a mix too; refused here, before any head. (JSON
+                # numbers stay numbers: "2" is a typo of the client, not a mix.)
+                if isinstance(value, str) and "=" not in value:
+                    raise ValueError(
+                        f"workers={value!r} must be a whole number, or a mix such as k80=2,v100=1."
+                    )
+                value = parse_mix(cast(Any, value), "")
             kwargs[key] = value
         name = str(kwargs.pop("name", None) or f"transient-{uuid.uuid4().hex[:6]}")
         if name in self._starting:
@@ -569,29 +581,25 @@ class ClusterManager:
                 f"Cluster {name!r} is stale: the process that owned it (pid {entry.get('pid')}) "
                 "is gone, so nothing can act on it. Stop it to remove it from the list."
             )
-        request = uuid.uuid4().hex[:12]
-        msg = {**msg, "id": request}
+        req = messages.ControlRequest(msg)
         tracked, status = await self._fetch(name, entry)
         if status != "running":
             raise ValueError(f"Cluster {name!r} is {status}: its scheduler does not answer.")
         rpc = await self._rpc(entry["scheduler_address"], entry)
-        await asyncio.wait_for(rpc.log_event(topic=CONTROL_TOPIC, msg=msg), self.rpc_timeout)
+        await asyncio.wait_for(rpc.log_event(topic=CONTROL_TOPIC, msg=req.msg), self.rpc_timeout)
         deadline = time.monotonic() + self.answer_timeout
         seen = 0
         while time.monotonic() < deadline:
             tracked, status = await self._fetch(name, entry)
-            for e in tracked.events[seen:]:
-                if e.get("kind") == "control" and e.get("request") == request:
-                    self._refreshed_at = 0.0
-                    if not e.get("ok"):
-                        raise ControlRefused(str(e.get("error") or "the cluster refused"))
-                    return {"request": request, "answered": True, "action": msg["action"]}
+            if req.answer_in(tracked.events[seen:]) is not None:
+                self._refreshed_at = 0.0
+                return {"request": req.id, "answered": True, "action": req.action}
             seen = len(tracked.events)
             if status != "running":
                 break
             await asyncio.sleep(0.05)
         # Posted but not answered yet: the owning kernel acts when its loop gets to it.
-        return {"request": request, "answered": False, "action": msg["action"]}
+        return {"request": req.id, "answered": False, "action": req.action}
 
     async def scale(
         self, name: str, workers: Any, gpu: Any = None, on_demand: Any = None
@@ -603,40 +611,21 @@ class ClusterManager:
         run on demand (never revoked), a number or a mix such as ``"p100=1"`` (0: none; left
         out: as before). The owning cluster checks the counts against its mix.
         """
-        if gpu is not None and (not isinstance(gpu, str) or not gpu.strip()):
-            raise ValueError(f"gpu={gpu!r}: give a GPU type such as 'v100', or leave it out.")
-        if isinstance(workers, int) and not isinstance(workers, bool):
-            if workers < 0:
-                raise ValueError(f"workers={workers!r}: give a whole number of workers, 0 or more.")
-        else:
-            workers = _workers(workers)
-        msg: dict[str, Any] = {"action": "scale", "workers": workers}
-        if gpu:
-            msg["gpu"] = gpu.strip().lower()
-        if on_demand is not None:
-            msg["on_demand"] = on_demand_value(on_demand)
-        return await self._control(name, msg)
+        return await self._control(name, messages.scale_message(workers, gpu, on_demand))
 
     async def move_ps(self, name: str, zone: Any, reason: Any = "") -> dict[str, Any]:
         """Ask cluster ``name`` to move its PS hosts to ``zone`` (one of its ``zones``: its own
         and its fallback zones); a run moves its PS onto the new hosts from the PS's state."""
-        msg = move_ps_message(zone, reason)
-        return await self._control(name, msg)
+        return await self._control(name, messages.move_ps_message(zone, reason))
 
     async def scale_ps(self, name: str, hosts: Any) -> dict[str, Any]:
         """Ask cluster ``name`` to keep ``hosts`` PS hosts (it only grows; at most 4): a run
         started without ``shards=`` splits its PS onto them."""
-        if isinstance(hosts, bool) or not isinstance(hosts, int) or hosts < 1:
-            raise ValueError(f"hosts={hosts!r}: give a whole number of PS hosts, 1 or more.")
-        return await self._control(name, {"action": "scale-ps", "hosts": hosts})
+        return await self._control(name, messages.scale_ps_message(hosts))
 
     async def preempt(self, name: str, worker: Any, notice: Any = True) -> dict[str, Any]:
         """Preempt worker ``worker`` of cluster ``name``, with or without the notice."""
-        if not isinstance(worker, str) or not worker:
-            raise ValueError(f"worker={worker!r}: give the name of a worker, e.g. 'w-0'.")
-        if not isinstance(notice, bool):
-            raise ValueError(f"notice={notice!r} must be true or false.")
-        return await self._control(name, {"action": "preempt", "worker": worker, "notice": notice})
+        return await self._control(name, messages.preempt_message(worker=worker, notice=notice))
 
     async def adapt(self, name: str, goal: Any) -> dict[str, Any]:
         """Turn a transient-aware policy on for cluster ``name``, or off.
@@ -644,7 +633,7 @@ class ClusterManager:
         ``goal``: ``"deadline:2h"``, ``"budget:20"``, ``"cost-per-step"`` or ``"off"`` (as in
         ``%transient_cluster adapt``); checked here, before the cluster is asked.
         """
-        from transient_nb.policy.adaptive import check_goal, parse_goal
+        from transient_nb.policy.goals import parse_goal
 
         if not isinstance(goal, str) or not goal.strip():
             raise ValueError(
@@ -652,9 +641,7 @@ class ClusterManager:
                 "(e.g. budget:20), cost-per-step, or off."
             )
         name_, args = parse_goal(goal)
-        if name_ is not None:
-            check_goal(name_, args.get("deadline"), args.get("budget"))
-        return await self._control(name, {"action": "adapt", "goal": name_, "args": args})
+        return await self._control(name, messages.adapt_message(name_, **args))
 
     async def stop(self, name: str) -> dict[str, Any]:
         """Stop cluster ``name``; a stale entry (its owner is gone) is just removed."""
@@ -667,7 +654,7 @@ class ClusterManager:
             registry.unregister(name)
             self._refreshed_at = 0.0
             return {"action": "stop", "answered": True, "removed": True}
-        return await self._control(name, {"action": "stop"})
+        return await self._control(name, messages.stop_message())
 
     async def close(self) -> None:
         """Close connections (server shutdown). Clusters started from the panel are detached:
@@ -706,29 +693,15 @@ class ClusterManager:
         }
 
 
-def _workers(value: Any) -> dict[str, int]:
-    """A mix of GPU types from the panel (an object or ``"k80=2,v100=1"``), checked."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (str, Mapping))
-        or (isinstance(value, str) and "=" not in value)
-    ):
-        # JSON numbers stay numbers: "2" is a typo of the client, not a mix.
-        raise ValueError(
-            f"workers={value!r} must be a whole number, or a mix such as k80=2,v100=1."
-        )
-    return parse_mix(value, "")
-
-
 @functools.lru_cache(maxsize=16)
 def _catalog_minimum_s(name: str) -> float:
     try:
         return PriceCatalog.load(name).minimum_s
     except (ValueError, OSError):
-        return 60.0
+        return BILLING_MINIMUM_S
 
 
 def _minimum_s(entry: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) -> float:
     """Minimum billed seconds of the cluster's price catalog (60 if it cannot be loaded)."""
-    name = next((e.get("catalog") for e in events if e.get("kind") == "started"), None)
-    return _catalog_minimum_s(str(name)) if name else 60.0
+    name = ClusterStart.of(events).catalog
+    return _catalog_minimum_s(name) if name else BILLING_MINIMUM_S

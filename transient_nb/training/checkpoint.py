@@ -3,9 +3,15 @@
 One checkpoint is one folder per agreed version ``step-<step>/`` under the run's URL:
 
 - ``shard-<i>.npz``, one per PS shard: plain arrays (weights, momentum, decay mask, batch-norm
-  statistics), written by the shard itself to a temporary name, fsync'ed, then renamed;
+  statistics; with a user's ``torch.optim`` optimizer its state as ``opt.*`` arrays and its
+  settings as JSON bytes), written by the shard itself to a temporary name, fsync'ed, then renamed;
 - ``manifest.json``, written last by the driver, once every shard's file is in place: the step,
-  the model, the hyperparameters, the counters, and each shard file's size and SHA-256.
+  the model, the hyperparameters, the counters, each shard file's size and SHA-256, and the
+  model's ``layout`` (every state-dict name, its shape and where its values are).
+
+Beside the step folders, ``fixed.npz`` (written once, when the run starts) holds what the PS never
+changes: frozen parameters and integer buffers, by state-dict name. Together they make the
+model's ``state_dict`` on any machine (:mod:`transient_nb.training.export`).
 
 A reader takes the newest folder whose manifest exists and whose files match it, so a writer that
 dies midway leaves the previous complete checkpoint in force, and an older checkpoint can never
@@ -28,6 +34,8 @@ from typing import Any
 import fsspec
 import numpy as np
 from fsspec.implementations.local import LocalFileSystem
+
+from transient_nb.training.optim import META_KEY, STATE_PREFIX
 
 #: Bumped when the layout changes; 1 was a pickle per shard (refused now).
 FORMAT = 2
@@ -53,6 +61,10 @@ class Checkpoint:
     meta: dict[str, Any]
     shards: list[dict[str, np.ndarray]] = field(default_factory=list)
     url: str = ""
+
+
+def _optimizer_key(key: str) -> bool:
+    return key.startswith(STATE_PREFIX) or key == META_KEY
 
 
 def step_dir(url: str, step: int) -> str:
@@ -91,9 +103,12 @@ def write_shard(
     >>> entry["name"], entry["bytes"] > 0
     ('shard-0.npz', True)
     """
-    unknown = set(arrays) - set(ARRAYS)
+    unknown = {k for k in arrays if k not in ARRAYS and not _optimizer_key(k)}
     if unknown:
-        raise ValueError(f"Unknown checkpoint arrays {sorted(unknown)}: use {ARRAYS}.")
+        raise ValueError(
+            f"Unknown checkpoint arrays {sorted(unknown)}: use {ARRAYS} (and a torch "
+            f"optimizer's {STATE_PREFIX}* and {META_KEY})."
+        )
     fs, root = fsspec.core.url_to_fs(url)
     folder = step_dir(root, step)
     fs.makedirs(folder, exist_ok=True)
@@ -191,6 +206,12 @@ def load_latest(url: str) -> Checkpoint | None:
     return None
 
 
+def load_step(url: str, step: int) -> Checkpoint | None:
+    """The complete checkpoint of version ``step`` under ``url``, or None (missing or torn)."""
+    fs, root = fsspec.core.url_to_fs(url)
+    return _read_complete(fs, root, step)
+
+
 def latest_step(url: str) -> int | None:
     """The step of the newest complete checkpoint, or None."""
     ck = load_latest(url)
@@ -213,3 +234,88 @@ def prune(url: str, keep: int = 2) -> list[int]:
         elif fs.exists(f"{step_dir(root, step)}/manifest.json"):
             complete += 1
     return deleted
+
+
+#: The file beside the step folders with the frozen parameters and integer buffers.
+FIXED = "fixed.npz"
+
+
+def write_fixed(url: str, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+    """Write what the PS never changes (state-dict name -> array) once, under the run's ``url``;
+    returns its entry (name, bytes, SHA-256) for the manifests.
+
+    Examples
+    --------
+    >>> entry = write_fixed("memory://doc-fixed", {"bn.num_batches_tracked": np.zeros((), np.int64)})
+    >>> sorted(read_fixed("memory://doc-fixed", entry))
+    ['bn.num_batches_tracked']
+    """
+    fs, root = fsspec.core.url_to_fs(url)
+    fs.makedirs(root, exist_ok=True)
+    buf = io.BytesIO()
+    present: dict[str, Any] = {k: np.asarray(v) for k, v in arrays.items()}
+    np.savez(buf, **present)
+    data = buf.getvalue()
+    _write_atomic(fs, f"{root.rstrip('/')}/{FIXED}", data)
+    return {"name": FIXED, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def read_fixed(url: str, entry: dict[str, Any] | None = None) -> dict[str, np.ndarray]:
+    """The arrays of :func:`write_fixed` (checked against ``entry`` when given; {} if none)."""
+    fs, root = fsspec.core.url_to_fs(url)
+    path = f"{root.rstrip('/')}/{FIXED}"
+    if not fs.exists(path):
+        if entry:
+            raise ValueError(f"{url}: {FIXED} is missing; the checkpoint is incomplete.")
+        return {}
+    with fs.open(path, "rb") as f:
+        data = f.read()
+    if entry and hashlib.sha256(data).hexdigest() != entry.get("sha256"):
+        raise ValueError(f"{url}/{FIXED} does not match its manifest (changed or torn).")
+    with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+        return {k: npz[k] for k in npz.files}
+
+
+# -- where checkpoints go -------------------------------------------------------------------------
+def check_checkpoint_url(checkpoint_url: str | None, backend: str) -> None:
+    """On a non-local ``backend``: refuse a missing or host-local ``checkpoint_url``, then probe it
+    with a write (:func:`probe_checkpoint_url`). Nothing to check on the local backend.
+
+    :func:`~transient_nb.train` calls it before anything starts; the ``%%transient_cluster`` cell magic calls
+    it before it creates the cluster.
+    """
+    if backend == "local":
+        return
+    if (
+        checkpoint_url is None
+        or "://" not in checkpoint_url
+        or checkpoint_url.startswith(("file://", "memory://"))
+    ):
+        raise ValueError(
+            f"checkpoint_url={checkpoint_url!r}: on the {backend} backend the PS checkpoints must "
+            "live on storage that outlives the PS host and that every host can reach; pass e.g. "
+            "checkpoint_url='gs://YOUR-BUCKET/transient-runs'."
+        )
+    probe_checkpoint_url(checkpoint_url)
+
+
+def probe_checkpoint_url(url: str) -> None:
+    """Write, read back and delete a small file under ``url``; a clear error if that fails."""
+    probe = f"{url.rstrip('/')}/.transient-nb-probe-{uuid.uuid4().hex[:8]}"
+    try:
+        fs, path = fsspec.core.url_to_fs(probe)
+        with fs.open(path, "wb") as f:
+            f.write(b"ok")
+        with fs.open(path, "rb") as f:
+            ok = f.read() == b"ok"
+        fs.rm(path)
+    except Exception as e:
+        raise ValueError(
+            f"checkpoint_url={url!r} cannot be written ({type(e).__name__}: {e}). Check that the "
+            "bucket exists and that your credentials (and the VMs' service account) may write to "
+            "it, or pass another checkpoint_url."
+        ) from e
+    if not ok:
+        raise ValueError(
+            f"checkpoint_url={url!r}: a file written there did not read back the same."
+        )

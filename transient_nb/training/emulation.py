@@ -45,6 +45,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from transient_nb.eventlog.vocabulary import ClusterStart
+
 #: Per-worker steps/s of the paper's ResNet-32 (T2T, 1.86M parameters) at batch 128 in an
 #: asynchronous cluster with one PS, measured by Li et al. (ICAC 2019, §3 of
 #: ``reference/paper-facts.md``).
@@ -63,6 +65,8 @@ ESTIMATED_STEPS_PER_S: dict[str, float] = {"t4": 8.5, "l4": 15.0, "a100": 21.0, 
 PAPER_PS_STEPS_PER_S = 45.0
 #: Gain of a second PS shard at 8 V100s (the paper: up to 1.75x, about 80 global steps/s).
 PAPER_TWO_SHARD_GAIN = 1.75
+#: Parameters of the model those PS figures were measured with (T2T's resnet_cifar_32).
+PAPER_MODEL_PARAMETERS = 1_857_722
 #: How much slower a worker steps when the PS is in another region (Li et al. §3: workers split
 #: across regions trained up to 48% slower, P100; the PS belongs in the region with most workers).
 CROSS_REGION_SLOWDOWN = 1.48
@@ -110,6 +114,25 @@ class Emulation:
     ps_steps_per_s: float | None = None
     two_shard_gain: float = PAPER_TWO_SHARD_GAIN
     spec: str = field(default="", compare=False)
+    #: GPU types whose rate was given as ``GPU=STEPS_PER_S`` (measured for the run's own model),
+    #: not taken from ``paper`` (the paper's ResNet-32).
+    given: frozenset[str] = field(default=frozenset(), compare=False)
+
+    def rate_for(self, gpu: str | None, reference_model: bool = True) -> float | None:
+        """Steps/s of one ``gpu`` worker: for the paper's reference workload (the built-in
+        models) any rate; for a user's model only a rate given for it (None: not measured, the
+        ResNet-32 figures would say nothing about it).
+
+        Examples
+        --------
+        >>> emu = parse_emulation("paper,t4=30")
+        >>> emu.rate_for("k80"), emu.rate_for("k80", reference_model=False), emu.rate_for("t4", False)
+        (4.56, None, 30.0)
+        """
+        key = str(gpu).lower() if gpu else ""
+        if not reference_model and key not in self.given:
+            return None
+        return self.steps_per_s.get(key)
 
     def step_s(
         self, gpu: str | None, time_scale: float = 1.0, step_scale: float = 1.0
@@ -121,7 +144,11 @@ class Emulation:
         return step_scale / (rate * time_scale)
 
     def ps_service_s(
-        self, shards: int = 1, time_scale: float = 1.0, step_scale: float = 1.0
+        self,
+        shards: int = 1,
+        time_scale: float = 1.0,
+        step_scale: float = 1.0,
+        parameters: int | None = None,
     ) -> float | None:
         """Wall-clock seconds one shard of ``shards`` spends on one push (None: not paced).
 
@@ -130,12 +157,22 @@ class Emulation:
         ``t(n) = a + b / n`` for one of ``n`` shards. The two measured points fix it:
         ``t(1) = 1 / ps_steps_per_s`` and ``t(2) = t(1) / two_shard_gain`` (with the paper's
         figures, ``a`` is 14% of a push and ``b`` 86%; four shards would serve 2.9x one PS).
+        ``parameters`` scales ``b`` from the paper's model (:data:`PAPER_MODEL_PARAMETERS`) to
+        another model's size: the bytes a push moves and updates grow with it.
+
+        Examples
+        --------
+        >>> emu = parse_emulation("paper")
+        >>> round(1 / emu.ps_service_s(), 1), round(1 / emu.ps_service_s(parameters=466_906), 1)
+        (45.0, 125.6)
         """
         if self.ps_steps_per_s is None:
             return None
         t1 = 1.0 / self.ps_steps_per_s
         b = 2.0 * (t1 - t1 / self.two_shard_gain)
         a = t1 - b
+        if parameters is not None:
+            b *= parameters / PAPER_MODEL_PARAMETERS
         return (a + b / max(1, shards)) * step_scale / time_scale
 
 
@@ -174,6 +211,7 @@ def parse_emulation(spec: str | Mapping[str, Any] | None) -> Emulation | None:
     if items in ([], ["none"]):
         return None
     rates: dict[str, float] = {}
+    given: set[str] = set()
     ps: float | None = None
     canonical: list[str] = []
     for item in items:
@@ -188,15 +226,29 @@ def parse_emulation(spec: str | Mapping[str, Any] | None) -> Emulation | None:
             v = value.strip().lower()
             ps = None if v == "none" else PAPER_PS_STEPS_PER_S if v == "paper" else _rate("ps", v)
             canonical.append(f"ps={v}")
-        elif sep and key.isidentifier():
+        elif sep and key.replace("-", "_").isidentifier():
             rates[key] = _rate(key, value.strip())
+            given.add(key)
             canonical.append(f"{key}={value.strip()}")
         else:
             raise ValueError(
                 f"emulate: unknown item {item!r}: use 'paper', 'GPU=STEPS_PER_S' (e.g. "
                 "'k80=4.56') or 'ps=paper|STEPS_PER_S|none'."
             )
-    return Emulation(rates, ps, spec=",".join(canonical))
+    return Emulation(rates, ps, spec=",".join(canonical), given=frozenset(given))
+
+
+def rate_basis(rate: float | None) -> str:
+    """Where a user's model's emulated step rate comes from (its ``emulation-paced`` event).
+
+    Examples
+    --------
+    >>> rate_basis(30.0), rate_basis(None)
+    ('the rate given for this model', 'no rate measured for this model')
+    """
+    return (
+        "the rate given for this model" if rate is not None else "no rate measured for this model"
+    )
 
 
 def region_of(zone: str | None) -> str | None:
@@ -232,10 +284,7 @@ _FIRST_EVENTS = 50
 
 
 def _time_scale_of(events: Any) -> float:
-    for e in events or ():
-        if isinstance(e, dict) and e.get("kind") == "started":
-            return float(e.get("time_scale") or 1.0)
-    return 1.0
+    return ClusterStart.of(events).time_scale
 
 
 def _env_time_scale() -> float | None:

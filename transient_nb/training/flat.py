@@ -123,3 +123,31 @@ class FlatModel:
     def weights(self) -> np.ndarray:
         """A host copy of the flat weights."""
         return self.w.detach().cpu().numpy().copy()
+
+
+def decay_mask(model: torch.nn.Module) -> np.ndarray:
+    """1 for entries that get weight decay (weights of convs and dense layers), else 0."""
+    params, _ = flat_layout(model)
+    return np.concatenate(
+        [np.full(p.numel(), 1 if p.dim() > 1 else 0, dtype=np.uint8) for p in params]
+    )
+
+
+def get_flat(tensors: Sequence[torch.Tensor]) -> np.ndarray:
+    """Concatenate tensors into one float32 numpy vector (on the host)."""
+    if not tensors:
+        return np.zeros(0, dtype=np.float32)
+    return torch.cat([t.detach().reshape(-1) for t in tensors]).float().cpu().numpy()
+
+
+def set_flat(tensors: Sequence[torch.Tensor], flat: np.ndarray) -> None:
+    """Copy a flat vector back into tensors (any device)."""
+    src = torch.from_numpy(np.ascontiguousarray(flat, dtype=np.float32))
+    device = tensors[0].device if tensors else "cpu"
+    src = src.to(device, non_blocking=True)
+    offset = 0
+    with torch.no_grad():
+        for t in tensors:
+            n = t.numel()
+            t.copy_(src[offset : offset + n].view_as(t))
+            offset += n

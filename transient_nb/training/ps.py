@@ -21,6 +21,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import cloudpickle
 import numpy as np
 from distributed import get_worker
 
@@ -28,7 +29,7 @@ from transient_nb.eventlog.vocabulary import TOPIC, make_event
 from transient_nb.training import checkpoint
 from transient_nb.training.emulation import ServicePacer, cluster_time_scale_async, parse_emulation
 from transient_nb.training.hparams import HParams
-from transient_nb.training.optim import momentum_sgd_
+from transient_nb.training.optim import META_KEY, ShardOptimizer, lr_scale, momentum_sgd_
 from transient_nb.training.wire.codec import from_wire, to_wire
 from transient_nb.training.wire.server import serve_ps
 
@@ -73,14 +74,40 @@ def regroup(states: Sequence[Mapping[str, Any]], shards: int) -> list[dict[str, 
     if all(m is not None for m in momenta):
         momentum = np.concatenate([np.asarray(m) for m in momenta])
     bn = states[0].get("bn") if states else None
+    bounds = shard_bounds(len(weights), shards)
+    opts = _regroup_optimizer(states, bounds)
     return [
         {
             "weights": weights[a:b],
             "momentum": None if momentum is None else momentum[a:b],
             "bn": bn if i == 0 else None,
+            "opt": opts[i],
         }
-        for i, (a, b) in enumerate(shard_bounds(len(weights), shards))
+        for i, (a, b) in enumerate(bounds)
     ]
+
+
+def _regroup_optimizer(
+    states: Sequence[Mapping[str, Any]], bounds: list[tuple[int, int]]
+) -> list[dict[str, np.ndarray] | None]:
+    """A torch optimizer's state (``opt`` of each shard) cut along new ``bounds``: arrays with
+    one entry per weight are joined and cut; the rest (the JSON, a step count) is shard 0's."""
+    opts = [s.get("opt") for s in states]
+    if not opts or any(not o for o in opts):
+        return [None] * len(bounds)
+    sizes = [len(np.asarray(s["weights"])) for s in states]
+    first: Mapping[str, np.ndarray] = opts[0]  # type: ignore[assignment]
+    out: list[dict[str, np.ndarray] | None] = []
+    for a, b in bounds:
+        piece: dict[str, np.ndarray] = {}
+        for key, value in first.items():
+            parts = [np.asarray(o[key]) for o in opts]  # type: ignore[index]
+            per_weight = key != META_KEY and all(
+                p.shape == (n,) for p, n in zip(parts, sizes, strict=True)
+            )
+            piece[key] = np.concatenate(parts)[a:b] if per_weight else np.asarray(value)
+        out.append(piece)
+    return out
 
 
 class ParameterServer:
@@ -104,6 +131,12 @@ class ParameterServer:
         fsspec URL of the run's checkpoint folder.
     version, momentum
         Where to resume from (a checkpoint), if anywhere.
+    parameters
+        The whole model's trainable parameters, for a user's model: an emulated PS
+        (``emulate="paper"``) serves in a time scaled from the paper's model to this size.
+    optimizer, opt_state
+        A ``torch.optim`` optimizer (class or factory, cloudpickled) to apply instead of the
+        paper's momentum SGD, and its state to resume (:meth:`~.optim.ShardOptimizer.state_arrays`).
     model
         Model name (recorded in checkpoints).
     generation
@@ -128,6 +161,9 @@ class ParameterServer:
         model: str = "",
         generation: int = 0,
         counters: dict[str, Any] | None = None,
+        optimizer: bytes | None = None,
+        opt_state: Mapping[str, np.ndarray] | None = None,
+        parameters: int | None = None,
     ):
         self.run = run
         self.shard = shard
@@ -136,10 +172,18 @@ class ParameterServer:
         self.w = np.array(weights, dtype=np.float32, copy=True)
         self.decay = np.asarray(decay_mask, dtype=np.float32) * self.hp.weight_decay
         self.v = np.zeros_like(self.w) if momentum is None else np.array(momentum, dtype=np.float32)
+        #: A user's torch optimizer over this shard (None: the paper's momentum SGD).
+        self.opt: ShardOptimizer | None = None
+        if optimizer is not None:
+            self.opt = ShardOptimizer(cloudpickle.loads(optimizer), self.w, opt_state)
+            self.v = np.zeros(0, dtype=np.float32)  # its own state replaces the momentum
         self.bn = None if bn is None else np.array(bn, dtype=np.float32, copy=True)
         self.version = int(version)
         self.checkpoint_url = checkpoint_url
         self.model = model
+        #: The whole model's trainable parameters, for a user's model (the paced PS's service
+        #: time scales with them); None for the built-in ones (the paper's PS figures).
+        self.parameters = parameters
         self.generation = generation
         self.started = time.time()
         try:
@@ -237,8 +281,14 @@ class ParameterServer:
         if self._ps_capacity is not None:
             await self._pace_service()
         t_work = time.perf_counter()
-        lr = self.hp.lr_at(self.version, max(1, len(self.active())))
-        self._apply(from_wire(grad, self.hp.wire_dtype), lr)
+        active = max(1, len(self.active()))
+        grad = from_wire(grad, self.hp.wire_dtype)
+        if self.opt is None:
+            lr = self.hp.lr_at(self.version, active)
+            self._apply(grad, lr)
+        else:  # the user's optimizer; its LR follows the active workers as the paper's does
+            self.opt.step(grad, lr_scale(active, self.hp.scale_lr_by_active_workers))
+            lr = self.opt.lr
         if bn_delta is not None and self.bn is not None:
             self.bn += bn_delta
         stale = max(0, self.version - int(base_version))
@@ -287,7 +337,7 @@ class ParameterServer:
             assert self._ps_capacity is not None
             scale = await cluster_time_scale_async(self._worker)
             service_s = self._ps_capacity.ps_service_s(
-                self.shards, scale, self.hp.emulate_step_scale
+                self.shards, scale, self.hp.emulate_step_scale, parameters=self.parameters
             )
             if self._service is None and service_s is not None:  # another push may have won
                 self._service = ServicePacer(service_s)
@@ -349,9 +399,10 @@ class ParameterServer:
             "step": self.version,
             "arrays": {
                 "weights": self.w.copy(),
-                "momentum": self.v.copy(),
+                "momentum": self.v.copy() if self.opt is None else None,
                 "decay_mask": (self.decay > 0).astype(np.uint8),
                 "bn": None if self.bn is None else self.bn.copy(),
+                **(self.opt.state_arrays() if self.opt is not None else {}),
             },
         }
         return {"step": self.version, "counters": self.counters()}
@@ -372,8 +423,9 @@ class ParameterServer:
         """Copies of the weights, momentum, statistics and counters (evaluation, recovery)."""
         return {
             "weights": self.w.copy(),
-            "momentum": self.v.copy(),
+            "momentum": self.v.copy() if self.opt is None else None,
             "bn": None if self.bn is None else self.bn.copy(),
+            "opt": self.opt.state_arrays() if self.opt is not None else None,
             "step": self.version,
             "counters": self.counters(),
         }

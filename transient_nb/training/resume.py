@@ -21,9 +21,13 @@ from typing import Any
 import pandas as pd
 
 from transient_nb import config
+from transient_nb.catalog.prices import BILLING_MINIMUM_S
 from transient_nb.eventlog.folds import Event, history, summarize
 from transient_nb.eventlog.records import read_run_record
 from transient_nb.training import checkpoint
+from transient_nb.training.hparams import HParams
+from transient_nb.training.models import MODELS
+from transient_nb.training.workload import is_builtin_data
 
 #: What a run id looks like (``TrainingRun.id``).
 RUN_ID = re.compile(r"^run-[0-9a-f]{8}$")
@@ -125,10 +129,14 @@ def find(resume: str, run_dir: str | None = None) -> ResumePoint:
                     "shards": s.get("shards"),
                     "steps": s.get("steps"),
                     "hparams": json.loads(s.get("hparams") or "{}"),
+                    "model_ref": s.get("model_ref"),
+                    "optimizer": s.get("optimizer"),
                     "target_accuracy": s.get("target_accuracy"),
                 },
             )
-            _require_checkpoint(point.checkpoint_url, resume)
+            ck = _require_checkpoint(point.checkpoint_url, resume)
+            if point.settings["optimizer"] is None:  # a built-in run's start does not name it
+                point.settings["optimizer"] = ck.meta.get("optimizer")
             return point
         raise ValueError(
             f"resume={resume!r}: no run record under {base} has that run; pass the run's "
@@ -141,6 +149,8 @@ def find(resume: str, run_dir: str | None = None) -> ResumePoint:
         checkpoint_url=resume,
         settings={
             "model": meta.get("model"),
+            "model_ref": meta.get("model_ref"),
+            "optimizer": meta.get("optimizer"),
             "data": meta.get("data"),
             "shards": meta.get("shards"),
             "steps": (meta.get("hparams") or {}).get("steps"),
@@ -174,7 +184,7 @@ def _started(events: Iterable[Mapping[str, Any]]) -> Mapping[str, Any]:
     return next((e for e in events if e.get("kind") == "train-started"), {})
 
 
-def summarize_run(events: Sequence[Event], minimum_s: float = 60.0) -> dict[str, Any]:
+def summarize_run(events: Sequence[Event], minimum_s: float = BILLING_MINIMUM_S) -> dict[str, Any]:
     """:func:`~transient_nb.eventlog.folds.summarize`, joined with every earlier attempt of a resumed run.
 
     Steps and accuracy are the latest attempt's; wall time, money, preemptions, recoveries and
@@ -204,7 +214,9 @@ def summarize_run(events: Sequence[Event], minimum_s: float = 60.0) -> dict[str,
     return s
 
 
-def run_history(events: Sequence[Event], t0: float, minimum_s: float = 60.0) -> pd.DataFrame:
+def run_history(
+    events: Sequence[Event], t0: float, minimum_s: float = BILLING_MINIMUM_S
+) -> pd.DataFrame:
     """:func:`~transient_nb.eventlog.folds.history`, with the earlier attempts' rows first.
 
     Time and money go on from where the earlier attempt's rows end.
@@ -224,3 +236,81 @@ def run_history(events: Sequence[Event], t0: float, minimum_s: float = 60.0) -> 
     later["cost"] += float(last["cost"])
     later["cost_on_demand"] += float(last["cost_on_demand"])
     return pd.concat([before, later], ignore_index=True)
+
+
+def settings(
+    point: ResumePoint,
+    model: Any,
+    data: Any,
+    shards: int | None,
+    steps: int | None,
+    hparams: dict[str, Any],
+) -> tuple[Any, Any, int, int | None, dict[str, Any]]:
+    """The earlier run's settings, with what the caller gave checked against them."""
+    earlier = point.settings
+    for key, given in (("model", model), ("data", data), ("shards", shards)):
+        if (
+            isinstance(given, (str, int))
+            and earlier.get(key) is not None
+            and given != earlier[key]
+            and not (key == "model" and given == earlier.get("model_ref"))
+        ):
+            raise ValueError(
+                f"{key}={given!r} differs from the run being resumed ({earlier[key]!r}): its "
+                f"checkpoint holds that {key}'s weights. Drop {key}= to resume, or start a new run."
+            )
+    merged = {
+        k: v
+        for k, v in dict(earlier.get("hparams") or {}).items()
+        if k in HParams.__dataclass_fields__ and k != "steps"
+    }
+    merged.update(hparams)
+    if model is None:
+        model = earlier.get("model_ref") or earlier.get("model") or "resnet32"
+        if not earlier.get("model_ref") and ":" not in str(model) and model not in MODELS:
+            raise ValueError(
+                f"resume: the run's model ({model}) was defined in a notebook and travelled "
+                "by value; pass model= again (the same class or factory)."
+            )
+    if data is None:
+        if "data" in earlier and earlier["data"] is None:  # a checkpoint of data by value
+            raise ValueError("resume: the run's data travelled by value; pass data= again.")
+        data = earlier.get("data") or "synthetic"
+        if not is_builtin_data(data) and ":" not in str(data):
+            raise ValueError(
+                f"resume: the run's data ({data}) travelled by value; pass data= again."
+            )
+    return (
+        model,
+        data,
+        int(shards or earlier.get("shards") or 1),
+        (steps if steps is not None else earlier.get("steps")),
+        merged,
+    )
+
+
+def check_optimizer(point: ResumePoint, optimizer: Any) -> None:
+    """Refuse to resume a run of a user's optimizer without it, or the paper's SGD with one:
+    its checkpoint holds that optimizer's state, which another would silently drop.
+
+    Examples
+    --------
+    >>> point = ResumePoint("run-1", "memory://x", settings={"optimizer": "partial(AdamW, lr=0.001)"})
+    >>> check_optimizer(point, None)
+    Traceback (most recent call last):
+    ...
+    ValueError: resume: run-1 trained with optimizer=partial(AdamW, lr=0.001), whose state is in its checkpoint: pass the same optimizer= again.
+    """
+    used = point.settings.get("optimizer")
+    own = used not in (None, "sgd")
+    given = optimizer not in (None, "sgd")
+    if own and not given:
+        raise ValueError(
+            f"resume: {point.run_id} trained with optimizer={used}, whose state is in its "
+            "checkpoint: pass the same optimizer= again."
+        )
+    if given and used == "sgd":
+        raise ValueError(
+            f"resume: {point.run_id} trained with the paper's SGD (its momentum is in the "
+            "checkpoint): drop optimizer= to resume it, or start a new run."
+        )

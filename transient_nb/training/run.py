@@ -12,6 +12,7 @@ curves and the summary.
 from __future__ import annotations
 
 import atexit
+import copy
 import json
 import logging
 import os
@@ -23,7 +24,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import fsspec
 import numpy as np
 import pandas as pd
 import torch
@@ -35,13 +35,32 @@ from transient_nb.eventlog.folds import (
     summarize as summarize,  # re-exported: run records are read with it
 )
 from transient_nb.eventlog.vocabulary import TOPIC, make_event
-from transient_nb.training import checkpoint
+from transient_nb.training import checkpoint, export
 from transient_nb.training import resume as resuming
-from transient_nb.training.data import check_data_spec, load_dataset, to_tensor
+from transient_nb.training.checkpoint import (  # re-exported: the surfaces import them from here
+    check_checkpoint_url as check_checkpoint_url,
+)
+from transient_nb.training.checkpoint import (
+    probe_checkpoint_url as probe_checkpoint_url,
+)
+from transient_nb.training.estimate import count_step
 from transient_nb.training.hparams import HParams
-from transient_nb.training.models import MODELS, build_model, evaluate
+from transient_nb.training.optim import optimizer_state
+from transient_nb.training.preflight import dumps, payload
 from transient_nb.training.ps import ParameterServer, regroup, shard_bounds
+from transient_nb.training.spec import (
+    check_train_args as check_train_args,  # re-exported: the surfaces import it from here
+)
+from transient_nb.training.spec import check_workload, stop_conditions
+from transient_nb.training.spec import reached as metric_reached
 from transient_nb.training.trainer import Trainer, decay_mask, flat_layout, get_flat, set_flat
+from transient_nb.training.workload import (
+    Workload,
+    WorkloadPlugin,
+    fixed_state,
+    load_fixed,
+    plugin_name,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +82,10 @@ RESULT_AT_HAND_S = 1.0
 CHECKPOINTS_KEPT = 2
 
 
+#: The earlier run's settings with what a resume gave (moved to :func:`.resume.settings`).
+_resumed_settings = resuming.settings
+
+
 def _parse_deadline(deadline: Any) -> float | None:
     """A deadline as UNIX seconds: a duration from now ("2h", 3600) or a datetime.
 
@@ -79,12 +102,14 @@ def _parse_deadline(deadline: Any) -> float | None:
 
 
 def _shard_states(ck: checkpoint.Checkpoint) -> list[dict[str, Any]]:
-    """A checkpoint's shards as the PS takes them: weights, momentum, statistics on shard 0."""
+    """A checkpoint's shards as the PS takes them: weights, momentum (or a torch optimizer's
+    state), statistics on shard 0."""
     return [
         {
             "weights": sh["weights"],
-            "momentum": sh["momentum"],
+            "momentum": sh.get("momentum"),
             "bn": sh.get("bn") if i == 0 else None,
+            "opt": optimizer_state(sh) or None,
         }
         for i, sh in enumerate(ck.shards)
     ]
@@ -126,6 +151,8 @@ class TrainingRun:
         data: str,
         hparams: HParams,
         *,
+        workload: Workload | None = None,
+        stop_at: Mapping[str, tuple[str, float]] | None = None,
         shards: int = 1,
         elastic_shards: bool = False,
         target_accuracy: float | None = None,
@@ -137,8 +164,14 @@ class TrainingRun:
         resume: resuming.ResumePoint | None = None,
     ):
         self.cluster = cluster
-        self.model = model
-        self.data = data
+        #: What is trained (the built-in ``model`` on ``data`` unless a workload is given).
+        self.workload = workload or Workload(model, data)
+        self.model_name = self.workload.model_name
+        self.data = self.workload.data_name
+        #: Metric -> (">=" or "<=", threshold): the run stops when one is met (``stop_at``).
+        self.stop_at = dict(stop_at or {})
+        #: The condition that stopped the run (``"mae<=0.3"``), if one did.
+        self.stopped_by: str | None = None
         self.hp = hparams
         self.shards = shards
         #: Follow the cluster's PS hosts: when it gains one, split the PS into one more shard.
@@ -167,6 +200,9 @@ class TrainingRun:
         self.error: BaseException | None = None
         self.step = 0
         self.accuracy: float | None = None
+        #: Every metric of the newest evaluation, and its test loss.
+        self.metrics: dict[str, float] = {}
+        self.test_loss: float | None = None
         self.started = time.time()
         self.finished: float | None = None
         self.status: dict[str, Any] = {}
@@ -206,7 +242,12 @@ class TrainingRun:
         self._known_step = 0  # the last step the PS is known to have accepted
         self._unregistering: list[tuple[str, list[Any], float]] = []
         self._eval_model: torch.nn.Module | None = None
-        self._test: tuple[torch.Tensor, np.ndarray] | None = None
+        #: The model's layout (export.layout) and what the PS never holds (fixed_state).
+        self._layout: list[Any] = []
+        self._fixed: dict[str, np.ndarray] = {}
+        self._fixed_entry: dict[str, Any] | None = None
+        self._optimizer: bytes | None = None  # a torch optimizer for the PS, cloudpickled
+        self._plugin: str | None = None  # the workload's worker plugin, once registered
         self._client: Any = None
         self._thread = threading.Thread(target=self._main, name=f"transient-{self.id}", daemon=True)
 
@@ -272,7 +313,34 @@ class TrainingRun:
         state = self.reason or ("running" if self._thread.is_alive() else "created")
         acc = f", accuracy {self.accuracy:.3f}" if self.accuracy is not None else ""
         err = f": {self.error}" if self.error is not None else ""
-        return f"<TrainingRun {self.id}: {self.model} on {self.data}, step {self.step}/{self.hp.steps}{acc}, {state}{err}>"
+        return f"<TrainingRun {self.id}: {self.model_name} on {self.data}, step {self.step}/{self.hp.steps}{acc}, {state}{err}>"
+
+    # -- the trained model ---------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The model's ``state_dict`` with the PS's newest weights and statistics (its newest
+        checkpoint once the run has ended), on the CPU: what ``model.load_state_dict`` reads."""
+        states = None
+        if self._ps and not self._done.is_set():
+            try:
+                states = [
+                    ps.get_state().result(timeout=self.hp.call_timeout_s) for ps in list(self._ps)
+                ]
+            except Exception as e:  # the PS went meanwhile: its newest checkpoint
+                logger.info("Reading the PS for the state dict failed: %r", e)
+        if states is None:
+            return export.load_state_dict(self.checkpoint_url)
+        weights, bn = export.flat_of(states)
+        return export.assemble(self._layout, weights, bn, self._fixed)
+
+    def model(self) -> torch.nn.Module:
+        """The user's network with the PS's newest weights and buffers, on the CPU, in eval mode
+        (call ``.train()`` to train it further)."""
+        return export.model_with(self.workload.build_model(), self.state_dict(), f"run {self.id}")
+
+    def save(self, path: str) -> str:
+        """Write :meth:`state_dict` with ``torch.save`` (a path or an fsspec URL); returns the
+        path. ``model.load_state_dict(torch.load(path))`` reads it."""
+        return export.save(self.state_dict(), path)
 
     # -- the driver thread --------------------------------------------------------------------------
     def _post(self, kind: str, **fields: Any) -> None:
@@ -349,9 +417,14 @@ class TrainingRun:
 
     def _run(self) -> None:
         torch.manual_seed(self.seed)
-        init = build_model(self.model, num_classes=load_dataset(self.data, train=False).num_classes)
+        init = self.workload.build_model()
         params, buffers = flat_layout(init)
         w0, bn0, self._mask = get_flat(params), get_flat(buffers), decay_mask(init)
+        self._layout = export.layout(init)
+        self._fixed = fixed_state(init)
+        if not isinstance(self.workload.optimizer, str):
+            self._optimizer = dumps(self.workload.optimizer, "optimizer")
+        self._ship_workload()
         self._bounds = shard_bounds(len(w0), self.shards)
         states: list[dict[str, Any]] = [
             {"weights": w0[a:b], "momentum": None, "bn": bn0 if i == 0 else None}
@@ -366,9 +439,24 @@ class TrainingRun:
                 "resumed_step": start,
                 "steps_lost": max(0, (last if last is not None else start) - start),
             }
+        # A user's workload says what it is; the built-in runs' start reads as it always did.
+        described = {} if self.workload.builtin else self.workload.describe()
+        if described:
+            del described["model"], described["data"]
+            described["model_ref"] = self.workload.model_ref
+            described["frozen_parameters"] = sum(
+                p.numel() for p in init.parameters() if not p.requires_grad
+            )
+            # What the policy plans a user's model from (not ResNet-32's figures): its FLOPs
+            # per sample and operators per step, counted on a copy (BN statistics move).
+            flops, operators = count_step(self.workload, copy.deepcopy(init))
+            described["flops_per_sample"], described["operators"] = flops, operators
+        if self.stop_at:
+            described["stop_at"] = json.dumps(self.stop_at)
         self._post(
             "train-started",
-            model=self.model,
+            **described,
+            model=self.model_name,
             data=self.data,
             steps=self.hp.steps,
             batch_size=self.hp.batch_size,
@@ -436,6 +524,11 @@ class TrainingRun:
             and self.accuracy >= self.target_accuracy
         ):
             return "accuracy"
+        if self.stop_at:
+            hit = metric_reached(self.stop_at, {**self.metrics, "test_loss": self.test_loss})
+            if hit is not None:
+                self.stopped_by = hit
+                return "metric"
         if self.limits.budget is not None or self.limits.deadline_s is not None:
             spent = self.cluster.cost().total if self.limits.budget is not None else 0.0
             reached = self.limits.reached(spent, time.monotonic() - self._limits_t0)
@@ -601,7 +694,7 @@ class TrainingRun:
         sizes = [len(sh["weights"]) for sh in ck.shards]
         if sum(sizes) != n_params:
             raise RuntimeError(
-                f"The checkpoint at {ck.url} holds {sum(sizes)} parameters; {self.model} has "
+                f"The checkpoint at {ck.url} holds {sum(sizes)} parameters; {self.model_name} has "
                 f"{n_params}: resume with the model of the earlier run."
             )
         # The earlier run may have gained shards after it started (an elastic PS): the same
@@ -643,9 +736,10 @@ class TrainingRun:
                 self.checkpoint_url,
                 version=step,
                 momentum=st["momentum"],
-                model=self.model,
+                model=self.model_name,
                 generation=self._generation,
                 counters=counters if i == 0 else None,
+                **self._custom_ps_kwargs(st),
                 actor=True,
                 workers=[hosts[i % len(hosts)]],
                 allow_other_workers=False,
@@ -676,6 +770,16 @@ class TrainingRun:
                 }
             )
         )
+
+    def _custom_ps_kwargs(self, state: Mapping[str, Any]) -> dict[str, Any]:
+        """What a PS of a user's workload takes beyond the built-in one's: the model's size (an
+        emulated PS's service time scales with it), the torch optimizer and its state."""
+        if self.workload.builtin:
+            return {}
+        kwargs: dict[str, Any] = {"parameters": int(self._bounds[-1][1])}
+        if self._optimizer is not None:
+            kwargs.update(optimizer=self._optimizer, opt_state=state.get("opt"))
+        return kwargs
 
     def _old_ps_state(self) -> list[dict[str, Any]] | None:
         """The old PS's own state, if it still answers (it is fresher than any checkpoint)."""
@@ -788,8 +892,12 @@ class TrainingRun:
                 job["step"],
                 {
                     "run": self.id,
-                    "model": self.model,
-                    "data": self.data,
+                    "model": self.model_name,
+                    "model_ref": self.workload.model_ref,
+                    "optimizer": self.workload.describe()["optimizer"],
+                    "data": self.data if isinstance(self.workload.data, str) else None,
+                    "layout": self._layout,
+                    "fixed": self._fixed_entry,
                     "shards": self.shards,
                     "generation": self._generation,
                     "hparams": self.hp.to_dict(),
@@ -842,7 +950,7 @@ class TrainingRun:
                 slot.future = self._client.submit(
                     Trainer,
                     self.id,
-                    self.model,
+                    self.model_name,
                     self.data,
                     self.hp.to_dict(),
                     self.variable,
@@ -850,6 +958,7 @@ class TrainingRun:
                     seed=self.seed,
                     device=self.device,
                     ps_zone=self._ps_zone,
+                    workload="plugin" if self._plugin else None,
                     actor=True,
                     workers=[slot.address],
                     allow_other_workers=False,
@@ -978,10 +1087,9 @@ class TrainingRun:
             logger.info("Evaluation skipped: %r", e)
             return None
         if self._eval_model is None:
-            test = load_dataset(self.data, train=False)
-            n = len(test) if self.hp.eval_images is None else min(len(test), self.hp.eval_images)
-            self._test = (to_tensor(test.images[:n]), test.labels[:n])
-            self._eval_model = build_model(self.model, num_classes=test.num_classes)
+            self._eval_model = self.workload.build_model()
+            if not self.workload.builtin:
+                load_fixed(self._eval_model, self._fixed)
         model = self._eval_model
         params, buffers = flat_layout(model)
         set_flat(
@@ -989,10 +1097,18 @@ class TrainingRun:
         )
         if states[0]["bn"] is not None and buffers:
             set_flat(buffers, np.asarray(states[0]["bn"]))
-        assert self._test is not None
-        acc, loss = evaluate(model, self._test[0], self._test[1])
-        self.accuracy = float(acc)
-        self._post("eval", step=int(states[0]["step"]), accuracy=float(acc), test_loss=float(loss))
+        metrics, loss = self.workload.evaluate(model, limit=self.hp.eval_images)
+        self.metrics, self.test_loss = metrics, float(loss)
+        acc = metrics.get("accuracy")
+        self.accuracy = None if acc is None else float(acc)
+        extra = {} if self.workload.builtin else {"metrics": metrics}
+        self._post(
+            "eval",
+            step=int(states[0]["step"]),
+            accuracy=self.accuracy,
+            test_loss=float(loss),
+            **extra,
+        )
         return self.accuracy
 
     def _stop_trainers(self) -> list[dict[str, Any]]:
@@ -1026,7 +1142,10 @@ class TrainingRun:
             self.step = int(self.status["step"])
         except Exception:
             pass
-        if reason != "accuracy" or self.accuracy is None:
+        evaluated = (reason == "accuracy" and self.accuracy is not None) or (
+            reason == "metric" and self.metrics
+        )
+        if not evaluated:
             self._evaluate()
         try:
             self._checkpoint_now()
@@ -1045,6 +1164,8 @@ class TrainingRun:
             accepted=json.dumps(self.status.get("accepted", {})),
             trainers=json.dumps(results, default=str),
             checkpoint_step=self.checkpoint_step,
+            **({} if self.workload.builtin else {"metrics": self.metrics}),
+            stopped_by=self.stopped_by,
         )
 
     def _cleanup(self) -> None:
@@ -1071,14 +1192,40 @@ class TrainingRun:
             Variable(self.variable, client=self._client).delete()
         except Exception as e:
             logger.info("Could not delete %s: %r", self.variable, e)
+        if self._plugin is not None:
+            try:
+                self._client.unregister_worker_plugin(self._plugin)
+            except Exception as e:
+                logger.info("Could not unregister %s: %r", self._plugin, e)
+            self._plugin = None
+
+    def _ship_workload(self) -> None:
+        """Write what the PS never holds beside the checkpoints; send a user's workload to every
+        worker once, present and future (a worker plugin), with those fixed arrays."""
+        self._fixed_entry = checkpoint.write_fixed(self.checkpoint_url, self._fixed)
+        if self.workload.builtin:
+            return  # trainers build the built-in model and data by name, as ever
+        name = plugin_name(self.id)
+        plugin = WorkloadPlugin(payload(self.workload), self._fixed)
+        try:
+            self._client.register_plugin(plugin, name=name)
+        except OSError as e:  # a worker went during the broadcast: the others have it
+            logger.info("Registering the workload: %r", e)
+        self._plugin = name
 
 
 def train(
     cluster: Any,
-    model: str | None = None,
-    data: str | None = None,
+    model: Any = None,
+    data: Any = None,
     steps: int | None = None,
     *,
+    loss: Any = None,
+    metrics: Any = None,
+    optimizer: Any = None,
+    stop_at: Mapping[str, Any] | None = None,
+    collate_fn: Any = None,
+    num_workers: int | None = None,
     resume: str | None = None,
     shards: int | None = None,
     target_accuracy: float | None = None,
@@ -1092,8 +1239,11 @@ def train(
 ) -> TrainingRun:
     """Train ``model`` on ``data`` with asynchronous PS training on ``cluster``.
 
-    Every input is checked before anything starts. The run goes on in the background; use
-    ``run.wait()``, ``run.stop()``, ``run.history`` and ``run.summary()``.
+    Every input is checked before anything starts (:func:`~transient_nb.training.spec.preflight`:
+    the model is built, the data and the callables travel through a serialisation round trip,
+    and one batch runs forward and backward through the loss and the metrics). The run goes on in
+    the background; use ``run.wait()``, ``run.stop()``, ``run.history``, ``run.summary()``, and
+    at the end ``run.model()``, ``run.state_dict()`` or ``run.save(path)``.
 
     Parameters
     ----------
@@ -1103,16 +1253,39 @@ def train(
         what comes back is a :class:`~transient_nb.deploy.remote_run.RemoteRun`.
     model
         ``"resnet32"`` (the default: canonical, 0.46M), ``"resnet32-t2t"`` (the paper's, 1.86M),
-        ``"resnet20"``, ``"resnet8"``.
+        ``"resnet20"``, ``"resnet8"``; or your own: an ``nn.Module`` instance (its weights are
+        the start: fine-tuning), a zero-argument factory (a class, a function of a notebook
+        cell), or an import path ``"package.module:attr"``. Parameters with
+        ``requires_grad=False`` are never updated.
     data
-        ``"synthetic"`` (the default), ``"digits"`` or ``"cifar10:PATH-OR-URL"``.
+        ``"synthetic"`` (the default), ``"digits"`` or ``"cifar10:PATH-OR-URL"``; or your own
+        ``(train, test)`` pair of map-style Datasets of ``(input, target)`` items (sent once to
+        each worker; above 200 MB pickled, pass a factory), a zero-argument factory that returns
+        the pair where it runs (each worker, and here), or an import path.
     steps
         Global steps (accepted pushes) to train for (default: HParams' 64,000).
+    loss
+        ``"cross_entropy"`` (the default), ``"mse"``, or ``(output, target) -> scalar tensor``.
+    metrics
+        Name -> ``(output, target) -> float`` (averaged over the test set, weighted by batch
+        size), or the names ``"accuracy"``, ``"mse"``. Default: accuracy with cross entropy,
+        mse with mse. Each is a column of ``run.history``.
+    optimizer
+        ``"sgd"`` (the paper's momentum SGD and LR schedule, the default), or a ``torch.optim``
+        class or factory such as ``functools.partial(torch.optim.AdamW, lr=1e-3)``, applied on
+        the PS to its shard of the parameters; its learning rate is divided by sqrt(active
+        workers), as the paper's, and its state goes into the checkpoints.
+    stop_at
+        Stop when a metric reaches a value: ``{"mae": 0.3}`` (loss-like names such as mae, mse,
+        loss, error: at or below; others at or above; ``"<=0.3"``/``">=0.9"`` say it outright).
+    collate_fn, num_workers
+        Passed to the ``DataLoader`` of your data set on each worker.
     resume
         A run id (``"run-1a2b3c4d"``, looked up in the run records) or a checkpoint URL: continue
         that run from its newest complete checkpoint, with its id, model, data, shards and
         hyperparameters (any given here must agree, except ``steps`` and the stop conditions).
-        The step count goes on; ``summary()`` and ``history`` join the earlier record.
+        A model or data defined in a notebook must be given again, and so must a user's
+        loss, metrics and optimizer (the optimizer's state comes from the checkpoint).
     shards
         Number of PS shards (default: the cluster's ``ps_hosts``, so one shard per PS host).
     target_accuracy, budget, deadline
@@ -1132,7 +1305,18 @@ def train(
     >>> cluster = TransientCluster(workers=2)  # doctest: +SKIP
     >>> run = train(cluster, model="resnet8", data="digits", steps=300)  # doctest: +SKIP
     >>> run.wait().summary()["accuracy"]  # doctest: +SKIP
+    >>> run = train(cluster, model=Net, data=(train_set, test_set), loss="mse",
+    ...             metrics={"mae": mae}, stop_at={"mae": 0.3})  # doctest: +SKIP
+    >>> net = run.wait().model()  # doctest: +SKIP
     """
+    custom = {
+        "loss": loss,
+        "metrics": metrics,
+        "optimizer": optimizer,
+        "stop_at": stop_at,
+        "collate_fn": collate_fn,
+        "num_workers": num_workers,
+    }
     if getattr(cluster, "runs_in_head", False):  # a detached cluster's handle: its head trains
         given = {
             "model": model,
@@ -1146,6 +1330,7 @@ def train(
             "checkpoint_url": checkpoint_url,
             "seed": seed,
             "device": device,
+            **custom,
             **hparams,
         }
         view = cluster.train(**{k: v for k, v in given.items() if v is not None})
@@ -1156,22 +1341,22 @@ def train(
     shards_given = shards is not None
     if resume is not None:
         point = resuming.find(resume)
-        model, data, shards, steps, hparams = _resumed_settings(
+        model, data, shards, steps, hparams = resuming.settings(
             point, model, data, shards, steps, hparams
         )
-    model = model or "resnet32"
-    data = data or "synthetic"
+        resuming.check_optimizer(point, optimizer)
     # One shard per PS host by default: each shard then has a process of its own.
     # Without an explicit number, the run also follows the PS hosts the cluster gains later
     # (cluster.scale_ps, or the policy when one PS is the bottleneck).
     elastic = not shards_given
     shards = int(getattr(cluster, "ps_hosts", 1) or 1) if shards is None else shards
-    hp = check_train_args(
+    hp, checked = check_workload(
         model=model,
         data=data,
         steps=HParams.steps if steps is None else steps,
         shards=shards,
         target_accuracy=target_accuracy,
+        **custom,
         **hparams,
     )
     if limits.dollars(budget, "budget") is not None:
@@ -1186,11 +1371,14 @@ def train(
     check_checkpoint_url(
         checkpoint_url, getattr(getattr(cluster, "backend", None), "name", "local")
     )
+    workload = checked.workload
     run = TrainingRun(
         cluster,
-        model,
-        data,
+        workload.model_name,
+        workload.data_name,
         hp,
+        workload=workload,
+        stop_at=stop_conditions(stop_at, workload.metrics),
         shards=shards,
         elastic_shards=elastic,
         target_accuracy=target_accuracy,
@@ -1204,116 +1392,3 @@ def train(
     if wait:
         run.wait()
     return run
-
-
-def _resumed_settings(
-    point: resuming.ResumePoint,
-    model: str | None,
-    data: str | None,
-    shards: int | None,
-    steps: int | None,
-    hparams: dict[str, Any],
-) -> tuple[str, str, int, int | None, dict[str, Any]]:
-    """The earlier run's settings, with what the caller gave checked against them."""
-    earlier = point.settings
-    for key, given in (("model", model), ("data", data), ("shards", shards)):
-        if given is not None and earlier.get(key) is not None and given != earlier[key]:
-            raise ValueError(
-                f"{key}={given!r} differs from the run being resumed ({earlier[key]!r}): its "
-                f"checkpoint holds that {key}'s weights. Drop {key}= to resume, or start a new run."
-            )
-    merged = {
-        k: v
-        for k, v in dict(earlier.get("hparams") or {}).items()
-        if k in HParams.__dataclass_fields__ and k != "steps"
-    }
-    merged.update(hparams)
-    return (
-        str(model or earlier.get("model") or "resnet32"),
-        str(data or earlier.get("data") or "synthetic"),
-        int(shards or earlier.get("shards") or 1),
-        steps if steps is not None else earlier.get("steps"),
-        merged,
-    )
-
-
-def check_train_args(
-    *,
-    model: str = "resnet32",
-    data: str = "synthetic",
-    steps: int = HParams.steps,
-    shards: int = 1,
-    target_accuracy: float | None = None,
-    deadline: Any = None,
-    **hparams: Any,
-) -> HParams:
-    """Check the arguments of :func:`train` that need no cluster; returns the :class:`HParams`.
-
-    The ``%%transient_cluster`` cell magic calls it on its ``train:`` block before it starts
-    anything.
-
-    Examples
-    --------
-    >>> check_train_args(model="resnet8", data="digits", steps=100).steps
-    100
-    >>> check_train_args(model="resnet8", data="digits", eval_images=0)
-    Traceback (most recent call last):
-    ...
-    ValueError: eval_images=0 must be a whole number of at least 1.
-    """
-    if model not in MODELS:
-        raise ValueError(f"Unknown model {model!r}: use one of {', '.join(MODELS)}.")
-    check_data_spec(data)
-    if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
-        raise ValueError(f"shards={shards!r} must be a whole number of at least 1.")
-    if target_accuracy is not None and not 0 < target_accuracy <= 1:
-        raise ValueError(f"target_accuracy={target_accuracy!r} must be in (0, 1], e.g. 0.9.")
-    if deadline is not None:
-        _parse_deadline(deadline)
-    return HParams.from_dict(
-        {"steps": steps, **{k: v for k, v in hparams.items() if v is not None}}
-    ).validate()
-
-
-def check_checkpoint_url(checkpoint_url: str | None, backend: str) -> None:
-    """On a non-local ``backend``: refuse a missing or host-local ``checkpoint_url``, then probe it
-    with a write (:func:`probe_checkpoint_url`). Nothing to check on the local backend.
-
-    :func:`train` calls it before anything starts; the ``%%transient_cluster`` cell magic calls
-    it before it creates the cluster.
-    """
-    if backend == "local":
-        return
-    if (
-        checkpoint_url is None
-        or "://" not in checkpoint_url
-        or checkpoint_url.startswith(("file://", "memory://"))
-    ):
-        raise ValueError(
-            f"checkpoint_url={checkpoint_url!r}: on the {backend} backend the PS checkpoints must "
-            "live on storage that outlives the PS host and that every host can reach; pass e.g. "
-            "checkpoint_url='gs://YOUR-BUCKET/transient-runs'."
-        )
-    probe_checkpoint_url(checkpoint_url)
-
-
-def probe_checkpoint_url(url: str) -> None:
-    """Write, read back and delete a small file under ``url``; a clear error if that fails."""
-    probe = f"{url.rstrip('/')}/.transient-nb-probe-{uuid.uuid4().hex[:8]}"
-    try:
-        fs, path = fsspec.core.url_to_fs(probe)
-        with fs.open(path, "wb") as f:
-            f.write(b"ok")
-        with fs.open(path, "rb") as f:
-            ok = f.read() == b"ok"
-        fs.rm(path)
-    except Exception as e:
-        raise ValueError(
-            f"checkpoint_url={url!r} cannot be written ({type(e).__name__}: {e}). Check that the "
-            "bucket exists and that your credentials (and the VMs' service account) may write to "
-            "it, or pass another checkpoint_url."
-        ) from e
-    if not ok:
-        raise ValueError(
-            f"checkpoint_url={url!r}: a file written there did not read back the same."
-        )

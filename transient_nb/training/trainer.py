@@ -19,29 +19,40 @@ import random
 import threading
 import time
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from distributed import Variable, get_worker
 from distributed.actor import Actor
 
 from transient_nb.eventlog.vocabulary import TOPIC, make_event
-from transient_nb.training.data import BatchStream, load_dataset
 from transient_nb.training.emulation import (
     CROSS_REGION_SLOWDOWN,
     StepPacer,
     cluster_time_scale,
     cross_region,
     parse_emulation,
+    rate_basis,
 )
-from transient_nb.training.flat import FlatModel, flat_layout
+from transient_nb.training.flat import FlatModel
+
+# Re-exported: the driver and the tests import these from here (they live with the flat layout).
+from transient_nb.training.flat import decay_mask as decay_mask
+from transient_nb.training.flat import flat_layout as flat_layout
+from transient_nb.training.flat import get_flat as get_flat
+from transient_nb.training.flat import set_flat as set_flat
 from transient_nb.training.hparams import HParams
-from transient_nb.training.models import build_model
 from transient_nb.training.ps import ParameterServer, shard_bounds
 from transient_nb.training.wire.client import connect_shards
+from transient_nb.training.workload import (
+    Workload,
+    batch_size_of,
+    for_trainer,
+    load_fixed,
+    to_device,
+)
 from transient_nb.worker.drain import register_drain_hook, unregister_drain_hook
 from transient_nb.worker.identity import vm_gpu, vm_name, vm_zone
 
@@ -57,34 +68,6 @@ REJOIN_FIRST_S = 0.2
 REJOIN_MAX_S = 5.0
 #: How often a trainer posts its own ``worker-metrics`` (seconds).
 METRICS_EVERY_S = 2.0
-
-
-def decay_mask(model: torch.nn.Module) -> np.ndarray:
-    """1 for entries that get weight decay (weights of convs and dense layers), else 0."""
-    params, _ = flat_layout(model)
-    return np.concatenate(
-        [np.full(p.numel(), 1 if p.dim() > 1 else 0, dtype=np.uint8) for p in params]
-    )
-
-
-def get_flat(tensors: Sequence[torch.Tensor]) -> np.ndarray:
-    """Concatenate tensors into one float32 numpy vector (on the host)."""
-    if not tensors:
-        return np.zeros(0, dtype=np.float32)
-    return torch.cat([t.detach().reshape(-1) for t in tensors]).float().cpu().numpy()
-
-
-def set_flat(tensors: Sequence[torch.Tensor], flat: np.ndarray) -> None:
-    """Copy a flat vector back into tensors (any device)."""
-    src = torch.from_numpy(np.ascontiguousarray(flat, dtype=np.float32))
-    device = tensors[0].device if tensors else "cpu"
-    src = src.to(device, non_blocking=True)
-    offset = 0
-    with torch.no_grad():
-        for t in tensors:
-            n = t.numel()
-            t.copy_(src[offset : offset + n].view_as(t))
-            offset += n
 
 
 def _published(variable: str, timeout: float) -> dict[str, Any]:
@@ -156,6 +139,9 @@ class Trainer:
         For ``hparams["emulate"]``: where the PS runs and where this trainer does (default: the
         VM's zone); a trainer in another region than the PS steps
         :data:`~transient_nb.training.emulation.CROSS_REGION_SLOWDOWN` times slower.
+    workload
+        The user's model, data and loss: ``"plugin"`` (the run's worker plugin), a
+        :class:`~transient_nb.training.workload.Workload` (tests), or None: ``model`` on ``data``.
 
     Notes
     -----
@@ -185,8 +171,10 @@ class Trainer:
         time_scale: float | None = None,
         ps_zone: str | None = None,
         zone: str | None = None,
+        workload: Workload | str | None = None,
     ):
         self.run_id = run
+        self._workload = workload
         self.model_name = model
         self.data = data
         self.hp = HParams.from_dict(hparams)
@@ -447,7 +435,10 @@ class Trainer:
         if emu is None:
             return None
         scale = self._time_scale or cluster_time_scale(self.worker)
-        step_s = emu.step_s(self.gpu, scale, self.hp.emulate_step_scale)
+        # A user's model steps at a rate given for it (emulate="t4=30"), never at the paper's
+        # ResNet-32 figures: without one it is not paced, and the event says so.
+        rate = emu.rate_for(self.gpu, reference_model=self._reference_model)
+        step_s = None if rate is None else self.hp.emulate_step_scale / (rate * scale)
         far = cross_region(self.zone, self.ps_zone)
         if far and step_s is not None:
             step_s *= CROSS_REGION_SLOWDOWN  # each round trip to a PS in another region
@@ -457,8 +448,9 @@ class Trainer:
             worker=self.name,
             role="worker",
             gpu=self.gpu,
-            steps_per_s=emu.steps_per_s.get(self.gpu or ""),
+            steps_per_s=rate,
             wall_steps_per_s=None if step_s is None else 1.0 / step_s,
+            **({} if self._reference_model else {"basis": rate_basis(rate)}),
             time_scale=scale,
             step_scale=self.hp.emulate_step_scale,
             zone=self.zone,
@@ -498,12 +490,20 @@ class Trainer:
         threads = int(getattr(getattr(self.worker, "state", None), "nthreads", 1) or 1)
         torch.set_num_threads(max(1, threads))
         self.state = "loading"
-        dataset = load_dataset(self.data, train=True)
-        model = build_model(self.model_name, num_classes=dataset.num_classes).to(self.device)
+        workload, fixed = for_trainer(self._workload, self.run_id, self.model_name, self.data)
+        self._reference_model = workload.builtin_model
+        # The built-in names take the same steps as ever: the data set, then the model from the
+        # seeded generator, then the paper's augmented stream.
+        workload.train_set()
+        model = workload.build_model()
+        if fixed:  # frozen weights and integer buffers as the driver built them, bit for bit
+            load_fixed(model, fixed)
+        model = model.to(self.device)
         model.train()
         flat = FlatModel(model, self.hp.wire_dtype)
         device_id = _device_id(flat.w.device)
-        stream = BatchStream(dataset, self.hp.batch_size, seed=self.seed)
+        stream = workload.train_batches(self.hp.batch_size, self.seed)
+        loss_fn = workload.loss_fn()
         pacer = self._pacer()
         shards: list[Any] = []
         t_report, imgs = time.time(), 0
@@ -522,9 +522,9 @@ class Trainer:
                 if pacer is not None:
                     pacer.begin()
                 x, y = next(stream)
-                x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+                x, y = to_device(x, self.device), to_device(y, self.device)
                 flat.mark_statistics()
-                loss = F.cross_entropy(model(x), y)
+                loss = loss_fn(model(x), y)
                 model.zero_grad(set_to_none=False)  # in place: the gradients stay views
                 loss.backward()
                 grad, bn_delta = flat.grads()  # host buffers in the wire dtype, no allocation
@@ -539,7 +539,7 @@ class Trainer:
                         self._accept(flat, pieces, bn)
                     self.local_step += 1
                     futures = self._send(
-                        shards, grad, base, float(loss.detach()), int(x.shape[0]), bn_delta, final
+                        shards, grad, base, float(loss.detach()), batch_size_of(y), bn_delta, final
                     )
                     if self.hp.pipeline and not final:
                         pending = futures
@@ -565,7 +565,7 @@ class Trainer:
                         "ps-rejoined", worker=self.name, generation=self.generation, step=version
                     )
                     continue
-                imgs += int(x.shape[0])
+                imgs += batch_size_of(y)
                 now = time.time()
                 if now - t_report >= METRICS_EVERY_S:
                     self._post(
@@ -610,6 +610,7 @@ class Trainer:
                     pass
 
     _t_generation = 0.0
+    _reference_model = True  # a built-in model (the paper's rates apply to it)
 
 
 def _merge(replies: list[Any]) -> tuple[list[np.ndarray], np.ndarray | None, int]:

@@ -15,9 +15,17 @@ from transient_nb.worker.drain import drain_and_close
 
 logger = logging.getLogger(__name__)
 
-#: The preloads of every worker's command line, in order: the notice handler, then the warm-up
-#: of the training code on GPU workers (:mod:`transient_nb.training.warmup`).
-WORKER_PRELOADS = ("transient_nb.worker.preload", "transient_nb.training.warmup")
+#: The preloads of every worker's command line, in order: the notice handler, the warm-up of the
+#: training code on GPU workers (:mod:`transient_nb.training.warmup`), then the guard of what other
+#: VMs may ask of it (:mod:`transient_nb.worker.guard`), last so that it guards the handlers the
+#: others added.
+WORKER_PRELOADS = (
+    "transient_nb.worker.preload",
+    "transient_nb.training.warmup",
+    "transient_nb.worker.guard",
+)
+#: The preloads of every worker's nanny (``--preload-nanny``): the same guard.
+NANNY_PRELOADS = ("transient_nb.worker.guard",)
 
 
 def dask_setup(worker: Any) -> None:

@@ -2,8 +2,8 @@
 
 The real google-cloud-compute client (REST transport) talks to :class:`FakeGCE` through
 ``client_options={"api_endpoint": fake.url}``; nothing of the SDK is replaced. The fake answers
-with GCE's JSON shapes: instances (insert, get, list, delete, simulateMaintenanceEvent), zone and
-global operations (get, wait), firewalls (insert, get, list, delete), and the look-ups the backend
+with GCE's JSON shapes: instances (insert, get, list, delete, simulateMaintenanceEvent, setMetadata,
+setLabels), zone and global operations (get, wait), firewalls (insert, get, list, patch, delete), and the look-ups the backend
 validates settings with (project, zone, machine type, accelerator type, image family). Errors come
 as GCE sends them: HTTP error bodies (404 notFound, 403 quotaExceeded, 409 alreadyExists, 400
 invalid) and failed operations (ZONE_RESOURCE_POOL_EXHAUSTED, QUOTA_EXCEEDED).
@@ -271,6 +271,9 @@ class FakeGCE:
             def do_DELETE(self) -> None:
                 fake._handle(self, "DELETE")
 
+            def do_PATCH(self) -> None:
+                fake._handle(self, "PATCH")
+
         self.server = _Quiet(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -491,7 +494,8 @@ class FakeGCE:
                 return self._insert(zone, body)
             return 200, self._list(zone, query.get("filter", ""), query)
         if m := re.fullmatch(
-            r"/instances/([^/]+)(/simulateMaintenanceEvent|/getGuestAttributes|/setMetadata)?",
+            r"/instances/([^/]+)"
+            r"(/simulateMaintenanceEvent|/getGuestAttributes|/setMetadata|/setLabels)?",
             sub,
         ):
             key = (zone, m[1])
@@ -505,6 +509,8 @@ class FakeGCE:
                     return self._guest_attributes(inst, query.get("queryPath", ""))
                 if m[2] == "/setMetadata" and method == "POST":
                     return self._set_metadata(key, body)
+                if m[2] == "/setLabels" and method == "POST":
+                    return self._set_labels(key, body)
                 if method == "DELETE":
                     return self._delete(key)
                 return 200, self._public(inst)
@@ -723,6 +729,7 @@ class FakeGCE:
                 return 200, op
             inst = json.loads(json.dumps(body))
             inst.setdefault("metadata", {"items": []})["fingerprint"] = os.urandom(6).hex()
+            inst["labelFingerprint"] = os.urandom(6).hex()
             # GCE assigns the addresses: an internal one per interface, and an ephemeral
             # external one per ONE_TO_ONE_NAT access config. Here every VM runs on this
             # machine, so both are 127.0.0.1 (the head's clients dial its natIP).
@@ -777,6 +784,15 @@ class FakeGCE:
         md["items"] = list((body or {}).get("items") or [])
         md["fingerprint"] = os.urandom(6).hex()
         return 200, self._new_operation("setMetadata", inst["selfLink"], key[0])
+
+    def _set_labels(self, key: tuple[str, str], body: Any) -> tuple[int, dict[str, Any]]:
+        inst = self.instances[key]
+        if (body or {}).get("labelFingerprint", "") != inst.get("labelFingerprint", ""):
+            text = "Labels fingerprint either invalid or resource labels have changed"
+            return 412, self._error(412, text, "conditionNotMet")
+        inst["labels"] = dict((body or {}).get("labels") or {})
+        inst["labelFingerprint"] = os.urandom(6).hex()
+        return 200, self._new_operation("setLabels", inst["selfLink"], key[0])
 
     def _set_status(self, key: tuple[str, str], status: str) -> None:
         """Move a booting instance on to ``status``, never back.
@@ -931,6 +947,10 @@ class FakeGCE:
             if method == "DELETE":
                 rule = self.firewalls.pop(name)
                 return 200, self._new_operation("delete", rule["selfLink"], None)
+            if method == "PATCH":
+                # GCE's patch: the fields the body names change, the others stay.
+                self.firewalls[name].update({k: v for k, v in (body or {}).items() if k != "name"})
+                return 200, self._new_operation("patch", self.firewalls[name]["selfLink"], None)
             return 200, self.firewalls[name]
 
     # -- timers --------------------------------------------------------------------------------------

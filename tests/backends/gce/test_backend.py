@@ -278,7 +278,7 @@ def test_a_global_gpu_quota_is_named_with_how_to_raise_it_and_is_not_a_stockout(
         assert "GPUS_ALL_REGIONS" in e[0]["reason"]
         # A global quota: no other zone or GPU type is tried.
         assert [b["name"] for b in fake.inserted()] == ["quota-ps-0", "quota-w-0"]
-        assert cluster.policy.stocked_out() == []
+        assert cluster.placement.stocked_out() == []
     out = capsys.readouterr().out
     assert "Quota GPUS_ALL_REGIONS (all regions) is used up" in out
     assert f"gcloud compute project-info describe --project {PROJECT}" in out
@@ -329,7 +329,7 @@ def test_repeated_preemptions_move_workers_to_the_next_zone(fake: FakeGCE) -> No
         log = events(cluster)
         assert of_kind(log, "preempted", worker="w-0")[0]["source"] == "lost"
         assert of_kind(log, "stockout") == []
-        assert cluster.policy.preempting("t4", "us-central1-a")
+        assert cluster.placement.preempting("t4", "us-central1-a")
         assert "again-w-0" not in fake.instance_names()
 
 
@@ -405,7 +405,7 @@ def test_a_kernel_that_exits_without_closing_deletes_its_vms(fake: FakeGCE, tmp_
 def test_end_to_end_notice_drain_and_replacement_in_the_next_zone(tmp_path: Path) -> None:
     from distributed import Client
 
-    from transient_nb.worker.preload import register_drain_hook
+    from transient_nb.worker.drain import register_drain_hook
 
     fake = FakeGCE(str(tmp_path / "vms"), project=PROJECT, run_vms=True, notice_s=2.0)
     try:
@@ -572,7 +572,7 @@ def test_transient_errors_are_retried_with_backoff_and_are_not_stockouts(fake: F
         log = events(cluster)
         assert of_kind(log, "stockout") == [] and of_kind(log, "provision-failed") == []
         assert [e["zone"] for e in of_kind(log, "running")] == ["us-central1-a"] * 2
-        assert cluster.policy.stocked_out() == []  # us-central1-a is not avoided
+        assert cluster.placement.stocked_out() == []  # us-central1-a is not avoided
         retried = cluster.backend.api.retried
         assert any("backendError" in r for r in retried)
         assert any("rateLimitExceeded" in r for r in retried)
@@ -652,7 +652,7 @@ def test_the_ps_host_uses_the_fallback_zones(fake: FakeGCE) -> None:
     with TransientCluster(**options(fake, fallback_zones=["us-central1-b"]), name="psz") as c:
         e = wait_for_sync(lambda: of_kind(events(c), "running", role="ps"), timeout=30)
         assert e[0]["zone"] == "us-central1-b"
-        assert c.policy.ps_zone == "us-central1-b"  # workers' fallbacks near it come first
+        assert c.placement.ps_zone == "us-central1-b"  # workers' fallbacks near it come first
         (s,) = of_kind(events(c), "stockout")
         assert s["worker"] == "ps-0" and s["gpu"] is None
     assert fake.instance_names() == []
@@ -748,7 +748,7 @@ def test_what_instances_get_returns_cannot_connect_to_the_scheduler(fake: FakeGC
         address = cluster.scheduler_address
         # A reader of the metadata: the CA's and a worker's certificates, and its own keys.
         own = ClusterCA.create("attacker")
-        own_cert, own_key = own.issue("transient-client")
+        own_cert, own_key = own.issue("transient-client", role="client")
         attempts = {
             "no client certificate": {"ssl_context": _ca_only(ca), "require_encryption": True},
             "a certificate of another CA": Security(
@@ -781,8 +781,8 @@ def test_a_gpu_gce_does_not_offer_in_a_zone_is_never_asked_for_there(fake: FakeG
         **options(fake, fallback_zones=["us-central1-b"], fallback_gpus=["v100"]),
         name="offered",
     ) as cluster:
-        assert ("v100", "us-central1-b") in cluster.policy.not_offered
-        assert [(p.gpu, p.zone) for p in cluster.policy.placements("t4")] == [
+        assert ("v100", "us-central1-b") in cluster.placement.not_offered
+        assert [(p.gpu, p.zone) for p in cluster.placement.placements("t4")] == [
             ("t4", "us-central1-a"),
             ("t4", "us-central1-b"),
             ("v100", "us-central1-a"),
@@ -794,4 +794,109 @@ def test_a_gpu_gce_does_not_offer_in_a_zone_is_never_asked_for_there(fake: FakeG
             ("t4", "us-central1-b", "ZONE_RESOURCE_POOL_EXHAUSTED"),
             ("v100", "us-central1-a", "ZONE_RESOURCE_POOL_EXHAUSTED"),
         ]
+    assert fake.instance_names() == []
+
+
+# -- issue 30: a worker VM's own key is not a client's ------------------------------------------------
+@pytest.mark.slow
+def test_root_on_a_worker_vm_cannot_use_its_key_as_a_client(tmp_path: Path) -> None:
+    """The worker VM's key and certificate, as root there reads them from the enrolment folder,
+    connect (they must: the worker joins with them) but run nothing on the scheduler, submit
+    nothing and post no control request; the cluster's client does all three. Once the VM is
+    gone, its certificate is refused outright."""
+    import glob
+
+    from distributed.comm import connect
+    from distributed.core import rpc
+    from distributed.protocol import pickle
+    from distributed.security import Security
+
+    from transient_nb.eventlog.vocabulary import CONTROL_TOPIC
+
+    fake = FakeGCE(str(tmp_path / "vms"), project=PROJECT, run_vms=True, notice_s=2.0)
+    try:
+        with TransientCluster(**options(fake), name="rootw") as cluster:
+            cluster.wait_for_workers(1, timeout=90)
+            (folder,) = glob.glob(os.path.join(fake.workdir, "rootw-w-0", "tmp", "tmp.*"))
+            stolen = Security(
+                require_encryption=True,
+                tls_ca_file=os.path.join(folder, "ca.pem"),
+                tls_client_cert=os.path.join(folder, "cert.pem"),
+                tls_client_key=os.path.join(folder, "key.pem"),
+            )
+            function = pickle.dumps(os.getpid)
+
+            async def ask(security: Security, op: str, **kwargs: Any) -> Any:
+                args = security.get_connection_args("client")
+                async with rpc(cluster.scheduler_address, connection_args=args, timeout=10) as r:
+                    return await asyncio.wait_for(getattr(r, op)(**kwargs), 10)
+
+            async def register_client(security: Security) -> Any:
+                comm = await connect(
+                    cluster.scheduler_address, **security.get_connection_args("client")
+                )
+                try:
+                    # A stream that may submit graphs: what Client() opens first.
+                    await comm.write({"op": "register-client", "client": "x", "versions": {}})
+                    await comm.write({"op": "update-graph", "client": "x", "keys": []})
+                    return await asyncio.wait_for(comm.read(), 10)
+                finally:
+                    comm.abort()
+
+            with pytest.raises(PermissionError, match="'run_function' from a worker"):
+                cluster.sync(ask, stolen, "run_function", function=function)
+            for op in ("register_scheduler_plugin", "broadcast"):
+                with pytest.raises(PermissionError, match=f"'{op}' from a worker"):
+                    cluster.sync(ask, stolen, op, msg={}, plugin=b"", name="x")
+            cluster.sync(ask, stolen, "log_event", topic=CONTROL_TOPIC, msg={"action": "stop"})
+            cluster.sync(register_client, stolen)
+            refused = {
+                (e["action"], e["sender"]) for e in of_kind(events(cluster), "control-refused")
+            }
+            assert {
+                ("run_function", "rootw-w-0"),
+                ("stop", "rootw-w-0"),
+                ("update-graph", "rootw-w-0"),
+            } <= refused
+            assert cluster.status.name == "running"
+            # The cluster's own client runs a function on the scheduler.
+            answer = cluster.sync(ask, cluster.security, "run_function", function=function)
+            assert answer == {"status": "OK", "result": os.getpid()}
+            # The VM goes: its certificate with it.
+            cluster.preempt("w-0", notice=False)
+            wait_for_sync(lambda: of_kind(events(cluster), "preempted", worker="w-0"), 60)
+            with pytest.raises(PermissionError, match="revoked"):
+                cluster.sync(ask, stolen, "identity")
+    finally:
+        fake.close()
+
+
+# -- issue 30: a running cluster renews its lease -----------------------------------------------------
+def test_a_running_cluster_renews_the_lease_of_its_vms_and_rule(fake: FakeGCE) -> None:
+    from transient_nb.backends.gce.labels import firewall_owner, lease_of, owner_label
+
+    with (
+        dask.config.set(
+            {"transient.gce.lease-interval": "0.2s", "transient.gce.lease-duration": "1s"}
+        ),
+        TransientCluster(
+            **options(fake, join_timeout="1h"), name="lease", owner="a@b.c"
+        ) as cluster,
+    ):
+        wait_for_sync(lambda: len(of_kind(events(cluster), "running")) == 2, timeout=30)
+
+        def leases() -> dict[str, float]:
+            out = {
+                n: lease_of(fake.instance(n)["labels"]["transient-nb-lease"])
+                for n in ("lease-ps-0", "lease-w-0")
+            }
+            out["rule"] = lease_of(
+                firewall_owner(fake.firewalls["lease-dask"])["transient-nb-lease"]
+            )  # type: ignore[index]
+            return out  # type: ignore[return-value]
+
+        first = leases()
+        wait_for_sync(lambda: all(leases()[k] > first[k] for k in first), timeout=30)
+        assert fake.instance("lease-w-0")["labels"]["transient-nb-owner"] == owner_label("a@b.c")
+        assert cluster.backend.owner == owner_label("a@b.c")  # type: ignore[attr-defined]
     assert fake.instance_names() == []

@@ -194,3 +194,25 @@ def test_the_cost_figure_shows_what_the_policy_expects_next_to_the_bill() -> Non
     assert p["x0"] == [30.0] and p["x1"] == [30.0 + 400.0 / 4.0]  # only the latest
     assert p["y0"] == [pytest.approx(spent)] and p["y1"] == [pytest.approx(spent + 1.25)]
     assert p["reason"] == [decision["reason"]]
+
+
+def test_a_runs_own_metrics_get_a_live_figure_and_accuracy_hides_without_it() -> None:
+    from transient_nb.notebook.views.figures import RunFigures
+
+    figs = RunFigures(t0=0.0)
+    started = {"kind": "train-started", "time": 0.0, "run": "r", "metrics": ("mae", "mse")}
+    first = {"kind": "eval", "time": 1.0, "run": "r", "step": 10, "accuracy": None,
+             "metrics": {"mae": 0.9, "mse": 1.2}}  # fmt: skip
+    figs.update([started, first])
+    acc = figs.accuracy
+    assert acc.metrics_fig.visible and not acc.acc_fig.visible
+    lines = [r.glyph.y for r in acc.metrics_fig.renderers if type(r.glyph).__name__ == "Line"]
+    assert lines == ["mae", "mse"]
+    second = {**first, "time": 2.0, "step": 20, "metrics": {"mae": 0.5, "mse": 0.6}}
+    figs.update([started, first, second])
+    assert acc.metrics.data["mae"] == [0.9, 0.5] and acc.metrics.data["step"] == [10, 20]
+    assert acc.acc.data["accuracy"] == []
+    # A built-in run: the accuracy figure, no metrics figure.
+    plain = RunFigures(t0=0.0)
+    plain.update([{"kind": "eval", "time": 1.0, "step": 5, "accuracy": 0.5, "test_loss": 1.0}])
+    assert plain.accuracy.acc_fig.visible and not plain.accuracy.metrics_fig.visible

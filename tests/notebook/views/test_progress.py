@@ -121,3 +121,20 @@ def test_a_failed_run_shows_its_error_escaped_in_the_panel() -> None:
     assert "<tried" not in info  # the error is text, never markup
     assert panel.view.stop_run_button.disabled
     assert panel.progress.bar_style == "danger"  # an error, not a warning
+
+
+def test_the_progress_line_shows_the_model_its_size_and_every_metric() -> None:
+    from transient_nb.eventlog.bill import CostReport
+    from transient_nb.eventlog.folds import RunProgress
+    from transient_nb.notebook.views.progress import progress_html
+
+    p = RunProgress(run="r", target=100, step=40, model="Net", parameters=1234,
+                    metrics={"mae": 0.3125, "accuracy": 0.5})  # fmt: skip
+    cost = CostReport(
+        per_vm={}, total=0.0, total_on_demand=0.0, rate=0.0, rate_on_demand=0.0, time_scale=1.0
+    )
+    text = progress_html(p, cost)
+    assert "Net (1,234 parameters)" in text
+    assert "mae <b>0.3125</b>" in text and "accuracy <b>50.0%</b>" in text
+    builtin = progress_html(RunProgress(run="r", target=10, accuracy=0.25), cost)
+    assert "accuracy <b>25.0%</b>" in builtin

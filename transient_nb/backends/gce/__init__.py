@@ -7,15 +7,10 @@ here for one release, with a ``DeprecationWarning``: import them from
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 
 def __getattr__(name: str) -> Any:
-    backend = importlib.import_module("transient_nb.backends.gce.backend")
-    if name.startswith("__") or not hasattr(backend, name):
-        raise AttributeError(f"module 'transient_nb.backends.gce' has no attribute {name!r}")
-    from transient_nb._moved import warn
+    from transient_nb._moved import forward
 
-    warn(f"backends.gce.{name}", f"backends.gce.backend.{name}")
-    return getattr(backend, name)
+    return forward("backends.gce", "backends.gce.backend", name)

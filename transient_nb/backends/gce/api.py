@@ -403,6 +403,31 @@ class ComputeAPI:
         return str(op.name)
 
     @_translate
+    def set_labels(self, zone: str, name: str, labels: dict[str, str]) -> str | None:
+        """Add or replace labels of a VM (the others stay); the operation's name, or ``None``
+        when the VM is gone.
+
+        ``setLabels`` replaces all labels and needs the current fingerprint; a concurrent change
+        makes it fail with 412, which the caller asks again.
+        """
+        from google.api_core import exceptions
+
+        try:
+            inst = self.instances.get(project=self.project, zone=zone, instance=name)
+        except exceptions.NotFound:
+            return None
+        request = self._compute_v1.InstancesSetLabelsRequest(
+            label_fingerprint=inst.label_fingerprint, labels={**dict(inst.labels), **labels}
+        )
+        op = self.instances.set_labels_unary(
+            project=self.project,
+            zone=zone,
+            instance=name,
+            instances_set_labels_request_resource=request,
+        )
+        return str(op.name)
+
+    @_translate
     def simulate_maintenance_event(self, zone: str, name: str) -> str:
         """Simulate a host maintenance event: it preempts a Spot or preemptible VM for real."""
         op = self.instances.simulate_maintenance_event_unary(
@@ -439,6 +464,13 @@ class ComputeAPI:
         """Firewall rules matching a GCE list ``filter``."""
         request = self._compute_v1.ListFirewallsRequest(project=self.project, filter=filter)
         return [_as_dict(f) for f in self.firewalls.list(request=request)]
+
+    @_translate
+    def patch_firewall(self, name: str, body: dict[str, Any]) -> str:
+        """Change the fields of firewall rule ``name`` that ``body`` names; the operation's name."""
+        rule = self._compute_v1.Firewall.from_json(json.dumps(body))
+        op = self.firewalls.patch_unary(project=self.project, firewall=name, firewall_resource=rule)
+        return str(op.name)
 
     @_translate
     def delete_firewall(self, name: str) -> str | None:

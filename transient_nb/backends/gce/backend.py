@@ -60,121 +60,39 @@ from __future__ import annotations
 import asyncio
 import atexit
 import logging
-import os
 import re
 import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from dask.utils import parse_timedelta
 from distributed.security import Security
 
-from transient_nb import config
-from transient_nb.backends.base import Backend, QuotaError, TransientVM, VMSpec
+from transient_nb.backends.base import QuotaError, TransientVM, VMSpec
 from transient_nb.backends.gce.api import (
-    ComputeAPI,
     GCEError,
     call_async,
-    default_project,
 )
-from transient_nb.backends.gce.enroll import CA_KEY
+from transient_nb.backends.gce.bodies import GCEBodies, accelerator_type, bundled_gpu_family
 from transient_nb.backends.gce.labels import (
-    LABEL,
-    LABEL_CLUSTER,
-    LABEL_HEAD,
-    LABEL_HOST,
     LABEL_ID,
-    LABEL_PID,
-    LABEL_ROLE,
-    _label_value,
-    firewall_description,
+    LABEL_LEASE,
     firewall_id,
-    this_host,
+    lease_until,
+    renewed_description,
 )
-from transient_nb.backends.gce.startup import startup_script
-from transient_nb.backends.gce.vm import GCEVM, STOPPED_STATES, TLS_CERT_KEY
-from transient_nb.backends.tls import ClusterCA
+from transient_nb.backends.gce.options import (
+    BUNDLED_GPUS,
+    GPU_TYPES,
+    N1_GPUS,
+)
+from transient_nb.backends.gce.vm import GCEVM
 
 logger = logging.getLogger(__name__)
 
-#: Catalog GPU names and the GCE accelerator types they stand for.
-GPU_TYPES: dict[str, str] = {
-    "t4": "nvidia-tesla-t4",
-    "p4": "nvidia-tesla-p4",
-    "l4": "nvidia-l4",
-    "p100": "nvidia-tesla-p100",
-    "v100": "nvidia-tesla-v100",
-    "k80": "nvidia-tesla-k80",
-    "a100-40gb": "nvidia-tesla-a100",
-    "a100-80gb": "nvidia-a100-80gb",
-    "h100-80gb": "nvidia-h100-80gb",
-}
-#: GPUs that attach to N1 machine types through ``guestAccelerators``.
-N1_GPUS = frozenset({"t4", "p4", "p100", "v100", "k80"})
-#: Accelerator-optimized machine families come with their GPUs (no ``guestAccelerators``).
-BUNDLED_GPUS: dict[str, frozenset[str]] = {
-    "a2-": frozenset({"a100-40gb", "a100-80gb"}),
-    "a3-": frozenset({"h100-80gb"}),
-    "g2-": frozenset({"l4"}),
-}
-
-#: Metadata keys of the VM's signed TLS certificate and of the cluster's CA certificate: both
-#: public. No private key is ever in metadata (see transient_nb.backends.tls).
-TLS_CA_KEY = CA_KEY
-
 _NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 
-#: Scheduler port of a head VM when ``gce.scheduler-port`` is 0 (Dask's usual one).
-HEAD_PORT = 8786
 
-
-def check_cidr(cidr: str) -> str:
-    """``cidr`` as a normalised IPv4/IPv6 network, or a ``ValueError`` saying what to give.
-
-    Examples
-    --------
-    >>> check_cidr("203.0.113.7/32")
-    '203.0.113.7/32'
-    >>> check_cidr("203.0.113.7")  # a single address
-    '203.0.113.7/32'
-    """
-    import ipaddress
-
-    try:
-        return str(ipaddress.ip_network(str(cidr).strip(), strict=True))
-    except ValueError as e:
-        raise ValueError(
-            f"gce.client-cidr={cidr!r} is not a network ({e}): give your own public address "
-            "as a CIDR such as '203.0.113.7/32' (`curl -s ifconfig.me` shows the address)."
-        ) from None
-
-
-def accelerator_type(gpu: str) -> str:
-    """The GCE accelerator type of a catalog GPU name.
-
-    Examples
-    --------
-    >>> accelerator_type("t4")
-    'nvidia-tesla-t4'
-    >>> accelerator_type("nvidia-h200-141gb")  # a GCE name passes through
-    'nvidia-h200-141gb'
-    """
-    if gpu in GPU_TYPES:
-        return GPU_TYPES[gpu]
-    if gpu.startswith("nvidia-"):
-        return gpu
-    raise ValueError(
-        f"Unknown GPU type {gpu!r} for GCE: use one of {', '.join(GPU_TYPES)}, or a GCE "
-        "accelerator type name (list them with `gcloud compute accelerator-types list`)."
-    )
-
-
-def bundled_gpu_family(machine_type: str) -> str | None:
-    """The accelerator-optimized family prefix (``g2-``) of a machine type, if it is one."""
-    return next((p for p in BUNDLED_GPUS if machine_type.startswith(p)), None)
-
-
-class GCEBackend(Backend):
+class GCEBackend(GCEBodies):
     """VMs on Google Compute Engine: Spot (or on-demand) GPU workers and an on-demand PS host.
 
     Every argument defaults to the ``transient.gce`` configuration (``transient.yaml`` documents
@@ -200,8 +118,9 @@ class GCEBackend(Backend):
         ``"spot"`` (``scheduling.provisioningModel: SPOT``) or ``"preemptible"`` (legacy).
     termination_action
         What GCE does to a preempted Spot VM: ``"DELETE"`` or ``"STOP"``.
-    worker_ports, nanny_ports
-        Port ranges of the Dask worker and nanny (the firewall rule opens only these).
+    worker_ports, nanny_ports, data_ports
+        Port ranges of the Dask worker and nanny, and of the PS's data plane (the firewall rule
+        opens only these).
     firewall, firewall_source_ranges
         Create a firewall rule for the cluster's network tag; extra CIDRs it lets in.
     nthreads, death_timeout
@@ -217,6 +136,15 @@ class GCEBackend(Backend):
         The head VM of a detached cluster (:mod:`~transient_nb.backends.gce.head`): its machine
         type and identity, the client address its scheduler port is opened to (or the tunnel
         address dialled instead), and how long a client waits for it.
+    allow_wide_client_cidr
+        Allow a ``client_cidr`` wider than a /24 (IPv6: a /64), such as ``0.0.0.0/0``; refused
+        otherwise, before anything is created.
+    owner, lease_interval, lease_duration
+        Who owns what the cluster creates (default: the credentials' account; labels carry it
+        hashed), how often the cluster renews its lease on it, and how long a lease holds
+        unrenewed (``sweep`` deletes nothing whose lease holds).
+    tls_lifetime
+        Seconds the cluster's CA, and every certificate, lives (the cluster passes its deadline).
     head
         This backend runs on the head VM (set by the head itself): the scheduler listens on a
         fixed port (``scheduler_port``, default :data:`HEAD_PORT`) that the firewall rules open
@@ -232,150 +160,9 @@ class GCEBackend(Backend):
 
     name = "gce"
 
-    def __init__(
-        self,
-        log_dir: str,
-        project: str | None = None,
-        scheduler: str | None = None,
-        scheduler_host: str | None = None,
-        scheduler_port: int | None = None,
-        scheduler_address: str | None = None,
-        image_family: str | None = None,
-        image_project: str | None = None,
-        python: str | None = None,
-        disk_size_gb: int | None = None,
-        disk_type: str | None = None,
-        network: str | None = None,
-        subnetwork: str | None = None,
-        external_ip: bool | None = None,
-        service_account: str | None = None,
-        scopes: Sequence[str] | None = None,
-        provisioning_model: str | None = None,
-        termination_action: str | None = None,
-        worker_ports: str | None = None,
-        nanny_ports: str | None = None,
-        data_ports: str | None = None,
-        firewall: bool | None = None,
-        firewall_source_ranges: Sequence[str] | None = None,
-        nthreads: int | None = None,
-        death_timeout: str | float | None = None,
-        poll_interval: str | float | None = None,
-        operation_timeout: str | float | None = None,
-        retries: int | None = None,
-        retry_backoff: str | float | None = None,
-        retry_backoff_max: str | float | None = None,
-        api_endpoint: str | None = None,
-        credentials: Any = None,
-        head_machine_type: str | None = None,
-        head_service_account: str | None = None,
-        client_cidr: str | None = None,
-        head_address: str | None = None,
-        head_timeout: str | float | None = None,
-        head: bool = False,
-    ):
-        def get(key: str, value: Any) -> Any:
-            return config.get(f"gce.{key}", override_with=value)
-
-        self.log_dir = log_dir
-        self.scheduler = get("scheduler", scheduler)
-        if self.scheduler != "local":
-            raise ValueError(
-                f"scheduler={self.scheduler!r} is not supported yet: use scheduler='local' (the "
-                "scheduler runs in this process; run the notebook on a VM in the same VPC "
-                "network as the workers, or set gce.scheduler-address)."
-            )
-        self.scheduler_host = str(get("scheduler-host", scheduler_host))
-        self.scheduler_port = int(get("scheduler-port", scheduler_port))
-        self.head = bool(head)
-        if self.head and self.scheduler_port == 0:
-            # Clients and the firewall rules must know the port before the scheduler starts.
-            self.scheduler_port = HEAD_PORT
-        self.head_machine_type: str | None = get("head-machine-type", head_machine_type)
-        self.head_service_account: str | None = get("head-service-account", head_service_account)
-        self.client_cidr: str | None = get("client-cidr", client_cidr)
-        if self.client_cidr is not None:
-            self.client_cidr = check_cidr(self.client_cidr)
-        self.head_address: str | None = get("head-address", head_address)
-        self.head_timeout_s = float(
-            parse_timedelta(get("head-timeout", head_timeout), default="seconds")
-        )
-        self.scheduler_address: str | None = get("scheduler-address", scheduler_address)
-        self.image_family = str(get("image-family", image_family))
-        self.python = str(get("python", python))
-        self.disk_size_gb = int(get("disk-size-gb", disk_size_gb))
-        self.disk_type = str(get("disk-type", disk_type))
-        self.network = str(get("network", network))
-        self.subnetwork: str | None = get("subnetwork", subnetwork)
-        self.external_ip = bool(get("external-ip", external_ip))
-        self.service_account = str(get("service-account", service_account))
-        self.scopes = list(get("scopes", scopes))
-        self.provisioning_model = str(get("provisioning-model", provisioning_model)).lower()
-        if self.provisioning_model not in ("spot", "preemptible"):
-            raise ValueError(
-                f"provisioning_model={self.provisioning_model!r}: use 'spot' or 'preemptible'."
-            )
-        self.termination_action = str(get("termination-action", termination_action)).upper()
-        if self.termination_action not in ("STOP", "DELETE"):
-            raise ValueError(
-                f"termination_action={self.termination_action!r}: use 'DELETE' or 'STOP'."
-            )
-        self.worker_ports = str(get("worker-ports", worker_ports))
-        self.nanny_ports = str(get("nanny-ports", nanny_ports))
-        self.data_ports = str(get("data-ports", data_ports))
-        for what, ports in (
-            ("worker_ports", self.worker_ports),
-            ("nanny_ports", self.nanny_ports),
-            ("data_ports", self.data_ports),
-        ):
-            if not re.fullmatch(r"\d+(:\d+)?", ports):
-                raise ValueError(f"{what}={ports!r}: give a port or a range like '41000:41099'.")
-        self.firewall = bool(get("firewall", firewall))
-        self.firewall_source_ranges = list(get("firewall-source-ranges", firewall_source_ranges))
-        self.nthreads = int(get("nthreads", nthreads))
-        self.death_timeout_s = float(parse_timedelta(get("death-timeout", death_timeout)))
-        self.poll_s = float(parse_timedelta(get("poll-interval", poll_interval)))
-        self.operation_timeout = float(parse_timedelta(get("operation-timeout", operation_timeout)))
-        self.retries = int(get("retries", retries))
-        if self.retries < 0:
-            raise ValueError(f"retries={self.retries} must be 0 or more.")
-        self.retry_backoff_s = float(
-            parse_timedelta(get("retry-backoff", retry_backoff), default="seconds")
-        )
-        self.retry_max_s = float(
-            parse_timedelta(get("retry-backoff-max", retry_backoff_max), default="seconds")
-        )
-        api_endpoint = get("api-endpoint", api_endpoint)
-        project = get("project", project)
-        if project is None:
-            project = default_project(credentials)
-        self.project = str(project)
-        self.image_project = str(get("image-project", image_project) or self.project)
-        self.api = ComputeAPI(
-            self.project,
-            api_endpoint=api_endpoint,
-            credentials=credentials,
-            retries=self.retries,
-            backoff_s=self.retry_backoff_s,
-            max_backoff_s=self.retry_max_s,
-        )
-        # Certificates made for this cluster only, in memory: every connection (workers,
-        # scheduler, clients) is TLS with mutual authentication.
-        self._tls_dir: str | None = None
-        self.ca = ClusterCA.create("gce")
-        self._security = self.ca.cluster_security()
-        self.cluster_name = "transient"
-        self.cluster_id = ""
-        self.notice_s = 30.0
-        self.live: set[tuple[str, str]] = set()
-        #: Instances whose insert GCE took: ours without asking (the rest of ``live`` is
-        #: checked for our id label before it is deleted).
-        self.ours: set[tuple[str, str]] = set()
-        self._not_offered: set[tuple[str, str]] = set()
-        self._tasks: set[Any] = set()
-        self._atexit_registered = False
-        self._close_lock = asyncio.Lock()
-        #: Firewall rules this cluster created (or adopted: they carry its id).
-        self.firewall_names: list[str] = []
+    def __init__(self, log_dir: str, **options: Any) -> None:
+        # Every option is a GCEOptions setting (its ``_read_options`` names and checks them).
+        self._read_options(log_dir, **options)
 
     # -- settings shared with the cluster ------------------------------------------------------------
     @property
@@ -383,24 +170,12 @@ class GCEBackend(Backend):
         """The cluster's TLS settings (scheduler, workers and clients)."""
         return self._security
 
-    def client_tls_files(self) -> dict[str, str] | None:
-        """A client certificate in 0600 files on this host (for connect() and the panel)."""
-        import tempfile
-
+    def client_tls_files(self, folder: str) -> dict[str, str] | None:
+        """A client certificate in 0600 files in ``folder`` (for connect() and the panel)."""
         from transient_nb.backends.tls import CLIENT_CN
+        from transient_nb.worker.peers import ROLE_CLIENT
 
-        if self._tls_dir is None:
-            self._tls_dir = tempfile.mkdtemp(prefix="transient-nb-tls-")
-        return self.ca.write_files(os.path.join(self._tls_dir, "client"), CLIENT_CN)
-
-    @property
-    def tag(self) -> str:
-        """The network tag of the cluster's VMs (the firewall rule's target)."""
-        return f"{self.cluster_name}-vm"
-
-    def instance_name(self, vm: str) -> str:
-        """GCE instance name of the cluster's VM ``vm`` (instance names are per project)."""
-        return f"{self.cluster_name}-{vm}"
+        return self.ca.write_files(folder, CLIENT_CN, role=ROLE_CLIENT)
 
     def describe(self) -> str:
         return (
@@ -512,7 +287,8 @@ class GCEBackend(Backend):
 
     # -- cluster start and close ----------------------------------------------------------------------
     async def start(self, scheduler_address: str) -> None:
-        """Create the firewall rule; from here on, VMs left at exit are deleted."""
+        """Create the firewall rule; from here on, VMs left at exit are deleted, and the lease
+        on everything the cluster creates is renewed."""
         if not self._atexit_registered:
             atexit.register(self.delete_all_now)
             self._atexit_registered = True
@@ -522,6 +298,31 @@ class GCEBackend(Backend):
             )
             if self.head and self.client_cidr:
                 await self._create_firewall(self.client_firewall_body())
+        self.spawn(self._keep_lease())
+
+    async def _keep_lease(self) -> None:
+        """Renew the lease label of every VM this cluster created, and of its firewall rules,
+        every ``lease_interval_s``, until the cluster closes (``close`` cancels this).
+
+        While it runs, ``sweep`` keeps them; once it stops (the process is gone: a crashed kernel,
+        a killed head), the lease runs out and ``sweep`` may delete them.
+        """
+        while True:
+            await asyncio.sleep(self.lease_interval_s)
+            lease = lease_until(self.lease_duration_s)
+            for zone, name in list(self.ours):
+                try:
+                    await call_async(self.api.set_labels, zone, name, {LABEL_LEASE: lease})
+                except GCEError as e:  # 412 (a concurrent change), a VM going: next time
+                    logger.info("Could not renew the lease of %s: %s", name, e)
+            for rule in list(self.firewall_names):
+                try:
+                    current = await call_async(self.api.get_firewall, rule)
+                    if current is not None:
+                        text = renewed_description(str(current.get("description", "")), lease)
+                        await call_async(self.api.patch_firewall, rule, {"description": text})
+                except GCEError as e:
+                    logger.info("Could not renew the lease of firewall rule %s: %s", rule, e)
 
     async def close(self) -> None:
         """Delete what is left: VMs caught mid-creation, then the firewall rule.
@@ -545,11 +346,6 @@ class GCEBackend(Backend):
                     self.firewall_names.remove(rule)
                 except GCEError as e:
                     logger.warning("Could not delete firewall rule %s: %s", rule, e)
-            if self._tls_dir is not None:
-                import shutil
-
-                shutil.rmtree(self._tls_dir, ignore_errors=True)
-                self._tls_dir = None
             if not self.live and not self.firewall_names and self._atexit_registered:
                 atexit.unregister(self.delete_all_now)
                 self._atexit_registered = False
@@ -590,61 +386,6 @@ class GCEBackend(Backend):
                 self.api.delete_firewall(rule)
             except Exception as e:
                 logger.warning("Could not delete firewall rule %s: %s", rule, e)
-
-    def firewall_body(self, scheduler_address: str) -> dict[str, Any]:
-        """The firewall rule: worker, nanny and data-plane ports, from the cluster's VMs (and the
-        scheduler)."""
-        sources = list(self.firewall_source_ranges)
-        host = _host_of(scheduler_address)
-        if host and not host.startswith("127.") and host not in ("localhost", "0.0.0.0"):
-            # The local scheduler connects to its workers too.
-            sources.append(f"{host}/32")
-        ports = [
-            p.replace(":", "-") for p in (self.worker_ports, self.nanny_ports, self.data_ports)
-        ]
-        if self.head:
-            # The scheduler runs on the head VM (one of the tagged VMs): the workers dial it.
-            ports.append(str(self.scheduler_port))
-        body: dict[str, Any] = {
-            "name": f"{self.cluster_name}-dask",
-            "description": firewall_description(
-                self.cluster_name, this_host(), os.getpid(), self.cluster_id
-            ),
-            "network": self._network_url(),
-            "direction": "INGRESS",
-            "priority": 1000,
-            "targetTags": [self.tag],
-            "sourceTags": [self.tag],
-            "allowed": [{"IPProtocol": "tcp", "ports": ports}],
-        }
-        if sources:
-            body["sourceRanges"] = sources
-        return body
-
-    @property
-    def head_tag(self) -> str:
-        """The network tag of the cluster's head VM only (the client rule's target)."""
-        return f"{self.cluster_name}-head"
-
-    def client_firewall_body(self) -> dict[str, Any]:
-        """The rule that lets the client (``client_cidr`` only) reach the head's scheduler."""
-        assert self.client_cidr is not None
-        return {
-            "name": f"{self.cluster_name}-dask-client",
-            "description": firewall_description(
-                self.cluster_name,
-                this_host(),
-                os.getpid(),
-                self.cluster_id,
-                what="the head's scheduler port, from the client's address only",
-            ),
-            "network": self._network_url(),
-            "direction": "INGRESS",
-            "priority": 1000,
-            "targetTags": [self.head_tag],
-            "sourceRanges": [self.client_cidr],
-            "allowed": [{"IPProtocol": "tcp", "ports": [str(self.scheduler_port)]}],
-        }
 
     async def _create_firewall(self, body: dict[str, Any]) -> None:
         try:
@@ -695,132 +436,6 @@ class GCEBackend(Backend):
         )
         return QuotaError(zone, gpu, metric, region, None if limit is None else float(limit), how)
 
-    # -- the request body --------------------------------------------------------------------------
-    def _network_url(self) -> str:
-        return f"projects/{self.project}/global/networks/{self.network}"
-
-    def labels(self, spec: VMSpec) -> dict[str, str]:
-        """Labels that mark the VM as this cluster's (and whose process owns it)."""
-        return self.role_labels(spec.role)
-
-    def role_labels(self, role: str) -> dict[str, str]:
-        """Labels of one of this cluster's VMs in ``role`` (``worker``, ``ps``, ``head``)."""
-        labels = {
-            LABEL: "true",
-            LABEL_CLUSTER: _label_value(self.cluster_name),
-            LABEL_ROLE: role,
-            LABEL_HOST: this_host(),
-            LABEL_PID: str(os.getpid()),
-            LABEL_ID: self.cluster_id,
-        }
-        if self.head:
-            # Created by a head VM: sweep keeps it while that VM runs, and deletes it after.
-            labels[LABEL_HEAD] = self.instance_name("head")
-        return labels
-
-    def network_interface(self, zone: str, external_ip: bool) -> dict[str, Any]:
-        """The ``networkInterfaces`` item of a VM in ``zone`` (REST JSON)."""
-        interface: dict[str, Any] = {"network": self._network_url()}
-        if self.subnetwork:
-            region = zone.rsplit("-", 1)[0]
-            interface["subnetwork"] = (
-                f"projects/{self.project}/regions/{region}/subnetworks/{self.subnetwork}"
-            )
-        if external_ip:
-            interface["accessConfigs"] = [{"type": "ONE_TO_ONE_NAT", "name": "External NAT"}]
-        return interface
-
-    def boot_disk(self, zone: str) -> dict[str, Any]:
-        """The boot disk of a VM in ``zone``: the image family, deleted with the VM."""
-        return {
-            "boot": True,
-            "autoDelete": True,
-            "initializeParams": {
-                "sourceImage": (
-                    f"projects/{self.image_project}/global/images/family/{self.image_family}"
-                ),
-                "diskSizeGb": str(self.disk_size_gb),
-                "diskType": f"zones/{zone}/diskTypes/{self.disk_type}",
-            },
-        }
-
-    def instance_body(self, spec: VMSpec, scheduler_address: str) -> dict[str, Any]:
-        """The ``instances.insert`` request body of a VM (GCE's REST JSON), in one place."""
-        zone = spec.zone
-        gpu = spec.gpu if spec.role == "worker" else None
-        if gpu and spec.spot:
-            if self.provisioning_model == "spot":
-                scheduling: dict[str, Any] = {
-                    "provisioningModel": "SPOT",
-                    "instanceTerminationAction": self.termination_action,
-                    "onHostMaintenance": "TERMINATE",
-                    "automaticRestart": False,
-                }
-            else:
-                scheduling = {
-                    "preemptible": True,
-                    "onHostMaintenance": "TERMINATE",
-                    "automaticRestart": False,
-                }
-        elif gpu:
-            # On-demand GPU VMs cannot live-migrate; they restart after host maintenance.
-            scheduling = {
-                "provisioningModel": "STANDARD",
-                "onHostMaintenance": "TERMINATE",
-                "automaticRestart": True,
-            }
-        else:
-            # The PS host: never preemptible, live-migrates through maintenance.
-            scheduling = {
-                "provisioningModel": "STANDARD",
-                "onHostMaintenance": "MIGRATE",
-                "automaticRestart": True,
-            }
-        vm = {"name": spec.name, "role": spec.role, "gpu": gpu, "zone": zone, "spot": spec.spot}
-        script = startup_script(
-            python=self.python,
-            scheduler_address=scheduler_address,
-            vm=vm,
-            resources=dict(spec.resources),
-            nthreads=self.nthreads,
-            death_timeout_s=self.death_timeout_s,
-            worker_ports=self.worker_ports,
-            nanny_ports=self.nanny_ports,
-            notice_s=self.notice_s,
-            data_ports=self.data_ports,
-            tls_name=self.instance_name(spec.name),
-        )
-        body: dict[str, Any] = {
-            "name": self.instance_name(spec.name),
-            "machineType": f"zones/{zone}/machineTypes/{spec.machine_type}",
-            "disks": [self.boot_disk(zone)],
-            "networkInterfaces": [self.network_interface(zone, self.external_ip)],
-            "scheduling": scheduling,
-            "labels": self.labels(spec),
-            "tags": {"items": [self.tag]},
-            "metadata": {
-                "items": [
-                    {"key": "startup-script", "value": script},
-                    # Public: the CA's certificate. The VM's own certificate is added once the
-                    # cluster has signed the request the VM publishes as a guest attribute.
-                    {"key": TLS_CA_KEY, "value": self.ca.cert_pem},
-                    {"key": "enable-guest-attributes", "value": "TRUE"},
-                ]
-            },
-            "serviceAccounts": [{"email": self.service_account, "scopes": self.scopes}],
-        }
-        if gpu and bundled_gpu_family(spec.machine_type) is None:
-            body["guestAccelerators"] = [
-                {
-                    "acceleratorType": (
-                        f"projects/{self.project}/zones/{zone}/acceleratorTypes/"
-                        f"{accelerator_type(gpu)}"
-                    ),
-                    "acceleratorCount": 1,
-                }
-            ]
-        return body
-
     # -- what GCE offers ---------------------------------------------------------------------------
     def not_offered(self) -> set[tuple[str, str]]:
         """(GPU type, zone) pairs GCE does not offer, found by :meth:`prepare`. Choosing where to
@@ -828,9 +443,14 @@ class GCEBackend(Backend):
         return set(self._not_offered)
 
     # -- helpers of the VMs ------------------------------------------------------------------------
-    def make_vm(self, spec: VMSpec, **kwargs: Any) -> TransientVM:
+    def hosts_next_ps(self) -> bool:
+        """On the head VM, the first PS host (and its successor, if it stops) is a process there:
+        the head VM is its bill."""
         on_head = getattr(self, "_head_ps", None)
-        if self.head and spec.role == "ps" and (on_head is None or on_head.stopped):
+        return self.head and (on_head is None or on_head.stopped)
+
+    def make_vm(self, spec: VMSpec, **kwargs: Any) -> TransientVM:
+        if spec.role == "ps" and self.hosts_next_ps():
             # On the head VM, the (first) PS is a process there (the paper's PS/scheduler
             # host); with ps_hosts > 1 the others are on-demand VMs of their own.
             from transient_nb.backends.gce.head_ps import HeadPSVM
@@ -848,25 +468,3 @@ class GCEBackend(Backend):
     async def sleep_poll(self, short: bool = False) -> None:
         """Wait between two reads of a VM's state."""
         await asyncio.sleep(min(self.poll_s, 0.25) if short else self.poll_s)
-
-
-def _host_of(address: str) -> str:
-    rest = address.split("://", 1)[-1]
-    return rest.rsplit(":", 1)[0].strip("[]")
-
-
-__all__ = [
-    "GCEVM",
-    "LABEL",
-    "LABEL_CLUSTER",
-    "LABEL_HOST",
-    "LABEL_ID",
-    "LABEL_PID",
-    "LABEL_ROLE",
-    "STOPPED_STATES",
-    "TLS_CERT_KEY",
-    "GCEBackend",
-    "GCEError",
-    "startup_script",
-    "this_host",
-]

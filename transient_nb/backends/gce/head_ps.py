@@ -27,8 +27,9 @@ from typing import IO, TYPE_CHECKING, Any
 
 import psutil
 
-from transient_nb.backends.base import TransientVM, VMSpec
+from transient_nb.backends.base import TransientVM, VMSpec, start_process
 from transient_nb.backends.gce.startup import worker_args, worker_env
+from transient_nb.worker.peers import ROLE_PS
 
 if TYPE_CHECKING:
     from transient_nb.backends.gce.backend import GCEBackend
@@ -37,17 +38,6 @@ logger = logging.getLogger(__name__)
 
 #: Seconds between two checks that the PS process still runs.
 POLL_S = 0.2
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    # If the head process is killed, its PS worker must not stay behind on the VM.
-    import ctypes
-    import signal
-
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 class HeadPSVM(TransientVM):
@@ -77,7 +67,9 @@ class HeadPSVM(TransientVM):
     async def _create(self) -> None:
         backend = self.backend
         self._folder = tempfile.mkdtemp(prefix=f"transient-nb-{self.name}-")  # 0700
-        tls = backend.ca.write_files(self._folder, backend.instance_name(self.name))
+        tls = backend.ca.write_files(
+            self._folder, backend.instance_name(self.name), role=ROLE_PS, vm=self.name
+        )
         args = worker_args(
             python=sys.executable,
             scheduler_address=backend.scheduler_address or self.scheduler_address,
@@ -87,7 +79,8 @@ class HeadPSVM(TransientVM):
             death_timeout_s=backend.death_timeout_s,
             worker_ports=backend.worker_ports,
             nanny_ports=backend.nanny_ports,
-            preloads=("transient_nb.worker.preload",),  # the head VM is never preempted: no agent
+            # The head VM is never preempted: no GCE notice watcher.
+            preloads=("transient_nb.worker.preload", "transient_nb.worker.guard"),
         )
         args += ["--tls-ca-file", tls["ca"], "--tls-cert", tls["cert"], "--tls-key", tls["key"]]
         vm = {"name": self.name, "role": "ps", "gpu": None, "zone": self.spec.zone, "spot": False}
@@ -96,15 +89,7 @@ class HeadPSVM(TransientVM):
             **worker_env(vm, backend.notice_s, backend.data_ports),
             "CUDA_VISIBLE_DEVICES": "",
         }
-        self._log = open(os.path.join(self._folder, "worker.log"), "ab")
-        self.proc = subprocess.Popen(
-            args,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent,
-        )
+        self.proc, self._log = start_process(args, env, os.path.join(self._folder, "worker.log"))
         self._watch_task = asyncio.ensure_future(self._watch())
         await self.running()
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from transient_nb._version import __version__
 from transient_nb.backends.base import WORKER_PRE_SPAWN_ENVIRON
-from transient_nb.worker.preload import WORKER_PRELOADS
+from transient_nb.worker.preload import NANNY_PRELOADS, WORKER_PRELOADS
 
 #: Seconds a booting VM waits for the cluster to sign its certificate request.
 ENROLL_TIMEOUT_S = 600.0
@@ -66,6 +66,8 @@ def worker_args(
         args += ["--resources", ",".join(f"{k}={v:g}" for k, v in resources.items())]
     for preload in preloads:
         args += ["--preload", preload]
+    for preload in NANNY_PRELOADS:
+        args += ["--preload-nanny", preload]
     return args
 
 

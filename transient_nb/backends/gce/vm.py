@@ -158,7 +158,9 @@ class GCEVM(TransientVM):
             csr = attrs.get(CSR_ATTRIBUTE)
             if csr:
                 try:
-                    cert = backend.ca.sign_csr(csr, self.instance)
+                    cert = backend.ca.sign_csr(
+                        csr, self.instance, role=self.spec.role, vm=self.name
+                    )
                 except ValueError as e:
                     # A VM asking to pass for another VM (or the client): refused, and shown.
                     logger.warning("Refused the certificate request of %s: %s", self.instance, e)

@@ -292,9 +292,23 @@ export class TransientSidebar extends Widget {
 
     if (c.training) {
       const t = c.training;
+      // Every metric of the last evaluation (a user's own), accuracy as a percentage.
+      const metrics = Object.entries(t.metrics ?? {}).map(([name, value]) =>
+        value === null
+          ? ''
+          : name === 'accuracy'
+            ? `accuracy ${percent(value, 1)}`
+            : `${name} ${value.toPrecision(4)}`
+      );
+      const model = t.model
+        ? `${t.model}${t.parameters !== null && t.parameters !== undefined ? ` (${t.parameters.toLocaleString()} parameters)` : ''}`
+        : '';
       const parts = [
+        model,
         `step ${t.step}${t.steps ? `/${t.steps}` : ''}`,
-        t.accuracy !== null ? `accuracy ${percent(t.accuracy, 1)}` : '',
+        ...(metrics.length
+          ? metrics
+          : [t.accuracy !== null ? `accuracy ${percent(t.accuracy, 1)}` : '']),
         t.finished
           ? `finished (${t.reason ?? 'done'})`
           : t.eta_s !== null

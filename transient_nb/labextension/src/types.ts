@@ -30,6 +30,8 @@ export interface ICost {
 export interface ITraining {
   run: string | null;
   model: string | null;
+  parameters: number | null;
+  metrics: { [name: string]: number | null };
   step: number;
   steps: number | null;
   accuracy: number | null;

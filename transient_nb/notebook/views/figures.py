@@ -16,7 +16,9 @@ from bokeh.layouts import column, row
 from bokeh.models import ColumnDataSource, HoverTool, Range1d
 from bokeh.plotting import figure
 
-from transient_nb.eventlog.folds import Bill
+from transient_nb.catalog.prices import BILLING_MINIMUM_S
+from transient_nb.eventlog.bill import Bill
+from transient_nb.eventlog.folds import eval_metrics
 
 ROLLOVER = 100_000
 #: Most cost points one update adds (a whole run fed at once stays a readable curve).
@@ -61,8 +63,17 @@ class Component:
         raise NotImplementedError
 
 
+#: Colours of a run's own metrics, in the order they appear.
+METRIC_COLORS = ["#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22"]
+
+
 class AccuracyLoss(Component):
-    """Test accuracy (evaluations) and training loss (PS metrics) over time."""
+    """Test accuracy (evaluations), training loss (PS metrics) and every further metric of the
+    run (a user's ``metrics=``, one line each, on a figure of their own) over time.
+
+    The accuracy figure shows only where accuracy is a metric of the run (its
+    ``train-started`` event lists a user's metrics; the built-in runs have accuracy).
+    """
 
     def __init__(self, t0: float | None = None, height: int = 260, width: int = 480):
         super().__init__(t0)
@@ -90,12 +101,56 @@ class AccuracyLoss(Component):
         )
         loss_fig.line("time", "loss", source=self.loss, line_width=2, color="#1f77b4")
         loss_fig.add_tools(HoverTool(tooltips=[("step", "@step"), ("loss", "@loss{0.000}")]))
-        self.acc_fig, self.loss_fig = acc_fig, loss_fig
-        self.root = row(acc_fig, loss_fig)
+        self.metrics = ColumnDataSource({"time": [], "step": []}, name="metrics")
+        metrics_fig = figure(
+            title="Test metrics",
+            height=height,
+            width=width,
+            x_axis_label="seconds",
+            tools="pan,wheel_zoom,reset,save",
+            visible=False,
+        )
+        self.acc_fig, self.loss_fig, self.metrics_fig = acc_fig, loss_fig, metrics_fig
+        self.root = row(acc_fig, loss_fig, metrics_fig)
+
+    def _metric_line(self, name: str) -> None:
+        """A line (and a column) for a metric seen for the first time."""
+        n = len(self.metrics.data["time"])
+        self.metrics.data = {**self.metrics.data, name: [float("nan")] * n}
+        color = METRIC_COLORS[(len(self.metrics.data) - 3) % len(METRIC_COLORS)]
+        self.metrics_fig.line(
+            "time", name, source=self.metrics, line_width=2, color=color, legend_label=name
+        )
+        self.metrics_fig.scatter("time", name, source=self.metrics, size=5, color=color)
+        self.metrics_fig.visible = True
 
     def _update(self, events: Sequence[Event], new: Sequence[Event]) -> None:
-        acc = [e for e in new if e.get("kind") == "eval"]
+        for e in new:
+            # (A list in a run record, a tuple as msgpack brings it from the scheduler.)
+            if e.get("kind") == "train-started" and isinstance(e.get("metrics"), (list, tuple)):
+                self.acc_fig.visible = "accuracy" in e["metrics"]
+        acc = [e for e in new if e.get("kind") == "eval" and e.get("accuracy") is not None]
         loss = [e for e in new if e.get("kind") == "metrics"]
+        more = [
+            (e, {k: v for k, v in eval_metrics(e).items() if k != "accuracy"})
+            for e in new
+            if e.get("kind") == "eval"
+        ]
+        more = [(e, m) for e, m in more if m]
+        if more:
+            for _, m in more:
+                for name in m:
+                    if name not in self.metrics.data:
+                        self._metric_line(name)
+            names = [k for k in self.metrics.data if k not in ("time", "step")]
+            self.metrics.stream(
+                {
+                    "time": [self._t(e) for e, _ in more],
+                    "step": [e["step"] for e, _ in more],
+                    **{k: [m.get(k, float("nan")) for _, m in more] for k in names},
+                },
+                rollover=ROLLOVER,
+            )
         if acc:
             self.acc.stream(
                 {
@@ -122,7 +177,11 @@ class Cost(Component):
     bill at the decision to the expected total at the expected end of the run."""
 
     def __init__(
-        self, t0: float | None = None, height: int = 260, width: int = 480, minimum_s: float = 60.0
+        self,
+        t0: float | None = None,
+        height: int = 260,
+        width: int = 480,
+        minimum_s: float = BILLING_MINIMUM_S,
     ):
         super().__init__(t0)
         self.minimum_s = minimum_s
@@ -429,7 +488,7 @@ class RunFigures:
     1
     """
 
-    def __init__(self, t0: float | None = None, minimum_s: float = 60.0):
+    def __init__(self, t0: float | None = None, minimum_s: float = BILLING_MINIMUM_S):
         self.accuracy = AccuracyLoss(t0)
         self.cost = Cost(t0, minimum_s=minimum_s)
         self.workers = Workers(t0)
@@ -438,6 +497,7 @@ class RunFigures:
         shared = self.accuracy.acc_fig.x_range
         for fig in (
             self.accuracy.loss_fig,
+            self.accuracy.metrics_fig,
             self.cost.root,
             self.workers.root,
             self.throughput.root,

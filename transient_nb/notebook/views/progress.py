@@ -15,7 +15,7 @@ import ipywidgets as widgets
 
 from transient_nb.eventlog.bill import CostReport
 from transient_nb.eventlog.folds import ClusterState, RunProgress, minimum_s_of
-from transient_nb.eventlog.format import duration, money
+from transient_nb.eventlog.format import duration, metric_value, model_text, money
 from transient_nb.notebook.views.live import LiveView
 
 __all__ = ["RunPanel", "RunProgress", "RunView", "progress_html"]
@@ -24,15 +24,20 @@ _BAR_STYLES = {
     "running": "info",
     "steps": "success",
     "accuracy": "success",
+    "metric": "success",  # a stop_at condition was met
     "error": "danger",
     "trainer-failed": "danger",  # every trainer kept failing: the run ended in error
 }
 
 
 def progress_html(p: RunProgress, cost: CostReport) -> str:
-    """Step of the target, accuracy, img/s, preemptions, and the ETA with its projected cost
-    (or how the run finished)."""
-    acc = f"{p.accuracy:.1%}" if p.accuracy is not None else "–"
+    """The model and its size, step of the target, every metric (accuracy where it is one),
+    img/s, preemptions, and the ETA with its projected cost (or how the run finished)."""
+    names = list(p.metrics) or ["accuracy"]
+    values: dict[str, Any] = p.metrics or {"accuracy": p.accuracy}
+    shown = " &middot; ".join(
+        f"{html.escape(k)} <b>{metric_value(k, values.get(k))}</b>" for k in names
+    )
     ips = f"{p.img_per_s:,.0f}" if p.img_per_s else "–"
     if p.state == "running":
         tail = (
@@ -43,9 +48,10 @@ def progress_html(p: RunProgress, cost: CostReport) -> str:
         tail = f"<b>finished</b> ({html.escape(p.state)})"
         if p.error:
             tail += f": {html.escape(p.error[:200])}"
+    model = html.escape(model_text(p.model, p.parameters)) if p.model else ""
     return (
-        f"&nbsp;{p.step:,} / {p.target:,} &middot; accuracy <b>{acc}</b> &middot; "
-        f"{ips} img/s &middot; {p.preemptions} preemptions &middot; {tail}"
+        f"&nbsp;{model + ' &middot; ' if model else ''}{p.step:,} / {p.target:,} &middot; "
+        f"{shown} &middot; {ips} img/s &middot; {p.preemptions} preemptions &middot; {tail}"
     )
 
 

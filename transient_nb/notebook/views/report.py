@@ -13,6 +13,7 @@ from bokeh.layouts import column
 from bokeh.models.widgets import Div
 from bokeh.resources import INLINE
 
+from transient_nb.catalog.prices import BILLING_MINIMUM_S
 from transient_nb.eventlog.folds import summarize
 from transient_nb.notebook.views.figures import RunFigures
 
@@ -21,7 +22,7 @@ def report_html(
     events: Sequence[Mapping[str, Any]],
     summary: Mapping[str, Any] | None = None,
     title: str = "transient_nb run",
-    minimum_s: float = 60.0,
+    minimum_s: float = BILLING_MINIMUM_S,
 ) -> str:
     """A complete HTML page of a run's summary table and figures.
 

@@ -6,6 +6,7 @@ import html
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from transient_nb.catalog.prices import BILLING_MINIMUM_S
 from transient_nb.eventlog.bill import CostReport
 from transient_nb.eventlog.folds import ClusterState
 from transient_nb.eventlog.format import duration, money
@@ -14,7 +15,7 @@ Event = Mapping[str, Any]
 
 
 def vm_rows(
-    events: Sequence[Event], minimum_s: float = 60.0, now: float | None = None
+    events: Sequence[Event], minimum_s: float = BILLING_MINIMUM_S, now: float | None = None
 ) -> tuple[list[dict[str, Any]], CostReport]:
     """The rows of the VM table and the bill, from a whole event log.
 

@@ -1,0 +1,413 @@
+"""The documentation site: it builds with warnings as errors, and every page's examples run.
+
+- ``test_the_site_builds``: ``sphinx-build -W --keep-going -b html docs OUT`` (a fresh build:
+  an incremental one does not repeat the warnings of pages it does not read again), then the
+  generated reference pages hold what the package has: every public name, CLI subcommand, magic
+  subcommand, event kind and configuration key.
+- ``test_page_examples[PAGE]``: the page's Python, IPython and shell blocks, in order, in one
+  IPython shell (as a notebook runs them), in a subprocess of their own whose files and clusters
+  stay in a temporary folder, against the local backend. A block marked
+  ``{.no-run reason="..."}`` is not run (it needs a cloud project, installs packages, or runs for
+  minutes), and says why; a page whose front matter says ``examples-need: MODULE`` is skipped,
+  saying so, where the package has no such module yet.
+- The fast tests check the pages' blocks (each runs or says why; each compiles) and the pieces of
+  the docs' own Sphinx extension.
+
+Run a page's examples by hand with ``python -m tests.test_docs docs/how-to/cli.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+import pytest
+import sphobjinv as soi
+import yaml
+from IPython.core.inputtransformer2 import TransformerManager
+from IPython.core.interactiveshell import InteractiveShell
+from markdown_it.renderer import RendererHTML
+from myst_parser.config.main import MdParserConfig
+from myst_parser.parsers.mdit import create_md_parser
+
+import transient_nb
+import transient_nb.eventlog.vocabulary as vocabulary
+from transient_nb import config
+from transient_nb.cli.commands import _parser
+from transient_nb.notebook.magics import SUBCOMMANDS
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+sys.path.insert(0, str(DOCS / "_ext"))  # the docs' own Sphinx extension
+
+from transient_docs import config_keys, events, inventories, magic, public_api  # noqa: E402
+
+#: Languages of the blocks that run: Python and IPython in one shell, shell blocks with bash.
+RUN = {"python": "python", "ipython": "ipython", "bash": "bash"}
+#: Languages of blocks that are not code to run (files, outputs, diagrams).
+NOT_CODE = {"", "yaml", "text", "json", "toml"}
+#: Seconds a page's examples may take (a few tiny clusters on two busy cores).
+PAGE_TIMEOUT_S = 420
+
+
+@dataclass
+class Block:
+    page: Path
+    line: int
+    language: str
+    code: str
+    reason: str | None = None  # why it does not run; None: it runs
+
+
+@dataclass
+class Page:
+    path: Path
+    blocks: list[Block] = field(default_factory=list)
+    needs: str | None = None  # a module the examples need (front matter ``examples-need``)
+
+    @property
+    def name(self) -> str:
+        return self.path.relative_to(DOCS).as_posix()
+
+
+def read_page(path: Path) -> Page:
+    """The page's fenced blocks, parsed as the docs' own MyST parser parses them."""
+
+    config = MdParserConfig(enable_extensions={"attrs_block", "colon_fence", "deflist"})
+    md = create_md_parser(config, RendererHTML)
+    page = Page(path)
+    for token in md.parse(path.read_text()):
+        if token.type == "front_matter":
+            page.needs = (yaml.safe_load(token.content) or {}).get("examples-need")
+        if token.type != "fence" or token.info.startswith("{"):
+            continue
+        language = token.info.split()[0] if token.info.strip() else ""
+        classes = str(token.attrs.get("class", "")).split()
+        reason = str(token.attrs.get("reason", "")) if "no-run" in classes else None
+        line = (token.map[0] + 1) if token.map else 0
+        page.blocks.append(Block(path, line, language, token.content, reason))
+    return page
+
+
+def pages() -> list[Page]:
+    return [
+        read_page(p)
+        for p in sorted(DOCS.rglob("*.md"))
+        if not any(part.startswith("_") for part in p.relative_to(DOCS).parts)
+    ]
+
+
+def runnable_pages() -> list[Page]:
+    return [p for p in pages() if any(b.language in RUN and b.reason is None for b in p.blocks)]
+
+
+# -- the pages' blocks: each runs or says why, and each compiles ------------------------------------
+def test_every_block_runs_or_says_why() -> None:
+    problems = []
+    for page in pages():
+        for b in page.blocks:
+            where = f"{page.name}:{b.line}"
+            if b.language not in RUN and b.language not in NOT_CODE:
+                problems.append(f"{where}: language {b.language!r} is neither run nor a file")
+            if b.reason is not None and not b.reason.strip():
+                problems.append(f"{where}: a no-run block must say why (reason=...)")
+            if b.reason is not None and b.language in NOT_CODE:
+                problems.append(f"{where}: a {b.language} block never runs; drop its no-run")
+    assert not problems, "\n".join(problems)
+
+
+def test_every_python_block_compiles() -> None:
+    """Also the blocks that do not run (a GCE example must still be valid Python)."""
+
+    ipython = TransformerManager()
+    problems = []
+    for page in pages():
+        for b in page.blocks:
+            if b.language not in ("python", "ipython"):
+                continue
+            code = ipython.transform_cell(b.code) if b.language == "ipython" else b.code
+            try:
+                compile(code, f"{page.name}:{b.line}", "exec")
+            except SyntaxError as e:
+                problems.append(f"{page.name}:{b.line + (e.lineno or 0)}: {e.msg}")
+    assert not problems, "\n".join(problems)
+
+
+def test_the_no_run_marks_are_seen(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(
+        '---\nexamples-need: some.module\n---\n# P\n\n{.no-run reason="needs a cloud"}\n'
+        "```python\nprint(1)\n```\n\n```bash\nls\n```\n"
+    )
+    read = read_page(page)
+    assert read.needs == "some.module"
+    assert [(b.language, b.reason, b.code) for b in read.blocks] == [
+        ("python", "needs a cloud", "print(1)\n"),
+        ("bash", None, "ls\n"),
+    ]
+
+
+# -- the docs' own extension ---------------------------------------------------------------------------
+def test_the_docs_tools_are_in_the_test_extra() -> None:
+    """CI installs ``.[test]`` only, and must build the docs."""
+    tomllib = pytest.importorskip("tomllib")
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    assert set(extras["docs"]) <= set(extras["test"])
+
+
+def test_config_comments_are_the_lines_above_each_key() -> None:
+
+    text = "transient:\n  # the backend\n  backend: local\n  gce:\n    # a project\n    # or none\n    project: null\n"
+    assert config_keys.comments(text) == {
+        ("transient",): "",
+        ("transient", "backend"): "the backend",
+        ("transient", "gce"): "",
+        ("transient", "gce", "project"): "a project or none",
+    }
+
+
+def test_every_config_key_is_read_with_its_comment_and_type() -> None:
+
+    keys, problems = config_keys.read(Path(config.DEFAULTS_FILE), Path(config.SCHEMA_FILE))
+    assert not problems
+    by_key = {k.dotted: k for k in keys}
+    assert by_key["transient.replacement.at"].schema["enum"] == ["preempted", "notice", "ahead"]
+    assert by_key["transient.gce.head-address"].env == "DASK_TRANSIENT__GCE__HEAD_ADDRESS"
+    assert all(k.comment for k in keys), [k.dotted for k in keys if not k.comment]
+
+
+def test_every_event_kind_is_read_with_its_group_and_comments() -> None:
+
+    kinds = {k.name: k for k in events.read(Path(vocabulary.__file__))}
+    assert list(kinds) == list(vocabulary.EVENTS)
+    assert kinds["notice"].group.startswith("VM lifecycle")
+    assert kinds["notice"].comment == "the provider announced a preemption"  # from LIFECYCLE
+    assert kinds["drained"].comment == "drain hooks ran after a notice"  # beside the entry
+    assert "quota" in kinds["quota-exceeded"].comment  # the line above
+    assert "zones" in kinds["started"].field_notes  # beside a field
+    assert kinds["train-finished"].field_notes["reason"].startswith("steps|accuracy")
+
+
+def test_the_api_pages_are_every_public_name() -> None:
+
+    names = public_api.public()
+    assert set(names) == set(transient_nb.__all__) - {"__version__"}
+    assert names["TransientCluster"] == "transient_nb.deploy.cluster"
+    text = public_api.page("TransientCluster", names["TransientCluster"])
+    assert ".. autoclass:: TransientCluster" in text
+    assert ":inherited-members: SpecCluster, Cluster" in text  # Dask's own stay Dask's
+
+
+def test_the_offline_inventories_build_and_hold_real_urls(tmp_path: Path) -> None:
+
+    mapping = inventories.build(tmp_path)
+    assert set(mapping) == set(inventories.PROJECTS)
+    for name, (url, inv) in mapping.items():
+        assert url.startswith("https://") and url.endswith("/")
+        objects = soi.Inventory(fname_zlib=inv).objects
+        assert objects, name
+        assert all(not o.uri.startswith("http") for o in objects)  # relative to the base URL
+
+
+def test_the_magic_parser_has_every_subcommand() -> None:
+
+    sub = next(a for a in magic.parser()._actions if a.dest == "subcommand")
+    assert list(sub.choices) == list(SUBCOMMANDS)  # type: ignore[arg-type]
+
+
+def test_sphinx_roles_in_help_texts_become_code() -> None:
+    """sphinx-argparse parses help texts with plain docutils, where a role stops the build."""
+
+    p = argparse.ArgumentParser(description="see :func:`transient_nb.estimate`")
+    sub = p.add_subparsers().add_parser("x", help="as :class:`~transient_nb.TransientCluster`")
+    sub.add_argument("--y", help="a :py:attr:`z`")
+    magic.plain(p)
+    assert p.description == "see ``transient_nb.estimate``"
+    assert sub.description is None
+    assert sub._actions[-1].help == "a ``z``"
+    choices = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction))
+    assert choices._choices_actions[0].help == "as ``transient_nb.TransientCluster``"
+
+
+# -- the build ----------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_the_site_builds(tmp_path: Path) -> None:
+    out = tmp_path / "html"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sphinx",
+            "-W",
+            "--keep-going",
+            "-b",
+            "html",
+            "-d",
+            str(tmp_path / "doctrees"),
+            str(DOCS),
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    assert "WARNING" not in proc.stderr, proc.stderr[-6000:]
+
+    def text(page: str) -> str:
+        return (out / page).read_text()
+
+    for name in set(transient_nb.__all__) - {"__version__"}:
+        assert f'id="{getattr(transient_nb, name).__module__}.{name}"' in text(
+            f"reference/api/{name}.html"
+        )
+    events = text("reference/events.html")
+    assert all(f'id="event-{kind}"' in events for kind in vocabulary.EVENTS)
+    keys, _ = config_keys.read(Path(config.DEFAULTS_FILE), Path(config.SCHEMA_FILE))
+    configuration = text("reference/configuration.html")
+    assert all(f'id="config-{"-".join(k.path)}"' in configuration for k in keys)
+    cli = text("reference/cli.html")
+    commands = next(a for a in _parser()._actions if a.dest == "command").choices
+    assert all(f'id="transient-nb-{c}"' in cli for c in commands)  # type: ignore[union-attr]
+    magic = text("reference/magic.html")
+    assert all(f'id="transient_cluster-{c}"' in magic for c in SUBCOMMANDS)
+    # Intersphinx links go to the projects' own sites, from the offline inventories.
+    for link, page in (
+        (
+            "https://docs.python.org/3/library/functools.html#functools.partial",
+            "tutorials/your-model",
+        ),
+        (
+            "https://docs.dask.org/en/stable/api.html#dask.utils.parse_timedelta",
+            "how-to/configuration",
+        ),
+        (
+            "https://distributed.dask.org/en/stable/api.html#distributed.SpecCluster",
+            "tutorials/quickstart",
+        ),
+        (
+            "https://docs.pytorch.org/docs/stable/generated/torch.nn.Module.html#torch.nn.Module",
+            "tutorials/your-model",
+        ),
+        (
+            "https://docs.bokeh.org/en/latest/docs/reference/embed.html#bokeh.embed.file_html",
+            "how-to/cli",
+        ),
+    ):
+        assert f'href="{link}"' in text(f"{page}.html"), (link, page)
+    # A screenshot is shown where the browser tests took it, and its test is named where not.
+    shots = DOCS / "_screenshots"
+    for page in out.rglob("*.html"):
+        html = page.read_text()
+        for name in re.findall(r"The picture <code[^>]*><span[^>]*>([\w.-]+\.png)", html):
+            assert not (shots / name).exists(), f"{name} exists but {page} does not show it"
+
+
+# -- every page's examples -----------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.timeout(PAGE_TIMEOUT_S + 60)
+@pytest.mark.parametrize("page", runnable_pages(), ids=lambda p: p.name)
+def test_page_examples(page: Page, tmp_path: Path) -> None:
+    if page.needs and importlib.util.find_spec(page.needs) is None:
+        pytest.skip(f"{page.name}'s examples need {page.needs}, which this package has not yet")
+    env = dict(os.environ)
+    env.update(
+        {
+            "PYTHONPATH": os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(
+                os.pathsep
+            ),
+            "DASK_TRANSIENT__RUN_DIR": str(tmp_path / "runs"),
+            "DASK_TRANSIENT__REGISTRY_DIR": str(tmp_path / "clusters"),
+            "IPYTHONDIR": str(tmp_path / "ipython"),
+            "TRANSIENT_NB_STRICT_EVENTS": "1",
+        }
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.test_docs", str(page.path)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        output, _ = proc.communicate(timeout=PAGE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        _end_group(proc.pid)
+        output, _ = proc.communicate()
+        pytest.fail(
+            f"{page.name}: examples still running after {PAGE_TIMEOUT_S} s\n{output[-6000:]}"
+        )
+    finally:
+        _end_group(proc.pid)
+        _end_heads(tmp_path / "clusters")
+    assert proc.returncode == 0, output[-8000:]
+    assert "every example ran" in output, output[-8000:]
+
+
+def _end_group(pid: int) -> None:
+    """The page's process group (its workers): started here, ended here."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _end_heads(registry: Path) -> None:
+    """Detached heads the page left running (it failed before its ``down``): each by its pid."""
+    for entry in registry.glob("*.json"):
+        try:
+            pid = int(json.loads(entry.read_text()).get("pid") or 0)
+            head = psutil.Process(pid)
+        except (ValueError, OSError, psutil.Error):
+            continue
+        if "transient_nb" not in " ".join(head.cmdline()):
+            continue  # not a head this test started
+        procs = [head, *head.children(recursive=True)]
+        for p in procs:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(procs, timeout=30)
+
+
+def run_page(path: Path) -> None:
+    """Run a page's blocks in order: Python and IPython in one shell, shell blocks with bash."""
+
+    page = read_page(path)
+    shell = InteractiveShell.instance()
+    for b in page.blocks:
+        if b.language not in RUN or b.reason is not None:
+            continue
+        where = f"{page.name}:{b.line}"
+        print(f"--- {where} ({b.language})", flush=True)
+        if b.language == "bash":
+            done = subprocess.run(["bash", "-euo", "pipefail", "-c", b.code], check=False)
+            if done.returncode:
+                raise SystemExit(f"{where}: the shell block exited with {done.returncode}")
+            continue
+        result = shell.run_cell(textwrap.dedent(b.code), store_history=False)
+        if not result.success:
+            raise SystemExit(
+                f"{where}: the block failed: {result.error_in_exec or result.error_before_exec!r}"
+            )
+    print(f"{page.name}: every example ran", flush=True)
+
+
+if __name__ == "__main__":
+    run_page(Path(sys.argv[1]).resolve())
