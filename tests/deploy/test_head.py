@@ -368,10 +368,11 @@ def test_the_export_rpc_answers_the_clusters_client_only() -> None:
     head = Head.__new__(Head)  # its handlers alone: no cluster behind it
     head.runs, head._lock = {}, threading.Lock()
 
-    def comm(cn: str) -> Any:
-        return SimpleNamespace(extra_info={"peercert": {"subject": ((("commonName", cn),),)}})
+    def comm(cn: str, role: str) -> Any:
+        subject = ((("commonName", cn),), (("organizationalUnitName", role),))
+        return SimpleNamespace(extra_info={"peercert": {"subject": subject}})
 
     with pytest.raises(PermissionError, match="transient_export is for the cluster's client"):
-        head._export(comm("w-0"), run="run-00000001")  # a worker's certificate
+        head._export(comm("w-0", "worker"), run="run-00000001")  # a worker's certificate
     with pytest.raises(ValueError, match=r"No run 'run-00000001' on this cluster \(runs: none\)"):
-        head._export(comm(CLIENT_CN), run="run-00000001")
+        head._export(comm(CLIENT_CN, "client"), run="run-00000001")
