@@ -50,11 +50,13 @@ def certs(tmp_path: Path) -> dict[str, Any]:
     """A cluster CA's files for a member PS and a member trainer, and an outsider's pair."""
     ca = ClusterCA.create("wire")
     outsider = ClusterCA.create("other")
-    ps_files = ca.write_files(str(tmp_path / "ps"), "ps-0")
+    ps_files = ca.write_files(str(tmp_path / "ps"), "ps-0", role="ps")
     return {
         "ca": ca,
         "ca_file": ps_files["ca"],
         "ps": security_from_files(ps_files, "worker"),
-        "trainer": security_from_files(ca.write_files(str(tmp_path / "w"), "w-0"), "worker"),
-        "outsider": outsider.write_files(str(tmp_path / "x"), "w-0"),
+        "trainer": security_from_files(
+            ca.write_files(str(tmp_path / "w"), "w-0", role="worker"), "worker"
+        ),
+        "outsider": outsider.write_files(str(tmp_path / "x"), "w-0", role="worker"),
     }

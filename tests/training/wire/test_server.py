@@ -125,7 +125,7 @@ def test_a_trainer_refuses_a_ps_that_is_not_the_clusters(ps, loop, certs, tmp_pa
     from transient_nb.backends.tls import ClusterCA, security_from_files
 
     impostor = security_from_files(
-        ClusterCA.create("impostor").write_files(str(tmp_path / "i"), "ps-0"), "worker"
+        ClusterCA.create("impostor").write_files(str(tmp_path / "i"), "ps-0", role="ps"), "worker"
     )
     server = DataServer(ps, loop, "tls", "impostor", server_tls=tls_contexts(impostor)[0])
     with pytest.raises((ssl.SSLError, OSError)):

@@ -88,7 +88,7 @@ def test_tls_contexts_verify_the_peer_and_prefer_aes128_on_tls12(certs):
 def test_dask_settings_that_name_ciphers_or_tls13_are_kept(certs, tmp_path):
     from transient_nb.backends.tls import security_from_files
 
-    paths = certs["ca"].write_files(str(tmp_path / "t"), "w-9")
+    paths = certs["ca"].write_files(str(tmp_path / "t"), "w-9", role="worker")
     sec = security_from_files(paths, "worker")
     sec.tls_min_version = ssl.TLSVersion.TLSv1_3
     server, _ = tls_contexts(sec)
