@@ -197,3 +197,48 @@ def pytest_make_parametrize_id(config: pytest.Config, val: object, argname: str)
     if isinstance(val, str) and any(c.isspace() for c in val):
         return "_".join(val.split())
     return None
+
+
+#: What makes a test ``slow`` without saying so: it starts real processes (a cluster, a kernel,
+#: a browser, a Jupyter server, a CLI in a subprocess) or trains. The fast tier
+#: (``pytest -m "not slow"``) is every other test: each module's unit tests, in minutes.
+SLOW_SOURCE = (
+    "TransientCluster(",
+    "LocalCluster(",
+    "SpecCluster(",
+    "gen_cluster",
+    "subprocess.",
+    "Popen(",
+    "train(",
+    "connect(",
+    "notebook_client",
+    "NotebookClient",
+    "sync_playwright",
+    "jupyter_server",
+)
+#: Fixtures that start real processes.
+SLOW_FIXTURES = frozenset({"cluster", "client", "c", "s", "a", "b", "lab", "kernel_env", "server"})
+
+
+def _starts_processes(item: pytest.Item) -> bool:
+    import inspect
+
+    function = getattr(item, "function", None)
+    if function is None:  # a doctest: the examples that need a cluster say "+SKIP"
+        return False
+    if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+        return True
+    try:
+        source = inspect.getsource(function)
+    except (OSError, TypeError):
+        return False
+    return any(needle in source for needle in SLOW_SOURCE)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark ``slow`` every test that starts real processes (:data:`SLOW_SOURCE`,
+    :data:`SLOW_FIXTURES`), besides those marked by hand."""
+    slow = pytest.mark.slow
+    for item in items:
+        if item.get_closest_marker("slow") is None and _starts_processes(item):
+            item.add_marker(slow)

@@ -334,12 +334,16 @@ def test_the_ps_data_plane_admits_only_members_on_both_of_its_paths(tmp_path: Pa
                         assert knock_unix_as_nobody(sock) == "no entry"
                 else:
                     assert "unix" not in endpoint
-                    member = cluster.backend.ca.write_files(str(tmp_path / "m"), "w-0")
+                    member = cluster.backend.ca.write_files(
+                        str(tmp_path / "m"), "w-0", role="worker"
+                    )
                     ctx = ssl.create_default_context(cafile=member["ca"])
                     ctx.check_hostname = False
                     ctx.load_cert_chain(member["cert"], member["key"])
                     assert knock_tls(endpoint, ctx) == b"T"
-                    outsider = ClusterCA.create("x").write_files(str(tmp_path / "x"), "w-0")
+                    outsider = ClusterCA.create("x").write_files(
+                        str(tmp_path / "x"), "w-0", role="worker"
+                    )
                     for who, context in outsider_contexts(member["ca"], outsider).items():
                         assert refused(endpoint, context), who
                 step = run.step

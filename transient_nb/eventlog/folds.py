@@ -707,6 +707,17 @@ class ClusterState:
         gone_names = list(self._gone)[-MAX_GONE_ROWS:][::-1]
         return live + [self._row(self._vms[n], now) for n in gone_names]
 
+    def gone(self, now: float | None = None) -> dict[str, Any]:
+        """Every VM gone so far, not only the rows shown: ``preempted`` and ``given_back``
+        (deleted) counts and their ``cost`` in dollars (the line the tables fold them into)."""
+        now = self._bill_now(self._now(now))
+        states = [self._vms[n]["state"] for n in self._gone]
+        return {
+            "preempted": states.count("preempted"),
+            "given_back": len(states) - states.count("preempted"),
+            "cost": sum(self.bill.vm_cost(n, now) for n in self._gone),
+        }
+
     def counts(self) -> dict[str, int]:
         """GPU workers (not gone) per lifecycle state."""
         out: dict[str, int] = {}

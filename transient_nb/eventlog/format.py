@@ -128,3 +128,24 @@ def model_text(model: Any, parameters: Any = None) -> str:
     """
     name = str(model or "?")
     return f"{name} ({parameters:,} parameters)" if isinstance(parameters, int) else name
+
+
+def gone_text(gone: Mapping[str, Any] | None) -> str:
+    """The one line that stands for the VMs gone (revoked or given back) in a long run's tables:
+    how many of each, and what they cost (:meth:`ClusterState.gone
+    <transient_nb.eventlog.folds.ClusterState.gone>`). Empty when none is gone.
+
+    Examples
+    --------
+    >>> gone_text({"preempted": 17, "given_back": 2, "cost": 0.0634})
+    '17 preempted, 2 given back, $0.063'
+    >>> gone_text({"preempted": 0, "given_back": 0, "cost": 0.0}), gone_text(None)
+    ('', '')
+    """
+    if not gone:
+        return ""
+    preempted, given_back = int(gone.get("preempted") or 0), int(gone.get("given_back") or 0)
+    parts = [f"{preempted} preempted"] if preempted else []
+    if given_back:
+        parts.append(f"{given_back} given back")
+    return f"{', '.join(parts)}, {money(float(gone.get('cost') or 0.0), 3)}" if parts else ""

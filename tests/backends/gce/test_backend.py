@@ -505,12 +505,14 @@ def test_the_ps_data_plane_is_mutual_tls_with_the_clusters_certificates(tmp_path
                 assert "unix" not in endpoint
                 assert 41200 <= endpoint["tls"][1] <= 41299
                 ca = cluster.backend.ca
-                member = ca.write_files(str(tmp_path / "m"), "dp-w-0")
+                member = ca.write_files(str(tmp_path / "m"), "dp-w-0", role="worker")
                 ctx = ssl.create_default_context(cafile=member["ca"])
                 ctx.check_hostname = False
                 ctx.load_cert_chain(member["cert"], member["key"])
                 assert knock_tls(endpoint, ctx) == b"T"  # a holder of the cluster's certificate
-                outsider = ClusterCA.create("intruder").write_files(str(tmp_path / "x"), "dp-w-0")
+                outsider = ClusterCA.create("intruder").write_files(
+                    str(tmp_path / "x"), "dp-w-0", role="worker"
+                )
                 for who, context in outsider_contexts(member["ca"], outsider).items():
                     assert refused(endpoint, context), who
                 step = run.step

@@ -47,4 +47,4 @@ def test_the_firewall_rule_opens_only_the_dask_ports_to_the_clusters_tag(tmp_pat
     rule = b.firewall_body("tls://10.0.0.2:8786")
     assert rule["targetTags"] == [b.tag]
     ports = sorted(p for allowed in rule["allowed"] for p in allowed["ports"])
-    assert ports == ["41000-41099", "41100-41199"]
+    assert ports == ["41000-41099", "41100-41199", "41200-41299"]

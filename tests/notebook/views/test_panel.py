@@ -45,6 +45,28 @@ def test_panel_buttons_and_errors_without_a_cluster_process() -> None:
     assert "closed" in panel.header.value and panel.preempt_button.disabled
 
 
+def test_the_panel_folds_the_gone_workers_into_one_line_that_stays_open() -> None:
+    """Seventeen preempted workers: the table lists the live ones only; one line says how many
+    went and what they cost, and opened, it stays open across refreshes."""
+    events = list(LIFE)
+    for i in range(2, 18):
+        events += [vm("requested", f"w-{i}", 10 * i, price=0.5), vm("running", f"w-{i}", 10 * i)]
+        events += [vm("preempted", f"w-{i}", 10 * i + 5)]
+    panel = ClusterPanel(FakeCluster(events), start=False)
+    assert "data-worker='w-1'" not in panel.table.value
+    assert panel.table.value.count("<tr class='transient-vm'") == 2  # ps-0, w-0
+    title = panel.gone.titles[0]
+    assert title.startswith("17 preempted, $") and panel.gone.layout.display == "block"
+    assert float(title.rpartition("$")[2]) == pytest.approx(panel.state.gone()["cost"], abs=5e-4)
+    assert panel.gone_rows.value.count("<tr class='transient-vm'") == 8  # the latest eight
+    panel.gone.selected_index = 0  # a click opens it
+    panel.cluster.monitor.events.append(vm("deleted", "w-0", 400))
+    panel.update()
+    assert panel.gone.selected_index == 0 and panel.gone.titles[0].startswith(
+        "17 preempted, 1 given back, $"
+    )
+
+
 def test_a_mixed_clusters_panel_shows_its_mix_and_cost_per_type() -> None:
     events = [
         {**LIFE[0], "gpu": "k80", "workers": 3, "mix": {"k80": 2, "v100": 1}},

@@ -69,3 +69,14 @@ def test_report_summarizes_the_log_by_itself() -> None:
     # The table (inside the document JSON) is the state's summary of the same events.
     assert re.search(r"steps.{1,60}40", page)
     assert "saved_fraction" in page and "speedup_over_one_worker" in page
+
+
+def test_the_reports_gone_vms_fold_into_one_line() -> None:
+    """The report lists the VMs too: the preempted one in the folded line, with its money."""
+    import html
+
+    # Inside the document's JSON, where the HTML is escaped.
+    page = html.unescape(report_html(_events()))
+    folded = re.search(r"<summary>(1 preempted, \$[0-9.]+)</summary>(.*?)</details>", page)
+    assert folded is not None, "no folded line of the gone VMs"
+    assert "data-worker=" in folded.group(2) and "w-0" in folded.group(2)

@@ -267,8 +267,9 @@ def test_the_ps_metrics_the_policy_learns_from_count_the_data_planes_pushes(loop
             trainer="w-0", grad=grad, base_version=version, local_step=version + 1
         ).result(timeout=10)[2]
     metrics = [e for e in events if e["kind"] == "metrics"]
-    assert metrics and sum(e["updates"] for e in metrics) <= version
-    assert sum(e["updates"] for e in metrics) >= version - max(e["updates"] for e in metrics)
+    # Every push up to the last window posted is counted once (the pushes after it wait for the
+    # next window: how many depends on the host's pace, so they are not asserted).
+    assert metrics and sum(e["updates"] for e in metrics) == metrics[-1]["step"]
     assert all(e["steps_per_s"] > 0 and e["shard"] == 0 for e in metrics)
     assert metrics[-1]["step"] <= version
     client.close()

@@ -23,10 +23,10 @@ import ipywidgets as widgets
 
 from transient_nb.eventlog.bill import CostReport
 from transient_nb.eventlog.folds import ClusterState, minimum_s_of
-from transient_nb.eventlog.format import money, policy_text
+from transient_nb.eventlog.format import gone_text, money, policy_text
 from transient_nb.notebook.views.live import LiveView
 from transient_nb.notebook.views.progress import RunPanel, RunView
-from transient_nb.notebook.views.vm_table import table_html, totals_html
+from transient_nb.notebook.views.vm_table import rows_html, table_html, totals_html
 
 
 class ClusterPanel(LiveView, widgets.VBox):
@@ -68,6 +68,14 @@ class ClusterPanel(LiveView, widgets.VBox):
         self.totals = widgets.HTML()
         self.policy_line = widgets.HTML()
         self.table = widgets.HTML()
+        # The VMs gone (revoked, given back), folded into one line that opens on a click: an
+        # Accordion keeps itself open across refreshes (a <details> in the table's HTML would
+        # close at every one).
+        self.gone_rows = widgets.HTML()
+        self.gone = widgets.Accordion(
+            children=[self.gone_rows], selected_index=None, layout=widgets.Layout(display="none")
+        )
+        self.gone.add_class("transient-gone")
         self.scale_down = widgets.Button(
             description="−1", tooltip="One GPU worker fewer", layout=widgets.Layout(width="44px")
         )
@@ -119,6 +127,7 @@ class ClusterPanel(LiveView, widgets.VBox):
                 self.totals,
                 self.policy_line,
                 self.table,
+                self.gone,
                 controls,
                 self.run_box,
                 self.message,
@@ -152,7 +161,13 @@ class ClusterPanel(LiveView, widgets.VBox):
         )
         self.totals.value = totals_html(self.cost)
         self.policy_line.value = html.escape(policy_text(self.state.policy))
-        self.table.value = table_html(self.rows)
+        live = [r for r in self.rows if not r["gone"]]
+        self.table.value = table_html(live)
+        line = gone_text(self.state.gone(now))
+        self.gone.layout.display = "block" if line else "none"
+        if line:
+            self.gone.titles = (line,)
+            self.gone_rows.value = rows_html([r for r in self.rows if r["gone"]])
         self.workers_label.value = self._workers_text()
         choices = [r["name"] for r in workers if r["state"] in ("running", "joined")]
         if tuple(choices) != tuple(self.worker_select.options):

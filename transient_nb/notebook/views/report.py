@@ -1,4 +1,4 @@
-"""The standalone HTML report of a run: its summary and the dashboard's figures, BokehJS inline
+"""The standalone HTML report of a run: its summary, its VMs and the dashboard's figures, BokehJS inline
 (works offline). Both are computed from the event log alone (a run record will do)."""
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from bokeh.models.widgets import Div
 from bokeh.resources import INLINE
 
 from transient_nb.catalog.prices import BILLING_MINIMUM_S
-from transient_nb.eventlog.folds import summarize
+from transient_nb.eventlog.folds import ClusterState, summarize
 from transient_nb.notebook.views.figures import RunFigures
+from transient_nb.notebook.views.vm_table import table_html
 
 
 def report_html(
@@ -56,6 +57,12 @@ def report_html(
             for k, v in summary.items()
         )
         parts.append(Div(text=f"<table>{rows}</table>"))
+    # The VMs: the live ones at the end, those gone folded into one line that opens on a click.
+    state = ClusterState(minimum_s=minimum_s)
+    state.feed(events)
+    if events:
+        end = max(float(e.get("time", 0.0)) for e in events)
+        parts.append(Div(text=table_html(state.rows(end), state.gone(end))))
     parts.append(figs.root)
     return file_html(column(*parts), resources=INLINE, title=title)
 

@@ -9,7 +9,7 @@ from typing import Any
 from transient_nb.catalog.prices import BILLING_MINIMUM_S
 from transient_nb.eventlog.bill import CostReport
 from transient_nb.eventlog.folds import ClusterState
-from transient_nb.eventlog.format import duration, money
+from transient_nb.eventlog.format import duration, gone_text, money
 
 Event = Mapping[str, Any]
 
@@ -73,9 +73,8 @@ def _state_html(state: str) -> str:
     return html.escape(state)
 
 
-def table_html(rows: Sequence[Mapping[str, Any]]) -> str:
-    """The VM table as HTML: one ``tr.transient-vm`` per row, gone VMs greyed."""
-    head = "".join(f"<th style='text-align:{a};padding:2px 10px'>{h}</th>" for h, a in _HEAD)
+def rows_html(rows: Sequence[Mapping[str, Any]]) -> str:
+    """``rows`` as one HTML table, in their order, gone VMs greyed (no folding)."""
     body = []
     for r in rows:
         cells = [
@@ -96,10 +95,39 @@ def table_html(rows: Sequence[Mapping[str, Any]]) -> str:
             f"<tr class='transient-vm' data-worker='{html.escape(r['name'])}' "
             f"style='{style}'>{tds}</tr>"
         )
+    head = "".join(f"<th style='text-align:{a};padding:2px 10px'>{h}</th>" for h, a in _HEAD)
     return (
         "<table class='transient-vms' style='border-collapse:collapse;font-size:90%'>"
         f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
     )
+
+
+def table_html(rows: Sequence[Mapping[str, Any]], gone: Mapping[str, Any] | None = None) -> str:
+    """The VM table as HTML: one ``tr.transient-vm`` per row, the live VMs first.
+
+    The VMs gone (revoked, given back) fold into one line under the table, "17 preempted,
+    $0.063" (``gone``: :meth:`ClusterState.gone
+    <transient_nb.eventlog.folds.ClusterState.gone>`, all of them; default: counted from
+    ``rows``), that opens on a click (a ``<details>``: no script needed) onto the latest ones'
+    rows, greyed. An overnight run would otherwise list hundreds above the few that work.
+    """
+    live = [r for r in rows if not r["gone"]]
+    shown = [r for r in rows if r["gone"]]
+    if gone is None:
+        preempted = sum(1 for r in shown if r["state"] == "preempted")
+        gone = {
+            "preempted": preempted,
+            "given_back": len(shown) - preempted,
+            "cost": sum(float(r["cost"] or 0.0) for r in shown),
+        }
+    out = rows_html(live)
+    line = gone_text(gone)
+    if line:
+        out += (
+            "<details class='transient-gone' style='font-size:90%;margin-top:2px'>"
+            f"<summary>{html.escape(line)}</summary>{rows_html(shown)}</details>"
+        )
+    return out
 
 
 def totals_html(cost: CostReport) -> str:
