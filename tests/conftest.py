@@ -217,7 +217,9 @@ SLOW_SOURCE = (
     "jupyter_server",
 )
 #: Fixtures that start real processes.
-SLOW_FIXTURES = frozenset({"cluster", "client", "c", "s", "a", "b", "lab", "kernel_env", "server"})
+SLOW_FIXTURES = frozenset(
+    {"cluster", "client", "c", "s", "a", "b", "lab", "kernel_env", "server", "ps_process"}
+)
 
 
 def _starts_processes(item: pytest.Item) -> bool:

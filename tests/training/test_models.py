@@ -55,6 +55,7 @@ def test_unknown_model_name_lists_known_names() -> None:
         assert name in message
 
 
+@pytest.mark.slow  # trains: ~40 s on a loaded 2-core machine
 def test_resnet8_overfits_a_small_batch() -> None:
     torch.manual_seed(0)
     data = load_dataset("synthetic:64", train=True)
