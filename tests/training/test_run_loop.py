@@ -318,7 +318,7 @@ def test_a_resumed_run_goes_on_from_its_checkpoint_and_its_step(
         )
         for i, w in enumerate(shards)
     ]
-    checkpoint.write_manifest(url, 250, {"counters": {"gaps": 3}}, files)
+    checkpoint.write_manifest(url, 250, {"counters": {"gaps": 3}, "run": "run-old"}, files)
     point = ResumePoint("run-old", url, record="/runs/r/events.jsonl", last_step=270)
     hp = LOOP.with_(eval_every=100, checkpoint_every=40)
     run = looping(tmp_path, loop, monkeypatch, hp=hp, resume=point, shards=3, ps_hosts=2)
@@ -362,7 +362,7 @@ def test_a_resume_without_a_record_names_its_checkpoint_and_loses_no_step(
     entry = checkpoint.write_shard(
         url, 40, 0, {"weights": w0, "momentum": w0, "decay_mask": np.ones(len(w0)), "bn": bn0}
     )
-    checkpoint.write_manifest(url, 40, {}, [entry])
+    checkpoint.write_manifest(url, 40, {"run": "run-old"}, [entry])
     run = looping(tmp_path, loop, monkeypatch, resume=ResumePoint("run-old", url))
     run._run()
     (started,) = posted(run, "train-started")
@@ -985,7 +985,7 @@ def test_train_passes_its_stop_conditions_and_waits_when_told(tmp_path, unstarte
     assert run.calls == ["start", "wait"]
     assert run.target_accuracy == 0.9 and run.budget == 2.5 and run.limits.budget == 2.5
     assert before + 7200 <= run.deadline <= time.time() + 7200
-    assert run.checkpoint_url == url
+    assert run.checkpoint_url == f"{url}/{run.id}"  # the run's own folder under the URL given
 
 
 @pytest.mark.parametrize("spent", [2.5, 3.0])
@@ -1024,7 +1024,7 @@ def test_train_probes_the_shared_checkpoints_of_a_cloud_run(tmp_path, unstarted,
     cluster = Cluster(str(tmp_path))
     cluster.backend = SimpleNamespace(name="gcp")
     run = train(cluster, model="resnet8", data="digits", checkpoint_url="gs://bucket/runs")
-    assert probed == ["gs://bucket/runs"] and run.checkpoint_url == "gs://bucket/runs"
+    assert probed == ["gs://bucket/runs"] and run.checkpoint_url == f"gs://bucket/runs/{run.id}"
 
 
 def test_train_checks_its_arguments_before_anything(tmp_path, unstarted):
@@ -1139,8 +1139,8 @@ def test_a_new_run_has_its_own_id_variable_thread_and_defaults(tmp_path):
     assert (run.step, run.checkpoint_step, run.reason, run.error) == (0, -1, None, None)
     assert (run._next_eval, run._next_checkpoint) == (HP.eval_interval, HP.checkpoint_interval)
     assert TrainingRun(cluster, "resnet8", "digits", HP).id != run.id
-    given = TrainingRun(cluster, "resnet8", "digits", HP, checkpoint_url="memory://ck/x")
-    assert given.checkpoint_url == "memory://ck/x"
+    given = TrainingRun(cluster, "resnet8", "digits", HP, checkpoint_url="memory://ck/x/")
+    assert given.checkpoint_url == f"memory://ck/x/{given.id}"  # runs may share the URL given
 
 
 def test_the_run_posts_its_events_under_the_clusters_topic_with_its_id(tmp_path):

@@ -37,6 +37,7 @@ from transient_nb.eventlog.folds import (
 from transient_nb.eventlog.vocabulary import TOPIC, make_event
 from transient_nb.training import checkpoint, export
 from transient_nb.training import resume as resuming
+from transient_nb.training.checkpoint import Checkpoint
 from transient_nb.training.checkpoint import (  # re-exported: the surfaces import them from here
     check_checkpoint_url as check_checkpoint_url,
 )
@@ -190,11 +191,15 @@ class TrainingRun:
         #: Where a resumed run goes on from (it keeps the earlier run's id and checkpoints).
         self.resume = resume
         self.id = resume.run_id if resume else f"run-{uuid.uuid4().hex[:8]}"
+        #: The run's own checkpoint folder: ``checkpoint_url/<id>`` (runs may share the URL
+        #: given), the resumed run's folder, or by default the run's folder of the run record
+        #: (``checkpoints/<id>``: already its own, so no id is added to it).
         if resume is not None:
-            checkpoint_url = resume.checkpoint_url
-        self.checkpoint_url = checkpoint_url or os.path.join(
-            cluster.run_path, "checkpoints", self.id
-        )
+            self.checkpoint_url = resume.checkpoint_url
+        elif checkpoint_url:
+            self.checkpoint_url = checkpoint.run_url(checkpoint_url, self.id)
+        else:
+            self.checkpoint_url = os.path.join(cluster.run_path, "checkpoints", self.id)
         self.variable = f"transient-ps-{self.id}"
         self.reason: str | None = None
         self.error: BaseException | None = None
@@ -686,7 +691,7 @@ class TrainingRun:
     def _resume_states(self, n_params: int) -> tuple[list[dict[str, Any]], int, Any]:
         """The PS shards' states from the newest complete checkpoint of the resumed run."""
         assert self.resume is not None
-        ck = checkpoint.load_latest(self.checkpoint_url)
+        ck = self._load_own_checkpoint()
         if ck is None:
             raise RuntimeError(
                 f"No complete checkpoint under {self.checkpoint_url} to resume from."
@@ -700,6 +705,17 @@ class TrainingRun:
         # The earlier run may have gained shards after it started (an elastic PS): the same
         # vector, cut for this run's shards.
         return regroup(_shard_states(ck), self.shards), ck.step, ck.meta.get("counters")
+
+    def _load_own_checkpoint(self) -> Checkpoint | None:
+        """The newest complete checkpoint of the run's folder, refused (a ValueError that says
+        whose it is) unless it is this run's, of its model and layout: a resume or a PS recovery
+        never loads another run's weights."""
+        return checkpoint.load_latest(
+            self.checkpoint_url,
+            run=self.id,
+            model=self.workload.model_ref,  # by value, a model's name is not its identity
+            layout=self._layout or None,
+        )
 
     def _create_ps(
         self,
@@ -809,7 +825,7 @@ class TrainingRun:
             counters = states[0]["counters"]
             source = "ps"
         else:
-            ck = checkpoint.load_latest(self.checkpoint_url)
+            ck = self._load_own_checkpoint()
             if ck is None:
                 raise RuntimeError(
                     f"The PS was lost and there is no complete checkpoint under "
@@ -921,7 +937,7 @@ class TrainingRun:
             seconds=time.monotonic() - job["t0"],
         )
         try:
-            checkpoint.prune(self.checkpoint_url, keep=CHECKPOINTS_KEPT)
+            checkpoint.prune(self.checkpoint_url, keep=CHECKPOINTS_KEPT, run=self.id)
         except Exception as e:  # housekeeping only
             logger.info("Could not prune old checkpoints: %r", e)
 
@@ -1291,8 +1307,11 @@ def train(
     target_accuracy, budget, deadline
         Further stop conditions: test accuracy in [0, 1], dollars, a duration or datetime.
     checkpoint_url
-        fsspec URL of the PS checkpoints (default: the run's folder; on a cloud backend a
-        shared URL such as ``gs://bucket/runs`` is required, and probed with a write first).
+        fsspec URL under which the run keeps its PS checkpoints, in a folder of its own,
+        ``checkpoint_url/<run id>/`` (``run.checkpoint_url``), so runs may share one URL.
+        Default: the run's folder beside its run record. On a cloud backend shared storage is
+        required, such as a bucket URL ``gs://BUCKET/PREFIX``, and probed with a write first.
+        With ``resume=RUN_ID``, a run without a record here is found in its folder under it.
     **hparams
         Any field of :class:`~transient_nb.training.hparams.HParams` (``batch_size``, ``lr``,
         ``checkpoint_every``, ``eval_every``, ``eval_images``, ``warmup_steps``,
@@ -1340,7 +1359,7 @@ def train(
     point = None
     shards_given = shards is not None
     if resume is not None:
-        point = resuming.find(resume)
+        point = resuming.find(resume, checkpoint_url=checkpoint_url)
         model, data, shards, steps, hparams = resuming.settings(
             point, model, data, shards, steps, hparams
         )
@@ -1368,8 +1387,10 @@ def train(
             )
     if getattr(cluster, "status", None) is not None and cluster.status.name != "running":
         raise ValueError(f"The cluster is {cluster.status.name}; start it (or a new one) first.")
+    # A resumed run writes on in its own folder: that is the storage to check.
     check_checkpoint_url(
-        checkpoint_url, getattr(getattr(cluster, "backend", None), "name", "local")
+        point.checkpoint_url if point is not None else checkpoint_url,
+        getattr(getattr(cluster, "backend", None), "name", "local"),
     )
     workload = checked.workload
     run = TrainingRun(
