@@ -550,10 +550,9 @@ def test_an_explicit_checkpoint_while_an_automatic_one_is_written(tmp_path, monk
     manifest holds, and storage only ever holds complete sets, published oldest first."""
     import fsspec
 
-    from transient_nb.training import checkpoint
-    from transient_nb.training import run as run_module
+    from transient_nb.training import checkpoint, run_checkpoints
 
-    monkeypatch.setattr(run_module, "CHECKPOINTS_KEPT", 1000)  # keep every one, to check them
+    monkeypatch.setattr(run_checkpoints, "CHECKPOINTS_KEPT", 1000)  # keep every one, to check them
     url = str(tmp_path / "ckpt")
     with TransientCluster(workers=1, provisioning_delay=0) as cluster:
         cluster.wait_for_workers(timeout=120)

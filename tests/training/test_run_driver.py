@@ -1,6 +1,7 @@
 """The driver's decisions, one function at a time, against in-process doubles: a recording client,
 a cluster that only answers what the driver asks of it, and real parameter servers on a private
-event loop (``doubles.PSDouble``). The end-to-end runs on real worker processes are in
+event loop (``doubles.PSDouble``). Its core and PS generations (``run_driver``), its checkpoints,
+resume and recovery (``run_checkpoints``) and its trainers (``run_trainers``) are tested here. The end-to-end runs on real worker processes are in
 test_run.py; these take milliseconds, so a mutation run can afford them (benchmarks/mutation.py).
 """
 
@@ -17,8 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from transient_nb.training import checkpoint
-from transient_nb.training import run as run_module
+from transient_nb.training import checkpoint, run_loop
 from transient_nb.training.hparams import HParams
 from transient_nb.training.models import build_model
 from transient_nb.training.ps import ParameterServer, shard_bounds
@@ -1383,7 +1383,7 @@ def test_cleanup_leaves_nothing_of_the_run(tmp_path, monkeypatch, caplog):
     run._slots["w-0"] = _TrainerSlot("tls://w0:1", future=futures[2])
     run._ps = [object()]
     # The run's Dask Variable, which needs a scheduler: a double that records its deletion.
-    monkeypatch.setattr(run_module, "Variable", Variable)
+    monkeypatch.setattr(run_loop, "Variable", Variable)
     run._cleanup()
     assert run._stop.is_set() and all(f.released for f in futures)
     assert run._slots == {} and run._ps == [] and run._released == [] and run._ps_futures == []
@@ -1401,7 +1401,7 @@ def test_cleanup_goes_on_past_what_fails_and_says_so(tmp_path, monkeypatch, capl
         def delete(self):
             raise OSError("no scheduler")
 
-    monkeypatch.setattr(run_module, "Variable", Variable)
+    monkeypatch.setattr(run_loop, "Variable", Variable)
     run._slots["w-0"] = _TrainerSlot("tls://w0:1", started=True)  # no future: stopping fails
     run._cleanup()
     assert run._slots == {}

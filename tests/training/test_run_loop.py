@@ -22,7 +22,7 @@ import torch
 
 from transient_nb.deploy.remote import RemoteCluster
 from transient_nb.eventlog.vocabulary import TOPIC
-from transient_nb.training import checkpoint
+from transient_nb.training import checkpoint, run_driver, run_loop
 from transient_nb.training import run as run_module
 from transient_nb.training.hparams import HParams
 from transient_nb.training.models import build_model
@@ -86,7 +86,9 @@ def variables(monkeypatch):
         def delete(self) -> None:
             store.deleted.append(self.name)
 
-    monkeypatch.setattr(run_module, "Variable", Variable)
+    # A PS generation sets it (run_driver); the end deletes it (run_loop).
+    monkeypatch.setattr(run_driver, "Variable", Variable)
+    monkeypatch.setattr(run_loop, "Variable", Variable)
     return store
 
 
@@ -130,7 +132,7 @@ def looping(
 ) -> Looping:
     """A driver whose ``_run`` is called by the test, on ``ps-a`` (and ``ps-b``) and a GPU and a
     CPU worker; its rounds follow each other at once."""
-    monkeypatch.setattr(run_module, "POLL_S", 0.0)
+    monkeypatch.setattr(run_loop, "POLL_S", 0.0)
     cluster = Cluster(str(tmp_path), ps_hosts=kwargs.pop("ps_hosts", 1))
     run = Looping(cluster, "resnet8", "digits", hp, **kwargs)
     run.script, run.rounds = list(script), []
@@ -602,15 +604,16 @@ class Scripted(TrainingRun):
 
 @pytest.fixture
 def connection(monkeypatch):
-    """Dask's Client and the exit hooks, as the driver module names them, recorded."""
+    """Dask's Client and the exit hooks, as the driver's modules name them, recorded: start()
+    registers the hook (run), the driver thread unregisters it at its end (run_loop)."""
     Connection.made, Connection.fail = [], None
-    monkeypatch.setattr(run_module, "Client", Connection)
+    monkeypatch.setattr(run_loop, "Client", Connection)
     hooks = SimpleNamespace(registered=[], unregistered=[])
-    monkeypatch.setattr(
-        run_module,
-        "atexit",
-        SimpleNamespace(register=hooks.registered.append, unregister=hooks.unregistered.append),
+    recorded = SimpleNamespace(
+        register=hooks.registered.append, unregister=hooks.unregistered.append
     )
+    monkeypatch.setattr(run_module, "atexit", recorded)
+    monkeypatch.setattr(run_loop, "atexit", recorded)
     return hooks
 
 
