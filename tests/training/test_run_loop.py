@@ -1085,6 +1085,18 @@ def test_train_resumes_a_run_with_its_settings(tmp_path, unstarted):
         train(Cluster(str(tmp_path)), resume=url, shards=3)
 
 
+def test_train_refuses_to_resume_a_checkpoint_that_names_no_run(tmp_path, unstarted):
+    url = str(tmp_path / "anonymous")
+    entry = checkpoint.write_shard(url, 30, 0, {"weights": np.zeros(4, dtype=np.float32)})
+    checkpoint.write_manifest(url, 30, {"model": "resnet8", "data": "digits"}, [entry])
+    with pytest.raises(ValueError) as info:
+        train(Cluster(str(tmp_path)), resume=url)
+    assert str(info.value) == (
+        f"resume={url!r}: its checkpoint names no run (it was not written by a transient_nb "
+        "run), so no run can continue from it."
+    )
+
+
 class Detached(RemoteCluster):
     """A detached cluster's handle: its head runs the training."""
 

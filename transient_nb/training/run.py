@@ -317,6 +317,12 @@ def train(
     shards_given = shards is not None
     if resume is not None:
         point = resuming.find(resume, checkpoint_url=checkpoint_url)
+        if not point.run_id:
+            # The resumed run takes the id its checkpoints name, and loads only that run's.
+            raise ValueError(
+                f"resume={resume!r}: its checkpoint names no run (it was not written by a "
+                "transient_nb run), so no run can continue from it."
+            )
         model, data, shards, steps, hparams = resuming.settings(
             point, model, data, shards, steps, hparams
         )
