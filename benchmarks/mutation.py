@@ -47,6 +47,19 @@ MODULES: dict[str, list[str]] = {
     "training/checkpoint": ["tests/training/test_checkpoint.py"],
     # The driver's functions and its loop against in-process doubles (test_run.py takes minutes).
     "training/run": ["tests/training/test_run_driver.py", "tests/training/test_run_loop.py"],
+    "training/run_driver": [
+        "tests/training/test_run_driver.py",
+        "tests/training/test_run_loop.py",
+    ],
+    "training/run_checkpoints": [
+        "tests/training/test_run_driver.py",
+        "tests/training/test_run_loop.py",
+    ],
+    "training/run_trainers": [
+        "tests/training/test_run_driver.py",
+        "tests/training/test_run_loop.py",
+    ],
+    "training/run_loop": ["tests/training/test_run_driver.py", "tests/training/test_run_loop.py"],
     # The transient-aware policy's model and its reading of the event log (synthetic streams).
     "policy/planner": ["tests/policy/test_planner.py"],
     # Its one real-cluster run (minutes a mutant) left out: the synthetic streams test each rule.

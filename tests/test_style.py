@@ -54,6 +54,10 @@ TESTED_ELSEWHERE = {
     # The lazy public API and the old module paths: the package's import-time tests.
     "_moved.py": "tests/test_layout.py",
     "_version.py": "tests/test_layout.py",
+    # The driver's parts between its core (test_run_driver) and its loop (test_run_loop): their
+    # functions are tested one by one with the core's doubles, in test_run_driver.
+    "training/run_checkpoints.py": "tests/training/test_run_driver.py",
+    "training/run_trainers.py": "tests/training/test_run_driver.py",
 }
 
 

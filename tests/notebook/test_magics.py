@@ -215,7 +215,7 @@ def test_a_gce_cell_checks_its_checkpoint_url_before_any_vm(
     text = str(info.value)
     assert message in text
     # It says what to pass (the shape), or what to check (the probe).
-    assert "gs://YOUR-BUCKET" in text or "may write to it" in text
+    assert "gs://BUCKET/PREFIX" in text or "may write to it" in text
     assert fake_gce.requests == []  # not a single Compute Engine call, let alone an insert
     assert fake_gce.instance_names() == []
     assert len(registry.entries()) == before and magics.clusters == {}

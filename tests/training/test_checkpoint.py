@@ -18,7 +18,7 @@ import pytest
 from transient_nb.training import checkpoint
 
 
-def _publish(url, step, shards=2, fill=None):
+def _publish(url, step, shards=2, fill=None, run=None):
     files = [
         checkpoint.write_shard(
             url,
@@ -33,9 +33,10 @@ def _publish(url, step, shards=2, fill=None):
         )
         for i in range(shards)
     ]
-    return checkpoint.write_manifest(
-        url, step, {"model": "resnet8", "counters": {"accepted": {"a": step}}}, files
-    )
+    meta = {"model": "resnet8", "counters": {"accepted": {"a": step}}}
+    if run is not None:
+        meta["run"] = run
+    return checkpoint.write_manifest(url, step, meta, files)
 
 
 @pytest.mark.parametrize("scheme", ["local", "memory"])
@@ -345,3 +346,109 @@ def test_each_file_is_fsynced_before_its_rename_and_its_folder_after(tmp_path, m
         # Immediately after: the folder holding the new name.
         assert calls[i + 1] == ("fsync-dir", folder, None)
     assert len(calls) == 3 * len(replaces)  # nothing else, nothing twice
+
+
+# -- issue 30: checkpoints scoped to their run ----------------------------------------------------
+@pytest.mark.parametrize(
+    ("url", "fs"),
+    [
+        ("local:///tmp/transient-ckpt", "LocalFileSystem"),
+        ("/tmp/transient-ckpt", "LocalFileSystem"),
+        ("relative/ckpt", "LocalFileSystem"),
+        ("file:///tmp/transient-ckpt", "LocalFileSystem"),
+        ("memory://transient-ckpt", "MemoryFileSystem"),
+        ("simplecache::file:///tmp/transient-ckpt", "LocalFileSystem"),
+    ],
+)
+def test_a_host_local_url_is_refused_on_a_cloud_backend_whatever_its_spelling(url, fs, monkeypatch):
+    """Judged by the file system fsspec resolves, not the prefix: ``local://`` passed before."""
+    probed = []
+    monkeypatch.setattr(checkpoint, "probe_checkpoint_url", probed.append)
+    with pytest.raises(ValueError) as info:
+        checkpoint.check_checkpoint_url(url, "gce")
+    text = str(info.value)
+    assert text.startswith(f"checkpoint_url={url!r}: on the gce backend")
+    assert f"(this one is a {fs}, on this host alone)" in text
+    # What to use instead: a bucket of the user's, with a folder per run under it.
+    assert "checkpoint_url='gs://BUCKET/PREFIX'" in text and "PREFIX/<run id>/" in text
+    assert "YOUR-BUCKET/transient-runs" not in text
+    assert probed == []  # refused before any write
+    checkpoint.check_checkpoint_url(url, "local")  # the local backend: the host is the cluster
+
+
+def test_shared_storage_passes_the_form_and_is_probed(monkeypatch):
+    import fsspec
+    from fsspec.spec import AbstractFileSystem
+
+    class Bucket(AbstractFileSystem):
+        """Shared storage of another kind, as gcsfs is (only resolved here, never written)."""
+
+        protocol = "bucket-i30"
+
+    fsspec.register_implementation("bucket-i30", Bucket, clobber=True)
+    assert checkpoint.host_local("bucket-i30://b/runs") is None
+    assert checkpoint.host_local("nosuch://b/runs") is None  # the probe says what is wrong
+    probed = []
+    monkeypatch.setattr(checkpoint, "probe_checkpoint_url", probed.append)
+    checkpoint.check_checkpoint_url("bucket-i30://b/runs", "gce")
+    assert probed == ["bucket-i30://b/runs"]
+
+
+def test_two_runs_on_one_url_each_prune_their_own_folder_only(tmp_path):
+    shared = str(tmp_path / "runs")
+    a, b = (checkpoint.run_url(shared, r) for r in ("run-0000000a", "run-0000000b"))
+    assert a == f"{shared}/run-0000000a"
+    for step in (10, 20, 30):
+        _publish(a, step, run="run-0000000a")
+        _publish(b, step + 1, run="run-0000000b")
+    assert checkpoint.prune(a, keep=2, run="run-0000000a") == [10]
+    assert checkpoint.steps(a) == [30, 20] and checkpoint.steps(b) == [31, 21, 11]
+    assert checkpoint.prune(b, keep=2, run="run-0000000b") == [11]
+    assert checkpoint.steps(a) == [30, 20] and checkpoint.steps(b) == [31, 21]
+    assert checkpoint.runs(shared) == ["run-0000000a", "run-0000000b"]
+    assert checkpoint.load_latest(a, run="run-0000000a").step == 30
+    assert checkpoint.load_latest(b, run="run-0000000b").step == 31
+
+
+def test_prune_of_one_run_never_deletes_another_runs_folders_in_a_shared_folder(tmp_path):
+    """A folder written by two runs (the unscoped layout of before): each prune deletes only its
+    own complete checkpoints, and no torn folder, which may be the other's write in progress."""
+    url = str(tmp_path)
+    for step in (1, 3, 5):
+        _publish(url, step, run="run-0000000a")
+    for step in (2, 4, 6):
+        _publish(url, step, run="run-0000000b")
+    _publish(url, 7)  # a manifest that names no run: not this run's either
+    checkpoint.write_shard(url, 0, 0, {"weights": np.zeros(5, np.float32)})  # torn, whose?
+    assert checkpoint.prune(url, keep=1, run="run-0000000a") == [3, 1]
+    assert checkpoint.steps(url) == [7, 6, 5, 4, 2, 0]
+    assert checkpoint.prune(url, keep=2, run="run-0000000b") == [2]
+    assert checkpoint.steps(url) == [7, 6, 5, 4, 0]
+    # In a run's own folder, torn folders older than its kept ones are its own: deleted.
+    own = str(tmp_path / "own")
+    _publish(own, 1, run="run-0000000a")
+    checkpoint.write_shard(own, 2, 0, {"weights": np.zeros(5, np.float32)})
+    _publish(own, 3, run="run-0000000a")
+    assert checkpoint.prune(own, keep=1, run="run-0000000a") == [2, 1]
+
+
+def test_loading_refuses_a_manifest_of_another_run(tmp_path):
+    url = checkpoint.run_url(str(tmp_path), "run-0000000a")
+    _publish(url, 10, run="run-0000000a")
+    _publish(url, 20, run="run-0000000b")  # another run's, newer, in this run's folder
+    with pytest.raises(checkpoint.NotOwned) as info:
+        checkpoint.load_latest(url, run="run-0000000a")
+    assert str(info.value) == (
+        f"The checkpoint {checkpoint.step_dir(url, 20)} is run 'run-0000000b''s, not run "
+        "'run-0000000a''s: refused, its weights are not loaded. Each run keeps its checkpoints "
+        "in a folder of its own (CHECKPOINT_URL/RUN_ID/); to continue run-0000000b, pass "
+        "resume='run-0000000b'."
+    )
+    assert checkpoint.load_latest(url, run="run-0000000b").step == 20  # its own run's: loaded
+    assert checkpoint.load_latest(url).step == 20  # no run asked for: as before
+    _publish(url, 30)  # no run named at all
+    with pytest.raises(checkpoint.NotOwned, match=r"is run None's.*not written by a transient_nb"):
+        checkpoint.load_latest(url, run="run-0000000a")
+    with pytest.raises(checkpoint.NotOwned, match="holds model 'resnet8''s weights"):
+        _publish(url, 40, run="run-0000000a")
+        checkpoint.load_latest(url, run="run-0000000a", model="resnet20")

@@ -76,7 +76,13 @@ def test_state_bytes_carry_numbers_only():
     assert torch.equal(back["a"], state["a"])
 
 
-def _write_run(url: str, net: nn.Module, shards: int = 2, model_ref: str | None = None) -> None:
+def _write_run(
+    url: str,
+    net: nn.Module,
+    shards: int = 2,
+    model_ref: str | None = None,
+    run: str = "run-0000abcd",
+) -> None:
     """A checkpoint as a run writes it: shards of the flat vector, fixed arrays, a manifest."""
     params, buffers = flat_layout(net)
     w, bn = get_flat(params), get_flat(buffers)
@@ -86,7 +92,7 @@ def _write_run(url: str, net: nn.Module, shards: int = 2, model_ref: str | None 
         for i, piece in enumerate(cut)
     ]
     fixed = checkpoint.write_fixed(url, fixed_state(net))
-    meta = {"run": "run-0000abcd", "model": "Tied", "model_ref": model_ref}
+    meta = {"run": run, "model": "Tied", "model_ref": model_ref}
     checkpoint.write_manifest(url, 40, {**meta, "layout": layout(net), "fixed": fixed}, files)
 
 
@@ -120,6 +126,25 @@ def test_a_checkpoint_that_names_an_import_path_rebuilds_it(tmp_path):
     _write_run(url, net, shards=1, model_ref="tests.training.test_export:_sequential")
     model = load_model(url)
     assert torch.equal(model[0].weight, net[0].weight)
+
+
+def test_the_model_of_a_run_comes_from_its_folder_under_a_shared_url(tmp_path):
+    """Issue 30: runs write under URL/<run id>/; the shared URL names its one run, and with
+    several the error lists them."""
+    torch.manual_seed(3)
+    first, second = nn.Sequential(nn.Linear(3, 2)), nn.Sequential(nn.Linear(3, 2))
+    shared = str(tmp_path / "runs")
+    ref = "tests.training.test_export:_sequential"
+    _write_run(checkpoint.run_url(shared, "run-0000000a"), first, 1, ref, run="run-0000000a")
+    by_root = load_model(shared)  # one run under it: that run's
+    assert torch.equal(by_root[0].weight, first[0].weight)
+    _write_run(checkpoint.run_url(shared, "run-0000000b"), second, 1, ref, run="run-0000000b")
+    by_folder = load_model(f"{shared}/run-0000000b")
+    assert torch.equal(by_folder[0].weight, second[0].weight)
+    with pytest.raises(
+        ValueError, match=r"holds the checkpoints of 2 runs \(run-0000000a, run-0000000b\)"
+    ):
+        load_state_dict(shared)
 
 
 def _sequential() -> nn.Module:

@@ -81,6 +81,58 @@ def test_a_folder_without_a_complete_checkpoint_cannot_be_resumed(tmp_path: Path
         resume.find(url)
 
 
+def test_a_shared_url_resumes_its_one_run_and_lists_several(tmp_path: Path) -> None:
+    """Issue 30: runs share a checkpoint_url, each in URL/<run id>/."""
+    shared = str(tmp_path / "runs-shared")
+    _checkpoint(checkpoint.run_url(shared, "run-0000000a"), 10, run="run-0000000a")
+    point = resume.find(shared)
+    assert point.run_id == "run-0000000a"
+    assert point.checkpoint_url == f"{shared}/run-0000000a"
+    _checkpoint(checkpoint.run_url(shared, "run-0000000b"), 20, run="run-0000000b")
+    with pytest.raises(ValueError) as info:
+        resume.find(shared)
+    assert str(info.value) == (
+        f"{shared} holds the checkpoints of 2 runs (run-0000000a, run-0000000b): name one, by "
+        f"its id (e.g. 'run-0000000b') or its folder ('{shared}/run-0000000b')."
+    )
+    assert resume.find(f"{shared}/run-0000000b").run_id == "run-0000000b"
+
+
+def test_a_run_id_without_a_record_is_found_under_the_checkpoint_url(tmp_path: Path) -> None:
+    shared = str(tmp_path / "runs-shared")
+    _checkpoint(checkpoint.run_url(shared, "run-0000000a"), 10, run="run-0000000a")
+    _checkpoint(checkpoint.run_url(shared, "run-0000000b"), 20, run="run-0000000b")
+    point = resume.find("run-0000000b", str(tmp_path / "runs"), checkpoint_url=shared)
+    assert point.run_id == "run-0000000b" and point.checkpoint_url == f"{shared}/run-0000000b"
+    assert point.settings["model"] == "resnet8"
+    with pytest.raises(ValueError, match="no complete checkpoint"):
+        resume.find("run-0000000c", str(tmp_path / "runs"), checkpoint_url=shared)
+
+
+def test_a_resume_never_takes_another_runs_checkpoint(tmp_path: Path) -> None:
+    shared = str(tmp_path / "runs-shared")
+    # Run b's folder holds a checkpoint of run a (copied, or named by mistake).
+    _checkpoint(checkpoint.run_url(shared, "run-0000000b"), 30, run="run-0000000a")
+    for what in (f"{shared}/run-0000000b", "run-0000000b"):
+        with pytest.raises(
+            checkpoint.NotOwned, match="is run 'run-0000000a''s, not run 'run-0000000b''s"
+        ):
+            resume.find(what, str(tmp_path / "runs"), checkpoint_url=shared)
+    # The run record names the run's folder; its newest checkpoint there is another run's.
+    url = str(tmp_path / "ck")
+    _checkpoint(url, 40, run="run-0000000c")
+    started = {
+        "kind": "train-started",
+        "time": 1.0,
+        "run": "run-1a2b3c4d",
+        "checkpoint_url": url,
+        "hparams": "{}",
+    }
+    _record(tmp_path / "runs" / "c-1" / "events.jsonl", [started])
+    with pytest.raises(checkpoint.NotOwned, match="pass resume='run-0000000c'"):
+        resume.find("run-1a2b3c4d", str(tmp_path / "runs"))
+
+
 def test_resumed_settings_keep_the_runs_own_and_refuse_other_weights(tmp_path: Path) -> None:
     url = str(tmp_path / "ck")
     _checkpoint(url, 300)

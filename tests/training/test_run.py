@@ -10,6 +10,7 @@ import sys
 import time
 
 import cloudpickle
+import fsspec
 import numpy as np
 import pytest
 import torch
@@ -432,8 +433,8 @@ def test_a_cloud_run_needs_shared_checkpoint_storage_it_can_write(tmp_path):
         status=SimpleNamespace(name="running"),
         cost=lambda: SimpleNamespace(total=0.0),
     )
-    for url in (None, str(tmp_path), f"file://{tmp_path}", "memory://ckpt"):
-        with pytest.raises(ValueError, match=r"checkpoint_url=.*gs://YOUR-BUCKET"):
+    for url in (None, str(tmp_path), f"file://{tmp_path}", f"local://{tmp_path}", "memory://ckpt"):
+        with pytest.raises(ValueError, match=r"checkpoint_url=.*gs://BUCKET/PREFIX"):
             train(gce, model="resnet8", data="digits", steps=10, checkpoint_url=url)
     # The probe writes, reads back and deletes a file; a URL it cannot write is named, with
     # what to do.
@@ -495,16 +496,63 @@ def test_train_probes_the_checkpoint_url_on_a_cloud_backend():
     assert "bucket/runs/.transient-nb-probe-" in tried[0][0]
 
 
+def test_two_runs_on_one_checkpoint_url_each_prune_their_own_and_each_resumes(tmp_path):
+    """Issue 30: two runs given the same checkpoint_url write under URL/<run id>/, each prunes
+    its own folder only (the second prunes while the first's folder is there), and each
+    resumes from its own newest checkpoint afterwards, never the other's."""
+    shared = str(tmp_path / "shared")
+    common = {
+        "model": "resnet8",
+        "data": "digits",
+        "batch_size": 16,
+        "checkpoint_every": 10,
+        "eval_every": 10**6,
+        "eval_images": 40,
+        "checkpoint_url": shared,
+    }
+    with TransientCluster(workers=1, provisioning_delay=0, preemption="none") as cluster:
+        cluster.wait_for_workers(timeout=120)
+        first = train(cluster, steps=40, **common).wait(timeout=300)
+        second = train(cluster, steps=60, **common).wait(timeout=300)
+        folders = {first.id: first.checkpoint_url, second.id: second.checkpoint_url}
+        assert folders == {r: f"{shared}/{r}" for r in folders}
+        assert checkpoint.runs(shared) == sorted(folders)
+        kept = {}
+        for run in (first, second):
+            steps = checkpoint.steps(run.checkpoint_url)
+            # Pruned to the two newest (of 5 and 7 written), the final one of the run kept.
+            assert len(steps) == 2 and steps[0] == run.checkpoint_step >= run.hp.steps
+            assert len(kinds(run, "checkpoint")) > 2
+            kept[run.id] = steps[0]
+            ck = checkpoint.load_latest(run.checkpoint_url, run=run.id)
+            assert ck.meta["run"] == run.id
+        for run, more in ((first, 20), (second, 20)):
+            again = train(cluster, resume=run.id, steps=kept[run.id] + more).wait(timeout=300)
+            assert again.id == run.id and again.checkpoint_url == run.checkpoint_url
+            started = kinds(again, "train-started")[-1]
+            assert started["resumed_step"] == kept[run.id]  # its own newest, not the other's
+            assert again.checkpoint_step >= kept[run.id] + more
+            assert checkpoint.load_latest(again.checkpoint_url, run=run.id).step == (
+                again.checkpoint_step
+            )
+    # Each folder holds its own run's checkpoints only, two of them.
+    for run_id, folder in folders.items():
+        fs, root = fsspec.core.url_to_fs(folder)
+        steps = checkpoint.steps(folder)
+        assert len(steps) == 2
+        for step in steps:
+            assert checkpoint._read_complete(fs, root, step).meta["run"] == run_id
+
+
 def test_an_explicit_checkpoint_while_an_automatic_one_is_written(tmp_path, monkeypatch):
     """run.checkpoint() called while the driver writes an automatic checkpoint (made slow on the
     PS host): it waits for a checkpoint started no earlier than the call, reports the step its
     manifest holds, and storage only ever holds complete sets, published oldest first."""
     import fsspec
 
-    from transient_nb.training import checkpoint
-    from transient_nb.training import run as run_module
+    from transient_nb.training import checkpoint, run_checkpoints
 
-    monkeypatch.setattr(run_module, "CHECKPOINTS_KEPT", 1000)  # keep every one, to check them
+    monkeypatch.setattr(run_checkpoints, "CHECKPOINTS_KEPT", 1000)  # keep every one, to check them
     url = str(tmp_path / "ckpt")
     with TransientCluster(workers=1, provisioning_delay=0) as cluster:
         cluster.wait_for_workers(timeout=120)
@@ -542,6 +590,8 @@ def test_an_explicit_checkpoint_while_an_automatic_one_is_written(tmp_path, monk
             checkpoint_url=url,
         )
         reported = []
+        assert run.checkpoint_url == f"{url}/{run.id}"
+        url = run.checkpoint_url  # the run's own folder under the URL given
         try:
             until(lambda: run.checkpoint_step >= 0 and run.step > 0, what="training under way")
             for _ in range(3):

@@ -1,6 +1,7 @@
 """The driver's decisions, one function at a time, against in-process doubles: a recording client,
 a cluster that only answers what the driver asks of it, and real parameter servers on a private
-event loop (``doubles.PSDouble``). The end-to-end runs on real worker processes are in
+event loop (``doubles.PSDouble``). Its core and PS generations (``run_driver``), its checkpoints,
+resume and recovery (``run_checkpoints``) and its trainers (``run_trainers``) are tested here. The end-to-end runs on real worker processes are in
 test_run.py; these take milliseconds, so a mutation run can afford them (benchmarks/mutation.py).
 """
 
@@ -17,8 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from transient_nb.training import checkpoint
-from transient_nb.training import run as run_module
+from transient_nb.training import checkpoint, run_loop
 from transient_nb.training.hparams import HParams
 from transient_nb.training.models import build_model
 from transient_nb.training.ps import ParameterServer, shard_bounds
@@ -250,13 +250,21 @@ def test_a_resumed_run_keeps_the_earlier_settings_unless_told_otherwise():
 def test_a_cloud_run_needs_shared_checkpoint_storage_that_can_be_written(tmp_path):
     check_checkpoint_url(None, "local")  # the run's own folder: nothing to check
     check_checkpoint_url("/tmp/x", "local")
-    for bad in (None, "/tmp/checkpoints", "file:///tmp/c", "memory://c"):
+    for bad, fs in (
+        (None, None),
+        ("/tmp/checkpoints", "LocalFileSystem"),
+        ("file:///tmp/c", "LocalFileSystem"),
+        ("local:///tmp/c", "LocalFileSystem"),
+        ("memory://c", "MemoryFileSystem"),
+    ):
         with pytest.raises(ValueError) as info:
             check_checkpoint_url(bad, "gce")
+        where = f" (this one is a {fs}, on this host alone)" if fs else ""
         assert str(info.value) == (
             f"checkpoint_url={bad!r}: on the gce backend the PS checkpoints must live on storage "
-            "that outlives the PS host and that every host can reach; pass e.g. "
-            "checkpoint_url='gs://YOUR-BUCKET/transient-runs'."
+            f"that outlives the PS host and that every host can reach{where}; pass a bucket "
+            "URL, checkpoint_url='gs://BUCKET/PREFIX' (any fsspec URL of shared storage). Each "
+            "run writes under PREFIX/<run id>/, so runs may share one."
         )
     probe_checkpoint_url("memory://bucket/runs")  # written, read back, deleted
     import fsspec
@@ -606,7 +614,10 @@ def test_a_ps_whose_handle_broke_but_answers_moves_its_own_state(loop, tmp_path)
     assert posted(run, "ps-recovered")[-1]["steps_lost"] == 0
 
 
-def write_checkpoint(url: str, step: int, shards: list[np.ndarray], counters: dict) -> None:
+def write_checkpoint(
+    url: str, step: int, shards: list[np.ndarray], counters: dict, run: str
+) -> None:
+    """A complete checkpoint of run ``run`` (its manifest names it, as the driver's do)."""
     files = [
         checkpoint.write_shard(
             url,
@@ -621,7 +632,7 @@ def write_checkpoint(url: str, step: int, shards: list[np.ndarray], counters: di
         )
         for i, w in enumerate(shards)
     ]
-    checkpoint.write_manifest(url, step, {"counters": counters}, files)
+    checkpoint.write_manifest(url, step, {"counters": counters, "run": run}, files)
 
 
 def test_a_lost_ps_comes_back_from_the_newest_checkpoint_cut_for_the_run(tmp_path):
@@ -629,8 +640,8 @@ def test_a_lost_ps_comes_back_from_the_newest_checkpoint_cut_for_the_run(tmp_pat
     run._bounds = shard_bounds(8, 2)
     run._ps_left, run._ps_addresses, run._known_step = True, ["tls://a:1", "tls://a:1"], 230
     w = np.arange(8, dtype=np.float32)
-    write_checkpoint(run.checkpoint_url, 100, [w * 0], {"gaps": 0})
-    write_checkpoint(run.checkpoint_url, 200, [w], {"gaps": 4})  # one shard: before a split
+    write_checkpoint(run.checkpoint_url, 100, [w * 0], {"gaps": 0}, run.id)
+    write_checkpoint(run.checkpoint_url, 200, [w], {"gaps": 4}, run.id)  # one shard: before a split
     run._recover()
     lost, recovered = posted(run)
     assert lost["addresses"] == ["tls://a:1"]  # one host, said once
@@ -657,7 +668,7 @@ def test_a_lost_ps_without_a_checkpoint_ends_the_run_and_says_why(tmp_path):
 def test_a_resumed_run_takes_the_checkpoint_of_the_earlier_one(tmp_path):
     url = str(tmp_path / "earlier")
     w = np.arange(8, dtype=np.float32)
-    write_checkpoint(url, 300, [w[:4], w[4:]], {"gaps": 2})
+    write_checkpoint(url, 300, [w[:4], w[4:]], {"gaps": 2}, "run-old")
     point = ResumePoint("run-old", url)
     run = recreating(tmp_path, shards=1, resume=point)
     assert run.id == "run-old" and run.checkpoint_url == url
@@ -674,6 +685,53 @@ def test_a_resumed_run_takes_the_checkpoint_of_the_earlier_one(tmp_path):
     empty = recreating(tmp_path, resume=ResumePoint("run-x", str(tmp_path / "none")))
     with pytest.raises(RuntimeError, match=r"No complete checkpoint under .*none to resume from"):
         empty._resume_states(8)
+
+
+def test_a_lost_ps_never_comes_back_with_another_runs_weights(tmp_path):
+    """Issue 30: the newest checkpoint in the run's folder is another run's (a shared URL, a
+    folder copied by mistake): the recovery refuses it, says whose it is, and creates no PS."""
+    run = recreating(tmp_path)
+    run._bounds = shard_bounds(8, 1)
+    run._ps_left, run._ps_addresses, run._known_step = True, ["tls://a:1"], 230
+    w = np.arange(8, dtype=np.float32)
+    write_checkpoint(run.checkpoint_url, 100, [w], {}, run.id)
+    write_checkpoint(run.checkpoint_url, 200, [w * 7], {}, "run-0ace0ace")
+    with pytest.raises(checkpoint.NotOwned) as info:
+        run._recover()
+    assert str(info.value).startswith(
+        f"The checkpoint {checkpoint.step_dir(run.checkpoint_url, 200)} is run 'run-0ace0ace''s, "
+        f"not run {run.id!r}'s: refused, its weights are not loaded."
+    )
+    assert not hasattr(run, "created")  # no PS generation of the other run's weights
+    assert [e["kind"] for e in posted(run)] == ["ps-lost"]
+
+
+def test_a_resume_refuses_a_checkpoint_of_another_run_model_or_layout(tmp_path):
+    url = str(tmp_path / "earlier")
+    w = np.arange(8, dtype=np.float32)
+    write_checkpoint(url, 300, [w], {}, "run-0ace0ace")
+    run = recreating(tmp_path, resume=ResumePoint("run-0123abcd", url))
+    with pytest.raises(
+        checkpoint.NotOwned, match="is run 'run-0ace0ace''s, not run 'run-0123abcd''s"
+    ):
+        run._resume_states(8)
+    # Its own run, but another model's weights, or another layout of the model.
+    files = [checkpoint.write_shard(url, 400, 0, {"weights": w})]
+    checkpoint.write_manifest(url, 400, {"run": "run-0123abcd", "model": "resnet20"}, files)
+    with pytest.raises(
+        checkpoint.NotOwned, match="holds model 'resnet20''s weights, not 'resnet8''s"
+    ):
+        run._resume_states(8)
+    layout = [["conv.weight", [2, 4], "float32", "w", 0]]
+    files = [checkpoint.write_shard(url, 500, 0, {"weights": w})]
+    checkpoint.write_manifest(
+        url, 500, {"run": "run-0123abcd", "model": "resnet8", "layout": layout}, files
+    )
+    run._layout = [["conv.weight", [4, 2], "float32", "w", 0]]
+    with pytest.raises(checkpoint.NotOwned, match=r"another layout of the model \(conv.weight is"):
+        run._resume_states(8)
+    run._layout = [("conv.weight", (2, 4), "float32", "w", 0)]  # the same, before JSON
+    assert run._resume_states(8)[1] == 500
 
 
 # -- checkpoints: every shard at one agreed step, the manifest last -----------------------------------
@@ -714,7 +772,7 @@ def test_publishing_a_checkpoint_keeps_the_newest_ones_only(loop, tmp_path):
     run = driver(tmp_path)
     w = np.arange(12, dtype=np.float32)
     for step in (100, 200, 300):
-        write_checkpoint(run.checkpoint_url, step, [w], {})
+        write_checkpoint(run.checkpoint_url, step, [w], {}, run.id)
     run._ps = [ps_double(loop, run, version=400)]
     run.checkpoint_step = 300
     run._checkpoint_now()
@@ -736,9 +794,10 @@ def test_old_checkpoints_that_cannot_be_deleted_are_left_and_said(loop, tmp_path
     caplog.set_level("INFO", "transient_nb.training.run")
     url = f"undeletable://runs-{tmp_path.name}"
     run = driver(tmp_path, checkpoint_url=url)
+    url = run.checkpoint_url  # the run's own folder under it
     w = np.arange(12, dtype=np.float32)
     for step in (100, 200, 300):
-        write_checkpoint(url, step, [w], {})
+        write_checkpoint(url, step, [w], {}, run.id)
     run._ps = [ps_double(loop, run, version=400)]
     run.checkpoint_step = 300
     run._checkpoint_now()
@@ -1324,7 +1383,7 @@ def test_cleanup_leaves_nothing_of_the_run(tmp_path, monkeypatch, caplog):
     run._slots["w-0"] = _TrainerSlot("tls://w0:1", future=futures[2])
     run._ps = [object()]
     # The run's Dask Variable, which needs a scheduler: a double that records its deletion.
-    monkeypatch.setattr(run_module, "Variable", Variable)
+    monkeypatch.setattr(run_loop, "Variable", Variable)
     run._cleanup()
     assert run._stop.is_set() and all(f.released for f in futures)
     assert run._slots == {} and run._ps == [] and run._released == [] and run._ps_futures == []
@@ -1342,7 +1401,7 @@ def test_cleanup_goes_on_past_what_fails_and_says_so(tmp_path, monkeypatch, capl
         def delete(self):
             raise OSError("no scheduler")
 
-    monkeypatch.setattr(run_module, "Variable", Variable)
+    monkeypatch.setattr(run_loop, "Variable", Variable)
     run._slots["w-0"] = _TrainerSlot("tls://w0:1", started=True)  # no future: stopping fails
     run._cleanup()
     assert run._slots == {}

@@ -22,7 +22,7 @@ import torch
 
 from transient_nb.deploy.remote import RemoteCluster
 from transient_nb.eventlog.vocabulary import TOPIC
-from transient_nb.training import checkpoint
+from transient_nb.training import checkpoint, run_driver, run_loop
 from transient_nb.training import run as run_module
 from transient_nb.training.hparams import HParams
 from transient_nb.training.models import build_model
@@ -86,7 +86,9 @@ def variables(monkeypatch):
         def delete(self) -> None:
             store.deleted.append(self.name)
 
-    monkeypatch.setattr(run_module, "Variable", Variable)
+    # A PS generation sets it (run_driver); the end deletes it (run_loop).
+    monkeypatch.setattr(run_driver, "Variable", Variable)
+    monkeypatch.setattr(run_loop, "Variable", Variable)
     return store
 
 
@@ -130,7 +132,7 @@ def looping(
 ) -> Looping:
     """A driver whose ``_run`` is called by the test, on ``ps-a`` (and ``ps-b``) and a GPU and a
     CPU worker; its rounds follow each other at once."""
-    monkeypatch.setattr(run_module, "POLL_S", 0.0)
+    monkeypatch.setattr(run_loop, "POLL_S", 0.0)
     cluster = Cluster(str(tmp_path), ps_hosts=kwargs.pop("ps_hosts", 1))
     run = Looping(cluster, "resnet8", "digits", hp, **kwargs)
     run.script, run.rounds = list(script), []
@@ -318,7 +320,7 @@ def test_a_resumed_run_goes_on_from_its_checkpoint_and_its_step(
         )
         for i, w in enumerate(shards)
     ]
-    checkpoint.write_manifest(url, 250, {"counters": {"gaps": 3}}, files)
+    checkpoint.write_manifest(url, 250, {"counters": {"gaps": 3}, "run": "run-old"}, files)
     point = ResumePoint("run-old", url, record="/runs/r/events.jsonl", last_step=270)
     hp = LOOP.with_(eval_every=100, checkpoint_every=40)
     run = looping(tmp_path, loop, monkeypatch, hp=hp, resume=point, shards=3, ps_hosts=2)
@@ -362,7 +364,7 @@ def test_a_resume_without_a_record_names_its_checkpoint_and_loses_no_step(
     entry = checkpoint.write_shard(
         url, 40, 0, {"weights": w0, "momentum": w0, "decay_mask": np.ones(len(w0)), "bn": bn0}
     )
-    checkpoint.write_manifest(url, 40, {}, [entry])
+    checkpoint.write_manifest(url, 40, {"run": "run-old"}, [entry])
     run = looping(tmp_path, loop, monkeypatch, resume=ResumePoint("run-old", url))
     run._run()
     (started,) = posted(run, "train-started")
@@ -602,15 +604,16 @@ class Scripted(TrainingRun):
 
 @pytest.fixture
 def connection(monkeypatch):
-    """Dask's Client and the exit hooks, as the driver module names them, recorded."""
+    """Dask's Client and the exit hooks, as the driver's modules name them, recorded: start()
+    registers the hook (run), the driver thread unregisters it at its end (run_loop)."""
     Connection.made, Connection.fail = [], None
-    monkeypatch.setattr(run_module, "Client", Connection)
+    monkeypatch.setattr(run_loop, "Client", Connection)
     hooks = SimpleNamespace(registered=[], unregistered=[])
-    monkeypatch.setattr(
-        run_module,
-        "atexit",
-        SimpleNamespace(register=hooks.registered.append, unregister=hooks.unregistered.append),
+    recorded = SimpleNamespace(
+        register=hooks.registered.append, unregister=hooks.unregistered.append
     )
+    monkeypatch.setattr(run_module, "atexit", recorded)
+    monkeypatch.setattr(run_loop, "atexit", recorded)
     return hooks
 
 
@@ -985,7 +988,7 @@ def test_train_passes_its_stop_conditions_and_waits_when_told(tmp_path, unstarte
     assert run.calls == ["start", "wait"]
     assert run.target_accuracy == 0.9 and run.budget == 2.5 and run.limits.budget == 2.5
     assert before + 7200 <= run.deadline <= time.time() + 7200
-    assert run.checkpoint_url == url
+    assert run.checkpoint_url == f"{url}/{run.id}"  # the run's own folder under the URL given
 
 
 @pytest.mark.parametrize("spent", [2.5, 3.0])
@@ -1024,7 +1027,7 @@ def test_train_probes_the_shared_checkpoints_of_a_cloud_run(tmp_path, unstarted,
     cluster = Cluster(str(tmp_path))
     cluster.backend = SimpleNamespace(name="gcp")
     run = train(cluster, model="resnet8", data="digits", checkpoint_url="gs://bucket/runs")
-    assert probed == ["gs://bucket/runs"] and run.checkpoint_url == "gs://bucket/runs"
+    assert probed == ["gs://bucket/runs"] and run.checkpoint_url == f"gs://bucket/runs/{run.id}"
 
 
 def test_train_checks_its_arguments_before_anything(tmp_path, unstarted):
@@ -1080,6 +1083,18 @@ def test_train_resumes_a_run_with_its_settings(tmp_path, unstarted):
         )
     with pytest.raises(ValueError, match=r"^shards=3 differs from the run being resumed \(2\)"):
         train(Cluster(str(tmp_path)), resume=url, shards=3)
+
+
+def test_train_refuses_to_resume_a_checkpoint_that_names_no_run(tmp_path, unstarted):
+    url = str(tmp_path / "anonymous")
+    entry = checkpoint.write_shard(url, 30, 0, {"weights": np.zeros(4, dtype=np.float32)})
+    checkpoint.write_manifest(url, 30, {"model": "resnet8", "data": "digits"}, [entry])
+    with pytest.raises(ValueError) as info:
+        train(Cluster(str(tmp_path)), resume=url)
+    assert str(info.value) == (
+        f"resume={url!r}: its checkpoint names no run (it was not written by a transient_nb "
+        "run), so no run can continue from it."
+    )
 
 
 class Detached(RemoteCluster):
@@ -1139,8 +1154,8 @@ def test_a_new_run_has_its_own_id_variable_thread_and_defaults(tmp_path):
     assert (run.step, run.checkpoint_step, run.reason, run.error) == (0, -1, None, None)
     assert (run._next_eval, run._next_checkpoint) == (HP.eval_interval, HP.checkpoint_interval)
     assert TrainingRun(cluster, "resnet8", "digits", HP).id != run.id
-    given = TrainingRun(cluster, "resnet8", "digits", HP, checkpoint_url="memory://ck/x")
-    assert given.checkpoint_url == "memory://ck/x"
+    given = TrainingRun(cluster, "resnet8", "digits", HP, checkpoint_url="memory://ck/x/")
+    assert given.checkpoint_url == f"memory://ck/x/{given.id}"  # runs may share the URL given
 
 
 def test_the_run_posts_its_events_under_the_clusters_topic_with_its_id(tmp_path):

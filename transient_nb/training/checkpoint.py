@@ -1,6 +1,8 @@
 """Checkpoints of the parameter server: consistent, atomic, code-free, on any fsspec URL.
 
-One checkpoint is one folder per agreed version ``step-<step>/`` under the run's URL:
+Every run has a folder of its own: ``URL/<run id>/`` under a ``checkpoint_url`` the user gave
+(:func:`run_url`; several runs may share that URL), or the run's own folder of the run record when
+none was given. One checkpoint is one folder per agreed version ``step-<step>/`` in it:
 
 - ``shard-<i>.npz``, one per PS shard: plain arrays (weights, momentum, decay mask, batch-norm
   statistics; with a user's ``torch.optim`` optimizer its state as ``opt.*`` arrays and its
@@ -15,7 +17,9 @@ model's ``state_dict`` on any machine (:mod:`transient_nb.training.export`).
 
 A reader takes the newest folder whose manifest exists and whose files match it, so a writer that
 dies midway leaves the previous complete checkpoint in force, and an older checkpoint can never
-replace a newer one (each version has its own folder). Loading uses ``numpy.load`` with
+replace a newer one (each version has its own folder). The manifest names its run: the driver
+loads (to resume, or to re-create a lost PS) only its own run's checkpoints, with the model and
+layout it trains (:func:`check_owner`), and prunes only its own (:func:`prune`). Loading uses ``numpy.load`` with
 ``allow_pickle=False`` and ``json``: a checkpoint in a shared bucket can carry numbers, never
 code.
 """
@@ -28,12 +32,14 @@ import json
 import os
 import re
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import fsspec
 import numpy as np
 from fsspec.implementations.local import LocalFileSystem
+from fsspec.implementations.memory import MemoryFileSystem
 
 from transient_nb.training.optim import META_KEY, STATE_PREFIX
 
@@ -44,6 +50,8 @@ ARRAYS = ("weights", "momentum", "decay_mask", "bn")
 #: The name :func:`step_dir` gives a folder (at least 9 digits), and nothing else: a stray
 #: ``copy-of-step-000000001`` or ``step-7`` is not a checkpoint, and prune must not act on it.
 _STEP_DIR = re.compile(r"(?:^|/)step-(\d{9,})$")
+#: What a run id looks like (``TrainingRun.id``): the name of a run's folder under a shared URL.
+RUN_ID = re.compile(r"^run-[0-9a-f]{8}$")
 
 
 @dataclass
@@ -63,6 +71,10 @@ class Checkpoint:
     url: str = ""
 
 
+class NotOwned(ValueError):
+    """A checkpoint that is not the expected run's (or model's, or layout's): never loaded."""
+
+
 def _optimizer_key(key: str) -> bool:
     return key.startswith(STATE_PREFIX) or key == META_KEY
 
@@ -70,6 +82,37 @@ def _optimizer_key(key: str) -> bool:
 def step_dir(url: str, step: int) -> str:
     """The folder of version ``step`` under the run's checkpoint ``url``."""
     return f"{url.rstrip('/')}/step-{int(step):09d}"
+
+
+def run_url(url: str, run_id: str) -> str:
+    """The folder of run ``run_id`` under a ``checkpoint_url`` that several runs may share.
+
+    Examples
+    --------
+    >>> run_url("gs://bucket/runs/", "run-1a2b3c4d")
+    'gs://bucket/runs/run-1a2b3c4d'
+    """
+    return f"{url.rstrip('/')}/{run_id}"
+
+
+def runs(url: str) -> list[str]:
+    """The run ids that have a checkpoint folder under the shared ``url`` (sorted).
+
+    Examples
+    --------
+    >>> _ = write_shard(run_url("memory://doc-runs", "run-0000000b"), 1, 0, {"weights": np.ones(1)})
+    >>> runs("memory://doc-runs")
+    ['run-0000000b']
+    """
+    fs, root = fsspec.core.url_to_fs(url)
+    if not fs.exists(root):
+        return []
+    found = []
+    for entry in fs.ls(root, detail=False):
+        name = str(entry).rstrip("/").rsplit("/", 1)[-1]
+        if RUN_ID.match(name) and steps(run_url(url, name)):
+            found.append(name)
+    return sorted(found)
 
 
 def _write_atomic(fs: Any, path: str, data: bytes) -> None:
@@ -185,8 +228,18 @@ def _read_complete(fs: Any, root: str, step: int) -> Checkpoint | None:
     return Checkpoint(step=int(manifest["step"]), meta=meta, shards=shards, url=folder)
 
 
-def load_latest(url: str) -> Checkpoint | None:
+def load_latest(
+    url: str,
+    *,
+    run: str | None = None,
+    model: str | None = None,
+    layout: Sequence[Any] | None = None,
+) -> Checkpoint | None:
     """The newest complete checkpoint under ``url``, or None if there is none.
+
+    With ``run`` (and ``model``, ``layout``), it must be that run's, of that model and layout:
+    :func:`check_owner` refuses it otherwise (a ValueError), so another run's weights are never
+    loaded in its place.
 
     Examples
     --------
@@ -202,8 +255,75 @@ def load_latest(url: str) -> Checkpoint | None:
     for step in steps(url):
         ck = _read_complete(fs, root, step)
         if ck is not None:
+            if run is not None:
+                check_owner(ck, run, model=model, layout=layout)
             return ck
     return None
+
+
+def _first_difference(given: Sequence[Any], recorded: Sequence[Any]) -> str:
+    for a, b in zip(given, recorded, strict=False):
+        if a != b:
+            return f"{b[0] if b else '?'} is {b[1:3] if b else b}, expected {a[1:3] if a else a}"
+    return f"{len(recorded)} entries, expected {len(given)}"
+
+
+def check_owner(
+    ck: Checkpoint,
+    run: str,
+    *,
+    model: str | None = None,
+    layout: Sequence[Any] | None = None,
+) -> None:
+    """Refuse ``ck`` unless its manifest names run ``run`` (and ``model``, ``layout`` if given).
+
+    What a driver loads (to resume, or to re-create a lost PS) must be its own run's weights:
+    a checkpoint folder that holds another run's (a shared URL, a folder copied or named by
+    mistake) is an error that says whose it is, never weights silently swapped.
+
+    Raises
+    ------
+    NotOwned
+        A ValueError: the manifest names another run (or none), another model, or another
+        layout.
+
+    Examples
+    --------
+    >>> ck = Checkpoint(step=5, meta={"run": "run-0000000a"}, url="gs://b/runs/run-0000000a/step-000000005")
+    >>> check_owner(ck, "run-0000000a")
+    >>> check_owner(ck, "run-0000000b")
+    Traceback (most recent call last):
+    ...
+    transient_nb.training.checkpoint.NotOwned: The checkpoint gs://b/runs/run-0000000a/step-000000005 is run 'run-0000000a''s, not run 'run-0000000b''s: refused, its weights are not loaded. Each run keeps its checkpoints in a folder of its own (CHECKPOINT_URL/RUN_ID/); to continue run-0000000a, pass resume='run-0000000a'.
+    """
+    owner = ck.meta.get("run")
+    if owner != run:
+        hint = (
+            f"to continue {owner}, pass resume={owner!r}."
+            if owner
+            else "it was not written by a transient_nb run."
+        )
+        raise NotOwned(
+            f"The checkpoint {ck.url} is run {owner!r}'s, not run {run!r}'s: refused, its "
+            "weights are not loaded. Each run keeps its checkpoints in a folder of its own "
+            f"(CHECKPOINT_URL/RUN_ID/); {hint}"
+        )
+    recorded = ck.meta.get("model")
+    if model is not None and recorded is not None and recorded != model:
+        raise NotOwned(
+            f"The checkpoint {ck.url} of run {run} holds model {recorded!r}'s weights, not "
+            f"{model!r}'s: refused. Resume with the model the run trained."
+        )
+    entries = ck.meta.get("layout")
+    if layout and entries:
+        # The manifest went through JSON (tuples became lists): compare in that form.
+        given = json.loads(json.dumps(list(layout)))
+        if given != entries:
+            raise NotOwned(
+                f"The checkpoint {ck.url} of run {run} was written for another layout of the "
+                f"model ({_first_difference(given, entries)}): refused. Resume with the model "
+                "the run trained."
+            )
 
 
 def load_step(url: str, step: int) -> Checkpoint | None:
@@ -218,20 +338,47 @@ def latest_step(url: str) -> int | None:
     return None if ck is None else ck.step
 
 
-def prune(url: str, keep: int = 2) -> list[int]:
+def _owner(fs: Any, folder: str) -> str | None:
+    """The run a step folder's manifest names; "" when it has none (torn, or being written)."""
+    try:
+        with fs.open(f"{folder}/manifest.json", "rb") as f:
+            manifest = json.loads(f.read())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return ""
+    return str(manifest.get("run")) if isinstance(manifest, dict) and manifest.get("run") else None
+
+
+def prune(url: str, keep: int = 2, run: str | None = None) -> list[int]:
     """Delete all but the ``keep`` newest complete checkpoints (and torn ones older than them).
 
     Returns the steps deleted. Folders newer than the newest complete one are left alone: a
     writer may be filling them right now.
+
+    With ``run``, only that run's checkpoints are counted and deleted: a complete checkpoint
+    whose manifest names another run (or none) is never touched, and torn folders are deleted
+    only when every manifest under ``url`` is ``run``'s (in a folder shared with another run, a
+    torn folder may be that run's checkpoint being written).
     """
     fs, root = fsspec.core.url_to_fs(url)
+    found = steps(url)
+    # Each folder: True (complete, and ours), False (torn: no manifest), None (another run's).
+    mine: dict[int, bool | None]
+    if run is None:
+        mine = {s: fs.exists(f"{step_dir(root, s)}/manifest.json") for s in found}
+    else:
+        owners = {s: _owner(fs, step_dir(root, s)) for s in found}
+        mine = {s: True if o == run else (False if o == "" else None) for s, o in owners.items()}
+    torn_are_ours = None not in mine.values()
     complete = 0
     deleted = []
-    for step in steps(url):
+    for step in found:
+        if mine[step] is None:
+            continue  # another run's checkpoint: never ours to count or delete
         if complete >= keep:
-            fs.rm(step_dir(root, step), recursive=True)
-            deleted.append(step)
-        elif fs.exists(f"{step_dir(root, step)}/manifest.json"):
+            if mine[step] or torn_are_ours:
+                fs.rm(step_dir(root, step), recursive=True)
+                deleted.append(step)
+        elif mine[step]:
             complete += 1
     return deleted
 
@@ -277,24 +424,54 @@ def read_fixed(url: str, entry: dict[str, Any] | None = None) -> dict[str, np.nd
 
 
 # -- where checkpoints go -------------------------------------------------------------------------
+#: The protocols of fsspec's file systems that live on one host (a folder, or memory).
+_HOST_LOCAL = {"file", "local", "memory"}
+
+
+def host_local(url: str) -> str | None:
+    """The name of the file system ``url`` resolves to when it lives on this host alone (a local
+    folder or memory, whatever the spelling: ``/x``, ``file://``, ``local://``, ``memory://``,
+    behind a ``dir::`` or ``simplecache::`` wrapper); None for any other (shared) storage.
+
+    Examples
+    --------
+    >>> host_local("local:///tmp/x"), host_local("memory://x"), host_local("gs://bucket/runs")
+    ('LocalFileSystem', 'MemoryFileSystem', None)
+    """
+    try:
+        fs: Any = fsspec.core.url_to_fs(url)[0]
+    except Exception:
+        return None  # an unknown protocol or a missing driver: the probe says what is wrong
+    for _ in range(8):  # wrappers hold the file system they wrap as .fs
+        # fsspec's own local and memory file systems, by their protocol: a subclass registered
+        # as another protocol is another storage (tests stand buckets in that way).
+        protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
+        if isinstance(fs, (LocalFileSystem, MemoryFileSystem)) and _HOST_LOCAL & set(protocols):
+            return type(fs).__name__
+        fs = getattr(fs, "fs", None)
+        if fs is None:
+            break
+    return None
+
+
 def check_checkpoint_url(checkpoint_url: str | None, backend: str) -> None:
     """On a non-local ``backend``: refuse a missing or host-local ``checkpoint_url``, then probe it
     with a write (:func:`probe_checkpoint_url`). Nothing to check on the local backend.
 
-    :func:`~transient_nb.train` calls it before anything starts; the ``%%transient_cluster`` cell magic calls
-    it before it creates the cluster.
+    Host-local is judged by the file system fsspec resolves the URL to (:func:`host_local`), not
+    by its spelling. :func:`~transient_nb.train` calls it before anything starts; the
+    ``%%transient_cluster`` cell magic calls it before it creates the cluster.
     """
     if backend == "local":
         return
-    if (
-        checkpoint_url is None
-        or "://" not in checkpoint_url
-        or checkpoint_url.startswith(("file://", "memory://"))
-    ):
+    local = None if checkpoint_url is None else host_local(checkpoint_url)
+    if checkpoint_url is None or local is not None:
+        where = f" (this one is a {local}, on this host alone)" if local else ""
         raise ValueError(
             f"checkpoint_url={checkpoint_url!r}: on the {backend} backend the PS checkpoints must "
-            "live on storage that outlives the PS host and that every host can reach; pass e.g. "
-            "checkpoint_url='gs://YOUR-BUCKET/transient-runs'."
+            f"live on storage that outlives the PS host and that every host can reach{where}; "
+            "pass a bucket URL, checkpoint_url='gs://BUCKET/PREFIX' (any fsspec URL of shared "
+            "storage). Each run writes under PREFIX/<run id>/, so runs may share one."
         )
     probe_checkpoint_url(checkpoint_url)
 

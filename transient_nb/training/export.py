@@ -158,7 +158,7 @@ def state_of(data: bytes) -> OrderedDict[str, torch.Tensor]:
 def _checkpoint_of(run_or_url: str) -> tuple[checkpoint.Checkpoint, str]:
     """The newest complete checkpoint of a run id or a checkpoint URL, and its run's URL."""
     point = resuming.find(run_or_url)
-    ck = checkpoint.load_latest(point.checkpoint_url)
+    ck = checkpoint.load_latest(point.checkpoint_url, run=point.run_id or None)
     assert ck is not None  # find() refuses a URL without one
     return ck, point.checkpoint_url
 
@@ -170,7 +170,9 @@ def load_state_dict(run_or_url: str) -> OrderedDict[str, torch.Tensor]:
     ----------
     run_or_url
         A run id (``"run-1a2b3c4d"``, looked up in the run records) or the run's checkpoint URL
-        (its ``train-started`` event's ``checkpoint_url``; any fsspec URL).
+        (its ``train-started`` event's ``checkpoint_url``, ``URL/<run id>``; any fsspec URL).
+        The ``checkpoint_url`` runs share is taken when it holds one run; with several, the
+        error lists them.
 
     Examples
     --------

@@ -2,7 +2,9 @@
 
 ``train(cluster, resume=RUN_ID_OR_CHECKPOINT_URL)`` continues a run from its newest complete
 checkpoint, on the same cluster or a new one (its head may have died, or the notebook that owned
-it). The resumed run keeps its id and its checkpoint folder, so the step count goes on; its
+it). The resumed run keeps its id and its checkpoint folder (``URL/<run id>/`` under the
+``checkpoint_url`` it was given), so the step count goes on, and it loads only checkpoints whose
+manifest names that run (:func:`~transient_nb.training.checkpoint.check_owner`); its
 ``train-started`` event names the record it continues (``resumed_from``), the step it resumed at
 and the steps lost since the last step known. :func:`summarize_run` and :func:`run_history`
 follow that chain back and join the records into one run: steps go on, wall time and money add up.
@@ -13,7 +15,6 @@ from __future__ import annotations
 import glob
 import json
 import os
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,7 +31,7 @@ from transient_nb.training.models import MODELS
 from transient_nb.training.workload import is_builtin_data
 
 #: What a run id looks like (``TrainingRun.id``).
-RUN_ID = re.compile(r"^run-[0-9a-f]{8}$")
+RUN_ID = checkpoint.RUN_ID
 #: Summary keys that add up over the joined records.
 ADDED = (
     "wall_s",
@@ -53,7 +54,8 @@ class ResumePoint:
     run_id
         The run's id (the resumed run keeps it).
     checkpoint_url
-        Its checkpoint folder; the newest complete checkpoint there is the starting point.
+        Its own checkpoint folder (``URL/<run id>/``, or its default in the run's folder); the
+        newest complete checkpoint there is the starting point.
     record
         The run record (``events.jsonl``) of its latest attempt, if known.
     last_step
@@ -93,16 +95,21 @@ def _last_step(events: Iterable[Mapping[str, Any]], run_id: str) -> int | None:
     return last
 
 
-def find(resume: str, run_dir: str | None = None) -> ResumePoint:
+def find(resume: str, run_dir: str | None = None, checkpoint_url: str | None = None) -> ResumePoint:
     """The point to resume ``resume`` (a run id or a checkpoint URL) from.
 
     A run id is looked up in the run records under ``run_dir`` (default ``transient.run-dir``);
-    a URL must hold at least one complete checkpoint.
+    with no record of it, in its folder under ``checkpoint_url`` (``URL/<run id>/``), if given. Its
+    newest complete checkpoint must be that run's.
+
+    A URL is a run's own folder (it holds the ``step-*`` folders), or a ``checkpoint_url`` that
+    runs share: the one run under it is taken; with several, the error lists them.
 
     Raises
     ------
     ValueError
-        Nothing to resume: no record of that run, or no complete checkpoint.
+        Nothing to resume: no record of that run, no complete checkpoint, a shared URL with
+        several runs, or a checkpoint of another run.
     """
     if not isinstance(resume, str) or not resume:
         raise ValueError(
@@ -134,19 +141,52 @@ def find(resume: str, run_dir: str | None = None) -> ResumePoint:
                     "target_accuracy": s.get("target_accuracy"),
                 },
             )
-            ck = _require_checkpoint(point.checkpoint_url, resume)
+            ck = _require_checkpoint(point.checkpoint_url, resume, run=resume)
             if point.settings["optimizer"] is None:  # a built-in run's start does not name it
                 point.settings["optimizer"] = ck.meta.get("optimizer")
             return point
+        if checkpoint_url is not None:
+            return _from_checkpoint(checkpoint.run_url(checkpoint_url, resume), resume, resume)
         raise ValueError(
             f"resume={resume!r}: no run record under {base} has that run; pass the run's "
-            "checkpoint URL instead (its train-started event names it)."
+            "checkpoint URL instead (its train-started event names it), or its checkpoint_url= "
+            "(the run's folder under it is found by its id)."
         )
-    ck = _require_checkpoint(resume, resume)
+    return _from_checkpoint(_run_folder(resume), resume)
+
+
+def _run_folder(url: str) -> str:
+    """``url`` if it is a run's folder; the one run's folder if it is a shared URL with one."""
+    if checkpoint.steps(url):
+        return url
+    try:
+        found = checkpoint.runs(url)
+    except Exception:  # unreadable: _require_checkpoint says so
+        return url
+    if len(found) == 1:
+        return checkpoint.run_url(url, found[0])
+    if len(found) > 1:
+        listed = ", ".join(found)
+        raise ValueError(
+            f"{url} holds the checkpoints of {len(found)} runs ({listed}): name one, by its "
+            f"id (e.g. {found[-1]!r}) or its folder ({checkpoint.run_url(url, found[-1])!r})."
+        )
+    return url
+
+
+def _from_checkpoint(url: str, what: str, run: str | None = None) -> ResumePoint:
+    """The point of the run whose own folder is ``url``, from its newest manifest."""
+    ck = _require_checkpoint(url, what, run=run)
     meta = ck.meta
+    owner = str(meta.get("run") or "")
+    folder = url.rstrip("/").rsplit("/", 1)[-1]
+    if RUN_ID.match(folder) and owner != folder:
+        # URL/<run id>/ holds another run's checkpoint: resuming it would continue that run
+        # in this one's folder.
+        checkpoint.check_owner(ck, folder)
     return ResumePoint(
-        run_id=str(meta.get("run") or ""),
-        checkpoint_url=resume,
+        run_id=owner,
+        checkpoint_url=url,
         settings={
             "model": meta.get("model"),
             "model_ref": meta.get("model_ref"),
@@ -159,9 +199,11 @@ def find(resume: str, run_dir: str | None = None) -> ResumePoint:
     )
 
 
-def _require_checkpoint(url: str, what: str) -> checkpoint.Checkpoint:
+def _require_checkpoint(url: str, what: str, run: str | None = None) -> checkpoint.Checkpoint:
     try:
-        ck = checkpoint.load_latest(url)
+        ck = checkpoint.load_latest(url, run=run)
+    except checkpoint.NotOwned:
+        raise  # says whose it is, and what to do
     except Exception as e:
         raise ValueError(f"resume={what!r}: its checkpoints at {url} cannot be read ({e}).") from e
     if ck is None:
