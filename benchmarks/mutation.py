@@ -49,6 +49,9 @@ MODULES: dict[str, list[str]] = {
     "training/run": ["tests/training/test_run_driver.py", "tests/training/test_run_loop.py"],
     # The transient-aware policy's model and its reading of the event log (synthetic streams).
     "policy/planner": ["tests/policy/test_planner.py"],
+    # What the planner knows, and what it plans with: their own tests and the planner's.
+    "policy/knowledge": ["tests/policy/test_knowledge.py", "tests/policy/test_planner.py"],
+    "policy/plans": ["tests/policy/test_plans.py", "tests/policy/test_planner.py"],
     # Its one real-cluster run (minutes a mutant) left out: the synthetic streams test each rule.
     "policy/adaptive": [
         "tests/policy/test_adaptive.py",
