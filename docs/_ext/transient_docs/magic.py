@@ -40,7 +40,7 @@ def plain(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def cli_parser() -> argparse.ArgumentParser:
     """``transient-nb``: the command's own parser."""
-    from transient_nb.cli.commands import _parser
+    from transient_nb.cli.parser import _parser
 
     return plain(_parser())
 
