@@ -27,7 +27,7 @@ from transient_nb.eventlog.format import policy_text
 from transient_nb.eventlog.records import read_run_record
 from transient_nb.eventlog.vocabulary import LIFECYCLE
 from transient_nb.notebook.views.panel import ClusterPanel
-from transient_nb.server.manager import make_cluster_model
+from transient_nb.server.model import make_cluster_model
 
 RECORD = Path(__file__).parents[1] / "data" / "run-record.jsonl"
 
