@@ -41,6 +41,7 @@ MODULES: dict[str, list[str]] = {
     "catalog/lifetimes": ["tests/catalog/test_lifetimes.py"],
     "training/ps": ["tests/training/test_ps.py"],
     "training/trainer": ["tests/training/test_trainer.py"],
+    "training/ps_link": ["tests/training/test_ps_link.py", "tests/training/test_trainer.py"],
     "training/flat": ["tests/training/test_flat.py"],
     "training/optim": ["tests/training/test_optim.py", "tests/training/test_ps.py"],
     "limits": ["tests/test_limits.py"],
