@@ -56,7 +56,7 @@ def _failure_line(job: Any) -> str:
 
 def _progress_text(job: Any, p: Any) -> str:
     """The bar's text: accuracy, active workers and the run's ETA, the one the panels show
-    (:attr:`~transient_nb.eventlog.folds.RunProgress.eta_s`, from the run's recent pace)."""
+    (:attr:`~transient_nb.eventlog.progress.RunProgress.eta_s`, from the run's recent pace)."""
     from transient_nb.eventlog.format import duration
 
     acc = f"{job.accuracy:.1%}" if job.accuracy is not None else "-"
