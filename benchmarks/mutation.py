@@ -41,6 +41,7 @@ MODULES: dict[str, list[str]] = {
     "catalog/lifetimes": ["tests/catalog/test_lifetimes.py"],
     "training/ps": ["tests/training/test_ps.py"],
     "training/trainer": ["tests/training/test_trainer.py"],
+    "training/ps_link": ["tests/training/test_ps_link.py", "tests/training/test_trainer.py"],
     "training/flat": ["tests/training/test_flat.py"],
     "training/optim": ["tests/training/test_optim.py", "tests/training/test_ps.py"],
     "limits": ["tests/test_limits.py"],
@@ -62,6 +63,9 @@ MODULES: dict[str, list[str]] = {
     "training/run_loop": ["tests/training/test_run_driver.py", "tests/training/test_run_loop.py"],
     # The transient-aware policy's model and its reading of the event log (synthetic streams).
     "policy/planner": ["tests/policy/test_planner.py"],
+    # What the planner knows, and what it plans with: their own tests and the planner's.
+    "policy/knowledge": ["tests/policy/test_knowledge.py", "tests/policy/test_planner.py"],
+    "policy/plans": ["tests/policy/test_plans.py", "tests/policy/test_planner.py"],
     # Its one real-cluster run (minutes a mutant) left out: the synthetic streams test each rule.
     "policy/adaptive": [
         "tests/policy/test_adaptive.py",

@@ -43,8 +43,8 @@ from myst_parser.parsers.mdit import create_md_parser
 import transient_nb
 import transient_nb.eventlog.vocabulary as vocabulary
 from transient_nb import config
-from transient_nb.cli.commands import _parser
-from transient_nb.notebook.magics import SUBCOMMANDS
+from transient_nb.cli.parser import _parser
+from transient_nb.notebook.magic_parsers import SUBCOMMANDS
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"

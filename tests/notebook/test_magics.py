@@ -66,21 +66,8 @@ def widgets_shown(captured: Any) -> list[Any]:
         ("status", "No running cluster for `status`"),
         ("train --steps 10", "No running cluster for `train`"),
         ("down", "No running cluster for `down`"),
-        ("up --workers four", "argument --workers: 'four' is not a whole number of workers"),
-        ("up --workers 0", "of at least 1; type e.g. 4"),
-        ("up --time-scale fast", "'fast' is not a positive number"),
-        ("up --as 2x", "'2x' is not a Python variable name; type e.g. --as cluster"),
-        ("up --colour red", "unrecognized arguments: --colour red"),
-        ('up --name "demo', "No closing quotation; check the quotes"),
-        ("scale -1", "%transient_cluster scale"),
         ("scale-ps 2", "No running cluster for `scale-ps`"),
-        ("scale-ps 0", "'0' is not a whole number of PS hosts of at least 1"),
         ("move-ps us-east1-c", "No running cluster for `move-ps`"),
-        ("move-ps", "the following arguments are required: ZONE"),
-        ("scale 2 --on-demand -1", "argument --on-demand: '-1' is not a whole number of workers"),
-        ("scale 2 --on-demand v100=-1", "v100=-1 is not a number of workers"),
-        ("scale 2 --on-demand v100=1,v100=1", "GPU type 'v100' is given twice"),
-        ("connect", "the following arguments are required: NAME"),
         ("connect nope", "No transient cluster named 'nope' is registered"),
         # The API's ValueErrors, re-raised with their message.
         ("up --gpu h9000", "Unknown GPU type 'h9000'"),
@@ -93,8 +80,6 @@ def widgets_shown(captured: Any) -> list[Any]:
         ("up --workers 4 --max-hourly-cost 0.5", "above max_hourly_cost=$0.50/h"),
         ("up --backend gce --time-scale 120", "time_scale=120 is only for the local backend"),
         # Mixed GPU types: every mistake names its value, before anything starts.
-        ("up --workers k80=-1", "k80=-1 is not a number of workers"),
-        ("up --workers k80=2,k80=1", "GPU type 'k80' is given twice"),
         ("up --workers k80=2,v100=1", "Unknown GPU type 'k80' in us-central1-a"),  # gce-2025
         ("up --workers t4=1,h9000=1", "Unknown GPU type 'h9000'"),
         ("up --workers t4=1,v100=1 --gpu l4", "gpu='l4' is not in workers='t4=1,v100=1'"),
@@ -112,15 +97,9 @@ def test_mistakes_say_what_to_type(ip: InteractiveShell, line: str, message: str
 @pytest.mark.parametrize(
     ("cell", "message"),
     [
-        ("cluster: [workers", "The cell is not valid YAML at line 1"),
-        ("- workers: 3", "The cell must be a YAML mapping"),
-        ("cluster:\n  workers: 2\nexperiment: x", "Unknown section 'experiment'"),
-        ("cluster: 3", "`cluster:` must be a mapping of settings"),
-        ("cluster:\n  wrkers: 3", "Unknown cluster setting 'wrkers': use some of workers, gpu"),
         ("cluster:\n  workers: 0", "cluster: workers=0 must be a whole number of at least 1"),
         ("cluster: {}\ntrain:\n  model: vgg", "Unknown model 'vgg': use one of"),
         ("cluster: {}\ntrain:\n  data: mnist", "train: "),
-        ("cluster: {}\ntrain:\n  stepz: 3", "Unknown train setting 'stepz'"),
         # Issue 11: the whole train: block is checked before the cluster is created.
         ("cluster: {}\ntrain:\n  steps: 0", "train: steps=0"),
         ("cluster: {}\ntrain:\n  lr: -1", "train: lr=-1"),

@@ -12,9 +12,7 @@ from transient_nb.policy.planner import (
     NEAR_EQUAL,
     PRIOR_HOURS,
     Configuration,
-    Estimate,
     Kind,
-    Plan,
     Planner,
     kinds_from_catalog,
     paper_hazard_per_h,
@@ -26,69 +24,6 @@ V100 = Kind("v100", "us-central1-a", True, 0.861)
 K80_OD = Kind("k80", "us-central1-a", False, 0.723)
 V100_OD = Kind("v100", "us-central1-a", False, 2.144)
 PS = 0.143
-
-
-def test_hazards_come_from_the_papers_first_hour_and_follow_what_is_observed():
-    assert paper_hazard_per_h("k80") == pytest.approx(-math.log(1 - 0.078))
-    assert paper_hazard_per_h("V100") == pytest.approx(-math.log(1 - 0.273))
-    planner = Planner([K80, K80_OD], PS)
-    assert planner.hazard_per_h(K80_OD) == 0.0
-    prior = planner.hazard_per_h(K80)
-    # 4 revocations in 2 server-hours: (prior * PRIOR_HOURS + 4) / (PRIOR_HOURS + 2 h).
-    planner.observe_exposure("k80", "us-central1-a", hours=2.0, revocations=4)
-    assert planner.hazard_per_h(K80) == pytest.approx((prior * PRIOR_HOURS + 4) / (PRIOR_HOURS + 2))
-    # Another zone keeps the prior; calm hours lower the rate again.
-    other = Kind("k80", "us-east1-c", True, 0.256)
-    assert planner.hazard_per_h(other) == pytest.approx(prior)
-    planner.observe_exposure("k80", "us-east1-c", hours=98.0)
-    assert planner.hazard_per_h(other) == pytest.approx(prior * PRIOR_HOURS / (PRIOR_HOURS + 98))
-
-
-def test_step_rates_start_from_the_paper_and_follow_the_workers():
-    planner = Planner([K80], PS)
-    assert planner.rate("k80") == 4.56 and planner.rate("V100") == 15.6
-    assert planner.rate("tpu") == 0.0
-    for r in (5.0, 7.0, 6.0, float("nan"), -1.0):
-        planner.observe_rate("k80", r)
-    assert planner.rate("k80") == 6.0  # the median of what was seen; nonsense ignored
-
-
-def test_the_ps_capacity_is_the_papers_plateau_and_a_second_shard_adds_three_quarters():
-    planner = Planner([K80], PS)
-    assert planner.ps_capacity(1) == pytest.approx(45.0)
-    assert planner.ps_capacity(2) == pytest.approx(45.0 * 1.75)
-    assert planner.ps_capacity(4) > planner.ps_capacity(2)
-    assert Planner([K80], PS, ps_steps_per_s=None).ps_capacity(1) == math.inf
-
-
-def test_the_ps_capacity_is_measured_where_the_ps_is_the_bottleneck():
-    planner = Planner([V100], PS)
-    # 8 V100s would push 125 steps/s; one PS served 30: it is the bottleneck, at 30.
-    assert planner.observe_ps(1, served=30.0, demand=125.0)
-    assert planner.ps_capacity(1) == pytest.approx(30.0)
-    assert planner.ps_capacity(2) == pytest.approx(30.0 * 1.75)
-    # Two shards serving 70 mean one serves 40; the median of what was measured counts.
-    assert planner.observe_ps(2, served=70.0, demand=125.0)
-    assert planner.observe_ps(1, served=35.0, demand=125.0)
-    assert planner.ps_capacity(1) == pytest.approx(35.0)
-    # Keeping up (within 15% of what was pushed) says the PS serves at least that much.
-    assert not planner.observe_ps(1, served=50.0, demand=58.0)
-    assert planner.ps_capacity(1) == pytest.approx(50.0)
-    assert not planner.observe_ps(1, served=20.0, demand=20.0)  # a lower bound never lowers it
-    assert planner.ps_capacity(1) == pytest.approx(50.0)
-    for served, shards in ((float("nan"), 1), (-1.0, 1), (0.0, 1), (10.0, 0)):
-        assert not planner.observe_ps(shards, served=served, demand=100.0)
-    assert planner.ps_capacity(1) == pytest.approx(50.0)
-    # A PS that keeps up with more than the paper's 45 (a faster host than the paper's)
-    # raises the prior. With no bottleneck assumed, only a measured one bounds it.
-    fast = Planner([V100], PS)
-    assert not fast.observe_ps(1, served=80.0, demand=85.0)
-    assert fast.ps_capacity(1) == pytest.approx(80.0)
-    unbounded = Planner([V100], PS, ps_steps_per_s=None)
-    assert not unbounded.observe_ps(1, served=80.0, demand=85.0)
-    assert unbounded.ps_capacity(1) == math.inf
-    assert unbounded.observe_ps(1, served=60.0, demand=125.0)
-    assert unbounded.ps_capacity(1) == pytest.approx(80.0)  # it kept up with 80 before
 
 
 def test_liveput_is_the_expected_rate_under_preemptions_capped_by_the_ps():
@@ -233,13 +168,6 @@ def test_no_kinds_and_kinds_without_rates_are_refused():
         Planner([], PS)
     with pytest.raises(ValueError, match="no kind of worker has a step rate"):
         Planner([Kind("tpu", "z", True, 1.0)], PS).choose("cost-per-step", 10, max_workers=2)
-
-
-def test_kinds_come_from_the_price_catalog():
-    catalog = PriceCatalog.load("paper-2019")
-    kinds = kinds_from_catalog(catalog, ["k80", "v100", "nope"], ["us-central1-a"], "n1-standard-4")
-    assert [k.gpu for k in kinds] == ["k80", "v100"]
-    assert all(k.spot and k.hourly > 0 for k in kinds)
 
 
 def test_a_worker_far_from_the_ps_steps_slower_and_is_chosen_only_for_a_reason():
@@ -449,23 +377,6 @@ def test_spot_workers_that_trained_less_than_the_model_expects_make_a_deadline_o
     assert plan.feasible and plan.chosen.config.counts == {P100_OD: 4}
 
 
-def test_the_first_workers_start_ups_count_until_one_asked_for_later_trains():
-    """The paper's prior (108 s, 19 s loading) until something is seen; the cluster's first
-    workers' start-ups (started together, cold) until a worker asked for during the run
-    trains; then only those."""
-    planner = Planner([P100], 0.19)
-    assert planner.startup_s == pytest.approx(108.5) and planner.load_s == 19.0
-    for seconds, load in ((340.0, 250.0), (350.0, 260.0), (360.0, 270.0)):
-        planner.observe_startup(seconds, load, first=True)
-    assert (planner.startup_s, planner.load_s) == (350.0, 260.0)
-    planner.observe_startup(220.0, 120.0)
-    assert (planner.startup_s, planner.load_s) == (220.0, 120.0)
-    planner.observe_startup(0.0, 0.0)  # nonsense is ignored
-    planner.observe_startup(math.inf)
-    planner.observe_startup(500.0, 600.0, first=True)  # a load longer than its start-up: not
-    assert (planner.startup_s, planner.load_s) == (220.0, 120.0)
-
-
 def test_cost_per_step_counts_the_start_up_of_a_change():
     """Under the storm, with Spot P100s seen training a fifth of their time, six on demand on
     two PS shards cost 26% less per step than three Spot ones once they run. A change to them
@@ -573,42 +484,6 @@ K80_A = Kind("k80", "a", False, 0.5)
 def _exact(*kinds: Kind, ps_hourly: float = 0.0) -> Planner:
     """A planner whose estimates are exact: 4 steps/s per K80 on demand, no PS bound."""
     return Planner(list(kinds) or [K80_A], ps_hourly, steps_per_s={"k80": 4.0}, ps_steps_per_s=None)
-
-
-def test_a_configuration_drops_empty_kinds_orders_them_by_name_and_describes_itself():
-    """Two mappings of the same workers are one configuration (the frontier deduplicates on
-    it), and its description is what the policy's panels and reasons show."""
-    config = Configuration.of({V100: 1, K80: 2, K80_OD: 0})
-    assert config.workers == ((K80, 2), (V100, 1))
-    assert config == Configuration.of({K80: 2, V100: 1})
-    assert config.describe() == "2 k80 in us-central1-a + 1 v100 in us-central1-a, 1 PS shard"
-    assert Configuration.of({K80_OD: 1}, 2).describe() == (
-        "1 k80 in us-central1-a (on demand), 2 PS shards"
-    )
-    assert Configuration.of({}, 3).describe() == "no workers, 3 PS shards"
-
-
-def test_plan_fields_round_what_the_policy_event_shows_and_never_write_infinity():
-    """The ``policy-decision`` event is JSON: four decimals (one for seconds), and None where
-    nothing would ever finish."""
-    config = Configuration.of({P100: 1, P100_OD: 2}, 2)
-    estimate = Estimate(config, 12.3456789, 3.1415926, 1234.5678, 0.98765432, 64_000)
-    fields = plan_fields(Plan("budget", estimate, None, "why", False))
-    assert fields == {
-        "goal": "budget",
-        "workers": {"p100@us-central1-a": 1, "p100@us-central1-a:on-demand": 2},
-        "shards": 2,
-        "liveput": 12.3457,
-        "hourly": 3.1416,
-        "eta_s": 1234.6,
-        "expected_cost": 0.9877,
-        "feasible": False,
-        "reason": "why",
-    }
-    never = Estimate(config, 0.0, 3.0, math.inf, math.inf)
-    fields = plan_fields(Plan("deadline", never, None, "why"))
-    assert fields["eta_s"] is None and fields["expected_cost"] is None
-    assert fields["feasible"] is True
 
 
 def test_the_reason_reads_the_eta_and_the_price_against_the_current_configuration():
@@ -830,53 +705,10 @@ def test_what_earlier_runs_saw_adds_to_this_runs_observations():
     assert list(seen.kinds) == [("k80", zone), ("p100", zone), ("v100", zone)]
 
 
-def test_a_zones_factor_sums_every_other_gpu_type_seen_there():
-    """Two other types observed in a zone: their revocations, priors and exposures summed."""
-    zone = "us-central1-a"
-    planner = Planner([P100], 0.19)
-    planner.observe_exposure("k80", zone, hours=1.0, revocations=3)
-    planner.observe_exposure("v100", zone, hours=2.0, revocations=10)
-    k, v = paper_hazard_per_h("k80"), paper_hazard_per_h("v100")
-    assert planner.zone_factor(zone, but="p100") == pytest.approx(
-        ((k + v) * PRIOR_HOURS + 13) / (k * (PRIOR_HOURS + 1) + v * (PRIOR_HOURS + 2))
-    )
-
-
-def test_the_ps_measured_at_its_bounds():
-    """A two-shard bottleneck alone measures one PS (70 on two: 40); exactly 85% of the demand
-    is keeping up; a slow PS (half a step a second) is measured as slow as it is."""
-    planner = Planner([V100], PS)
-    assert planner.observe_ps(2, served=70.0, demand=125.0)
-    assert planner.ps_capacity(1) == pytest.approx(40.0)
-    assert not Planner([V100], PS).observe_ps(1, served=17.0, demand=20.0)
-    slow = Planner([K80], PS)
-    assert slow.observe_ps(1, served=0.5, demand=0.9)
-    assert slow.ps_capacity(1) == pytest.approx(0.5)
-
-
-def test_reported_rates_at_their_bounds():
-    """Only positive, finite reports count (a worker that reports 0 is not a rate); of an even
-    number of reports, the upper middle one."""
-    planner = Planner([K80], PS)
-    for bad in (0.0, -1.0, math.inf, math.nan):
-        planner.observe_rate("k80", bad)
-    assert planner.rate("k80") == 4.56
-    for r in (7.0, 5.0, 4.0, 6.0):
-        planner.observe_rate("k80", r)
-    assert planner.rate("k80") == 6.0
-
-
 def test_losing_at_least_a_negative_number_of_workers_is_certain():
     """The caller's ``k`` may come from a difference: below zero, certain."""
     planner = Planner([K80], PS)
     assert planner.p_lose_at_least(Configuration.of({K80: 2}), -1) == 1.0
-
-
-def test_kinds_skip_what_the_catalog_does_not_price_wherever_it_comes():
-    """An unknown GPU type or zone first in the lists does not hide the known ones."""
-    catalog = PriceCatalog.load("paper-2019")
-    kinds = kinds_from_catalog(catalog, ["nope", "k80"], ["us-central1-a"], "n1-standard-4")
-    assert [(k.gpu, k.zone) for k in kinds] == [("k80", "us-central1-a")]
 
 
 def test_refusals_say_what_is_wrong_in_full():
@@ -909,16 +741,3 @@ def test_a_run_with_no_steps_left_is_done_now_whatever_the_change():
     assert (new.eta_s, new.cost) == (0.0, 0.0)
     plan = planner.choose("cost-per-step", 0, max_workers=2, current=current)
     assert plan.chosen.eta_s == 0.0
-
-
-def test_a_users_model_replaces_the_papers_priors():
-    planner = Planner([Kind("t4", "us-central1-a", True, 0.2)], 0.19)
-    assert planner.ps_capacity(1) == 45.0 and planner.rate("k80") == 4.56
-    planner.use_model(1_857_722, {"t4": 12.0})  # the paper's size: the same PS
-    assert planner.ps_capacity(1) == pytest.approx(45.0)
-    assert planner.ps_capacity(2) == pytest.approx(45.0 * 1.75)
-    assert planner.rate("t4") == 12.0 and planner.rate("k80") == 0.0  # no ResNet-32 figure
-    bigger = Planner([Kind("t4", "us-central1-a", True, 0.2)], 0.19)
-    bigger.use_model(4 * 1_857_722)
-    assert bigger.ps_capacity(1) < 45.0 / 3  # four times the bytes: under a third
-    assert bigger.ps_capacity(2) / bigger.ps_capacity(1) > 1.75  # a second shard helps more

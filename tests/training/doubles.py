@@ -1,4 +1,5 @@
-"""In-process doubles of remote actors, shared by the trainer's and the driver's unit tests."""
+"""In-process doubles of remote actors, shared by the trainer's and the driver's unit tests, and
+the trainer tests' PS and trainers (tests/training/test_trainer.py, test_ps_link.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ import threading
 import time
 from typing import Any
 
+from transient_nb.training.hparams import HParams
+from transient_nb.training.models import build_model
 from transient_nb.training.ps import ParameterServer
+from transient_nb.training.trainer import Trainer, decay_mask, flat_layout, get_flat
 
 
 class Future:
@@ -61,3 +65,50 @@ class PSDouble:
             return await method(*args, **kwargs)
 
         return lambda *a, **k: Future(asyncio.run_coroutine_threadsafe(call(*a, **k), self.loop))
+
+
+#: The trainer tests' hyperparameters: short bounds, so that a slow or lost PS shows in seconds.
+TRAINER_HP = HParams(
+    steps=60,
+    batch_size=16,
+    warmup_steps=0,
+    call_timeout_s=0.5,
+    ps_lost_after_s=3.0,
+    metrics_interval_s=0.2,
+)
+
+
+def ps_double(loop, tmp_path, generation=0, hp=TRAINER_HP):
+    """A real ResNet-8 PS of run ``r`` behind a :class:`PSDouble`."""
+    model = build_model("resnet8", num_classes=10)
+    params, buffers = flat_layout(model)
+    ps = ParameterServer(
+        "r",
+        0,
+        1,
+        get_flat(params),
+        decay_mask(model),
+        get_flat(buffers),
+        hp.to_dict(),
+        str(tmp_path),
+        generation=generation,
+    )
+    return PSDouble(ps, loop)
+
+
+class Published:
+    """The run's Variable: which PS generation is current."""
+
+    def __init__(self, double):
+        self.generation, self.shards = 0, [double]
+
+    def __call__(self, timeout):
+        return self.generation, list(self.shards)
+
+
+def trainer_on(locate, hp=TRAINER_HP, name="w-0", **kwargs):
+    """A ResNet-8 trainer of run ``r`` on digits that finds its PS with ``locate``."""
+    n = len(get_flat(flat_layout(build_model("resnet8", num_classes=10))[0]))
+    return Trainer(
+        "r", "resnet8", "digits", hp.to_dict(), "v", [(0, n)], name=name, locate=locate, **kwargs
+    )

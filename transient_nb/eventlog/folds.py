@@ -5,6 +5,10 @@ panel, the JupyterLab panel, the CLI, the HTML report and remote handles all sho
 figures, so they all compute them here, with one set of constants (:data:`MAX_GONE_ROWS`,
 :data:`PACE_WINDOW_S`).
 
+The run's progress (:mod:`transient_nb.eventlog.progress`) and its summary and history
+(:mod:`transient_nb.eventlog.summary`) are folds of their own, which :class:`ClusterState` keeps
+and this module still names.
+
 Every fold is incremental: :meth:`ClusterState.feed` takes only the events not seen yet, and the
 cost of one event does not grow with the length of the run. Queries (rows, costs) cost at most
 one pass over the VMs that still run, plus the bounded number of gone ones shown.
@@ -22,16 +26,23 @@ Examples
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from transient_nb.catalog.prices import BILLING_MINIMUM_S
-from transient_nb.eventlog.bill import Bill, CostReport
+from transient_nb.eventlog.bill import Bill as Bill
+from transient_nb.eventlog.bill import CostReport
+from transient_nb.eventlog.progress import PACE_WINDOW_S as PACE_WINDOW_S
+from transient_nb.eventlog.progress import RunProgress, RunTracker
+from transient_nb.eventlog.progress import eval_metrics as eval_metrics
+from transient_nb.eventlog.progress import int_or_none as _int_or_none
+from transient_nb.eventlog.summary import HISTORY_COLUMNS as HISTORY_COLUMNS
+from transient_nb.eventlog.summary import RunSummary
+from transient_nb.eventlog.summary import history as history
+from transient_nb.eventlog.summary import summarize as summarize
 from transient_nb.eventlog.vocabulary import BILLING_ENDS, LIFECYCLE
 
 Event = Mapping[str, Any]
@@ -39,9 +50,6 @@ Event = Mapping[str, Any]
 #: How many gone VMs (preempted, deleted) the VM table keeps: enough to see the last
 #: preemptions, bounded for long runs. The notebook and the JupyterLab panel show the same.
 MAX_GONE_ROWS = 8
-#: Window over which the training pace (and so the ETA) is measured, in wall-clock seconds: long
-#: enough to smooth the PS's metric intervals, short enough to follow a preemption's slowdown.
-PACE_WINDOW_S = 60.0
 #: Lifecycle states after which a VM is gone (kept in the table, greyed, for a while).
 GONE_STATES = BILLING_ENDS
 #: Fields of a lifecycle event that describe its VM (the table keeps the latest known value).
@@ -79,459 +87,6 @@ def worker_key(name: str) -> tuple[int, int, str]:
     except (IndexError, ValueError):
         number = 0
     return role, number, name
-
-
-# -- training progress -----------------------------------------------------------------------------
-@dataclass
-class RunProgress:
-    """Where a training run stands, computed from the event log alone.
-
-    Attributes
-    ----------
-    run
-        Run id (``run-...``).
-    target
-        Global steps the run trains for.
-    step
-        Global steps reached (last ``metrics``, or the final step once finished).
-    accuracy
-        Test accuracy of the last evaluation (0..1), if any.
-    loss, img_per_s, active_workers
-        Of the last ``metrics`` (loss, images per second of the whole cluster, active trainers).
-    steps_per_s
-        Global steps per wall second over the last :data:`PACE_WINDOW_S`.
-    eta_s
-        Wall seconds to the target at that pace (0 once finished).
-    state
-        ``"running"``, the reason it finished (``steps``, ``accuracy``, ``stopped``, ...) or
-        ``"error"``/``"trainer-failed"`` (``error`` says why).
-    preemptions
-        Worker preemptions since the run started.
-    trainer_failures, trainer_restarts
-        Trainers that failed, and restarts of them (``trainer-failed``, ``trainer-restarted``).
-    model, data, started, updated
-        What is trained, on what, since when, and the time of the last ``metrics`` event.
-    parameters
-        The model's trainable parameters (what the PS holds), once the run has started.
-    metrics
-        Every metric of the last evaluation (accuracy among them where it is one).
-    """
-
-    run: str
-    target: int
-    step: int = 0
-    accuracy: float | None = None
-    loss: float | None = None
-    img_per_s: float | None = None
-    active_workers: int | None = None
-    steps_per_s: float | None = None
-    eta_s: float | None = None
-    state: str = "running"
-    error: str | None = None
-    preemptions: int = 0
-    trainer_failures: int = 0
-    trainer_restarts: int = 0
-    model: str = ""
-    data: str = ""
-    started: float = 0.0
-    updated: float = 0.0
-    parameters: int | None = None
-    metrics: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def finished(self) -> bool:
-        """True once the run ended, for whatever reason."""
-        return self.state != "running"
-
-    def projected_cost(self, cost: CostReport) -> float | None:
-        """Dollars when the target is reached at the current pace and spending rate."""
-        if self.state != "running":
-            return cost.total
-        if self.eta_s is None:
-            return None
-        # The rate is per simulated hour; wall seconds become simulated ones through time_scale.
-        return cost.total + cost.rate * self.eta_s * cost.time_scale / 3600.0
-
-
-class RunTracker:
-    """Follows one training run (or, without ``run_id``, the latest one) through the event log.
-
-    Examples
-    --------
-    >>> t = RunTracker()
-    >>> t.feed([{"kind": "train-started", "time": 0.0, "run": "r", "steps": 10}])
-    >>> t.progress.target
-    10
-    """
-
-    def __init__(self, run_id: str | None = None, pace_window_s: float = PACE_WINDOW_S):
-        self.run_id = run_id
-        self.pace_window_s = pace_window_s
-        self.progress: RunProgress | None = None
-        self._pace: deque[tuple[float, int]] = deque()
-
-    def feed(self, new: Iterable[Event]) -> None:
-        """Read events not seen before."""
-        for e in new:
-            self.feed_one(e)
-
-    def feed_one(self, e: Event) -> None:
-        """Read one event not seen before."""
-        kind = e.get("kind")
-        if kind == "train-started":
-            if self.run_id is None or e.get("run") == self.run_id:
-                t = float(e["time"])
-                self.progress = RunProgress(
-                    run=str(e.get("run")),
-                    target=int(e.get("steps") or 0),
-                    model=str(e.get("model", "")),
-                    data=str(e.get("data", "")),
-                    started=t,
-                    updated=t,
-                    parameters=_int_or_none(e.get("parameters")),
-                )
-                self._pace.clear()
-            return
-        p = self.progress
-        if p is None:
-            return
-        if kind == "preempted" and e.get("role") == "worker":
-            p.preemptions += 1
-            return
-        if e.get("run") != p.run:
-            return
-        if kind == "metrics":
-            self._metrics(p, e)
-        elif kind == "eval":
-            p.accuracy = e.get("accuracy")
-            p.metrics = eval_metrics(e)
-        elif kind == "trainer-failed":
-            p.trainer_failures += 1
-        elif kind == "trainer-restarted":
-            p.trainer_restarts += 1
-        elif kind == "train-finished":
-            p.state = str(e.get("reason") or "finished")
-            p.step = int(e.get("step") or p.step)
-            if e.get("error") is not None:
-                p.error = str(e["error"])
-            if e.get("accuracy") is not None:
-                p.accuracy = e.get("accuracy")
-            p.eta_s = 0.0
-
-    def _metrics(self, p: RunProgress, e: Event) -> None:
-        p.step = int(e.get("step", p.step))
-        p.img_per_s = e.get("img_per_s")
-        p.loss = e.get("loss")
-        p.active_workers = e.get("active_workers")
-        t = float(e["time"])
-        p.updated = t
-        self._pace.append((t, p.step))
-        # Keep two points at least: a pace needs a start and an end.
-        while len(self._pace) > 2 and t - self._pace[0][0] > self.pace_window_s:
-            self._pace.popleft()
-        (t0, s0) = self._pace[0]
-        if t > t0 and p.step > s0 and p.target:
-            p.steps_per_s = (p.step - s0) / (t - t0)
-            p.eta_s = max(0, p.target - p.step) / p.steps_per_s
-
-
-# -- the summary of a run ------------------------------------------------------------------------
-class RunSummary:
-    """Folds events into the summary of a run (what :func:`summarize` returns).
-
-    Counts that depend on the run's time window (preemptions, replacements, PS recoveries) keep
-    the times of those rare events only; the bill is a :class:`Bill`.
-    """
-
-    def __init__(self, minimum_s: float = BILLING_MINIMUM_S, bill: Bill | None = None):
-        self.bill = bill if bill is not None else Bill(minimum_s)
-        self._own_bill = bill is None
-        self.started: Event | None = None
-        self.finished: Event | None = None
-        self.first_time: float | None = None
-        self.last_time: float | None = None
-        self.accuracy: Any = None
-        self.metrics: dict[str, float] = {}
-        self.last_metrics_step: Any = None
-        self._preempted: list[float] = []
-        self._replacements: list[float] = []
-        self._recoveries: list[tuple[float, int]] = []
-        self._trainer_failures: list[float] = []
-        self._rates: list[float] = []
-        self._devices: dict[str, str] = {}  # worker -> the device its trainer reported
-        self._paced: dict[str, Event] = {}  # worker or PS host -> its emulation-paced event
-        self._behind: dict[str, float] = {}  # ... -> the lowest achieved/target ratio seen
-        self._gpu: dict[str, str] = {}  # worker VM -> its GPU type (from its request)
-        self._local_steps: dict[str, int] = {}  # worker -> its trainer's steps, last reported
-
-    def feed_one(self, e: Event) -> None:
-        """Read one event not seen before."""
-        if self._own_bill:
-            self.bill.feed(e)
-        t = float(e["time"])
-        if self.first_time is None:
-            self.first_time = t
-        self.last_time = t
-        kind = e.get("kind")
-        tw = float(e.get("time", 0))
-        if kind == "train-started" and self.started is None:
-            self.started = e
-        elif kind == "train-finished":
-            self.finished = e
-        elif kind == "eval":
-            self.accuracy = e["accuracy"]
-            self.metrics = eval_metrics(e)
-        elif kind == "preempted" and e.get("role") == "worker":
-            self._preempted.append(tw)
-        elif kind in ("replacement-requested", "spare-requested") and e.get("role") != "ps":
-            # A spare asked for ahead of a revocation replaces the worker as well.
-            self._replacements.append(tw)
-        elif kind == "ps-recovered":
-            self._recoveries.append((tw, int(e.get("steps_lost", 0))))
-        elif kind == "trainer-failed":
-            self._trainer_failures.append(tw)
-        elif kind == "requested" and e.get("role") == "worker":
-            self._gpu[str(e.get("worker"))] = str(e.get("gpu") or "none")
-        if kind == "worker-metrics":
-            name = str(e.get("worker"))
-            local = int(e.get("local_step") or 0)
-            self._local_steps[name] = max(local, self._local_steps.get(name, 0))
-        if kind == "worker-metrics" and e.get("img_per_s"):
-            self._rates.append(e["img_per_s"])
-            self._devices[str(e.get("worker"))] = str(e.get("device", "unknown"))
-        elif kind == "metrics":
-            self.last_metrics_step = e["step"]
-        elif kind == "emulation-paced":
-            self._paced[f"{e.get('role')}:{e.get('worker')}"] = e
-        elif kind == "emulation-behind":
-            key = f"{e.get('role')}:{e.get('worker')}"
-            target = float(e.get("target_steps_per_s") or 0.0)
-            ratio = float(e.get("achieved_steps_per_s") or 0.0) / target if target > 0 else 0.0
-            self._behind[key] = min(ratio, self._behind.get(key, ratio))
-
-    def _emulation_note(self) -> str:
-        """What was emulated, and whether the host kept the pace (a sentence for views)."""
-        if not self._paced:
-            return "not emulated: every rate is this host's own"
-        unpaced = sorted(
-            str(e.get("worker"))
-            for e in self._paced.values()
-            if e.get("role") == "worker" and e.get("wall_steps_per_s") is None
-        )
-        parts = []
-        if self._behind:
-            worst = min(self._behind.values())
-            parts.append(
-                f"the host could NOT keep the emulated pace on {len(self._behind)} of "
-                f"{len(self._paced)} paced processes (its own work as slow as {worst:.0%} of the "
-                "pace): the emulated figures are too slow; use a smaller time_scale or model"
-            )
-        else:
-            parts.append("the host kept the emulated pace of every paced process")
-        own = any(e.get("basis") for e in self._paced.values())
-        if unpaced and own:
-            # A user's model: the paper's ResNet-32 rates say nothing of it.
-            parts.append(
-                f"no step rate measured for this model on the GPU type of {', '.join(unpaced)}: "
-                "not paced (give one, e.g. emulate='paper,t4=STEPS_PER_S')"
-            )
-        elif unpaced:
-            parts.append(f"no step rate for the GPU type of {', '.join(unpaced)}: not paced")
-        return "; ".join(parts)
-
-    def result(self) -> dict[str, Any]:
-        """The summary: the same dict as :func:`summarize`."""
-        started, finished = self.started, self.finished
-        t0 = started["time"] if started else (self.first_time or 0.0)
-        t1 = finished["time"] if finished else (self.last_time or 0.0)
-
-        def within(times: Iterable[float]) -> list[float]:
-            return [t for t in times if t0 <= t <= t1]
-
-        recoveries = [lost for t, lost in self._recoveries if t0 <= t <= t1]
-        total, total_od, _, _ = self.bill.totals(now=t1)
-        wall = max(0.0, t1 - t0)
-        if finished:
-            steps = int(finished["step"])
-        else:
-            steps = self.last_metrics_step if self.last_metrics_step is not None else 0
-        batch = int(started["batch_size"]) if started else 0
-        cluster_rate = steps * batch / wall if wall > 0 else 0.0
-        speedup, note = self._speedup(cluster_rate)
-        saved = total_od - total
-        return {
-            "run": started.get("run") if started else None,
-            "model": started.get("model") if started else None,
-            "data": started.get("data") if started else None,
-            "reason": finished.get("reason") if finished else None,
-            "error": finished.get("error") if finished else None,
-            "trainer_failures": len(within(self._trainer_failures)),
-            "steps": steps,
-            "wall_s": wall,
-            "accuracy": self.accuracy,
-            "metrics": dict(self.metrics),
-            "parameters": started.get("parameters") if started else None,
-            "preemptions": len(within(self._preempted)),
-            "replacements": len(within(self._replacements)),
-            "ps_recoveries": len(recoveries),
-            "steps_lost": sum(recoveries),
-            "lost_in_flight": finished.get("lost_in_flight") if finished else None,
-            "cost": total,
-            "cost_on_demand": total_od,
-            "saved": saved,
-            "saved_fraction": saved / total_od if total_od > 0 else 0.0,
-            "img_per_s": cluster_rate,
-            "speedup_over_one_worker": speedup,
-            "speedup_note": note,
-            "emulated": bool(self._paced),
-            "emulation_behind": len(self._behind),
-            "emulation_note": self._emulation_note(),
-            "by_gpu": self._by_gpu(wall),
-        }
-
-    def _by_gpu(self, wall: float) -> dict[str, dict[str, Any]]:
-        """Per GPU type: trainers, their steps (as last reported) and steps per wall second.
-
-        A mixed cluster's throughput per type: each worker's own steps, from its trainer's
-        ``worker-metrics`` (posted every few seconds, so the last seconds may be missing).
-        """
-        out: dict[str, dict[str, Any]] = {}
-        for name, steps in self._local_steps.items():
-            row = out.setdefault(self._gpu.get(name, "none"), {"workers": 0, "steps": 0})
-            row["workers"] += 1
-            row["steps"] += steps
-        for row in out.values():
-            row["steps_per_s"] = row["steps"] / wall if wall > 0 else 0.0
-        return out
-
-    def _speedup(self, cluster_rate: float) -> tuple[float | None, str]:
-        """The cluster's rate over one worker's, only where one worker's rate was measured alone.
-
-        A trainer's own rate is one worker's rate only when it had its device to itself: each
-        trainer on a GPU of its own (distinct device ids). Workers that share CPU cores or a GPU
-        slow each other down, so their rates say nothing about one worker alone: no figure then.
-        """
-        devices = list(self._devices.values())
-        if not self._rates or not devices:
-            return None, "no trainer reported its rate"
-        if not all(d.startswith("cuda:") and d != "cuda:" for d in devices):
-            return None, "workers share the host's CPU cores: no one-worker baseline was measured"
-        if len(set(devices)) < len(devices):
-            return None, "workers share a GPU: no one-worker baseline was measured"
-        one_worker = float(np.median(self._rates))
-        if not one_worker > 0:
-            return None, "no trainer reported its rate"
-        return cluster_rate / one_worker, "over the median rate of trainers on GPUs of their own"
-
-
-def summarize(events: Iterable[Event], minimum_s: float = BILLING_MINIMUM_S) -> dict[str, Any]:
-    """The summary of a run, from its event log alone (a run record will do).
-
-    Keys: run, model, data, reason, error,
-    trainer_failures, steps, wall_s, accuracy, metrics (every metric of the last evaluation),
-    parameters (the model's trainable ones), preemptions, replacements, ps_recoveries, steps_lost, lost_in_flight, cost,
-    cost_on_demand, saved, saved_fraction, img_per_s, speedup_over_one_worker (None where no
-    one-worker rate was measured alone: see ``speedup_note``), speedup_note, emulated (paced
-    GPU or PS emulation, :mod:`transient_nb.training.emulation`), emulation_behind (paced processes whose
-    host could not keep the pace), emulation_note, by_gpu (GPU type -> trainers, their steps and
-    steps per wall second: a mixed cluster's throughput per type).
-
-    Examples
-    --------
-    >>> summarize([])["steps"]
-    0
-    """
-    fold = RunSummary(minimum_s)
-    for e in events:
-        fold.feed_one(e)
-    return fold.result()
-
-
-#: Columns of :func:`history`.
-HISTORY_COLUMNS = [
-    "step",
-    "time",
-    "loss",
-    "accuracy",
-    "active_workers",
-    "staleness",
-    "img_per_s",
-    "lr",
-    "cost",
-    "cost_on_demand",
-]
-
-
-def history(
-    events: Iterable[Event], t0: float, minimum_s: float = BILLING_MINIMUM_S
-) -> pd.DataFrame:
-    """One row per ``metrics`` event: the training curve with the money spent at each point.
-
-    Parameters
-    ----------
-    events
-        The run's events, in order.
-    t0
-        Wall time (UNIX seconds) that ``time`` counts from (the run's start).
-    minimum_s
-        Minimum billed seconds per VM.
-
-    Returns
-    -------
-    A DataFrame with :data:`HISTORY_COLUMNS`: step, time (s since ``t0``), loss, test accuracy
-    (last evaluation), active workers, staleness, img/s, lr, cost and on-demand cost so far;
-    then one column per further metric of the run (a user's ``metrics=``: its last
-    evaluation's value, empty before the first). Linear in the number of events (the bill is
-    kept incrementally).
-
-    Examples
-    --------
-    >>> history([], t0=0.0).empty
-    True
-    """
-    bill_ = Bill(minimum_s)
-    rows = []
-    acc = None
-    more: dict[str, float] = {}  # the metrics beside accuracy, as last evaluated
-    for e in events:
-        bill_.feed(e)
-        kind = e.get("kind")
-        if kind == "eval":
-            acc = e["accuracy"]
-            more.update({k: v for k, v in eval_metrics(e).items() if k != "accuracy"})
-        if kind != "metrics":
-            continue
-        total, total_od, _, _ = bill_.totals(now=e["time"])
-        rows.append(
-            {
-                **more,
-                "step": e["step"],
-                "time": e["time"] - t0,
-                "loss": e["loss"],
-                "accuracy": acc,
-                "active_workers": e["active_workers"],
-                "staleness": e["staleness"],
-                "img_per_s": e["img_per_s"],
-                "lr": e["lr"],
-                "cost": total,
-                "cost_on_demand": total_od,
-            }
-        )
-    return pd.DataFrame(rows, columns=[*HISTORY_COLUMNS, *more])
-
-
-def eval_metrics(e: Event) -> dict[str, float]:
-    """Every metric of an ``eval`` event: its ``metrics`` (a user's workload), else accuracy.
-
-    Examples
-    --------
-    >>> eval_metrics({"kind": "eval", "accuracy": 0.9}), eval_metrics({"metrics": {"mae": 0.2}})
-    ({'accuracy': 0.9}, {'mae': 0.2})
-    """
-    metrics = e.get("metrics")
-    if isinstance(metrics, Mapping):
-        return {str(k): v for k, v in metrics.items()}
-    return {} if e.get("accuracy") is None else {"accuracy": e["accuracy"]}
 
 
 # -- the whole cluster -------------------------------------------------------------------------------
@@ -784,13 +339,6 @@ def _mix_or_none(e: Event) -> dict[str, int] | None:
         return {str(g): int(n) for g, n in mix.items()}
     n, gpu = _int_or_none(e.get("workers")), e.get("gpu")
     return {str(gpu): n} if n is not None and gpu else None
-
-
-def _int_or_none(value: Any) -> int | None:
-    try:
-        return None if value is None else int(value)
-    except (TypeError, ValueError):
-        return None
 
 
 def vm_states(events: Iterable[Mapping[str, Any]], now: float | None = None) -> pd.DataFrame:

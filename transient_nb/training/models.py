@@ -218,7 +218,7 @@ def evaluate(
         A classifier returning logits; it must already be on `device`.
     images : numpy.ndarray or torch.Tensor
         ``(N, C, H, W)`` float32 inputs, already normalised (see
-        ``transient_nb.training.data.to_tensor``).
+        ``transient_nb.training.batches.to_tensor``).
     labels : numpy.ndarray or torch.Tensor
         ``(N,)`` integer class labels.
     batch_size : int, optional

@@ -10,7 +10,7 @@ draws its batches from: it travels to the workers once, by value (cloudpickle, a
 functions), so things defined in a notebook cell work on a worker that never saw the notebook.
 
 The built-in names keep exactly their old code path: :func:`~transient_nb.training.models.build_model`,
-:class:`~transient_nb.training.data.BatchStream` with the paper's augmentation, cross entropy and
+:class:`~transient_nb.training.batches.BatchStream` with the paper's augmentation, cross entropy and
 :func:`~transient_nb.training.models.evaluate`.
 """
 

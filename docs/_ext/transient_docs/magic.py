@@ -1,7 +1,7 @@
 """The parsers of the CLI and of the magic, as sphinx-argparse renders them.
 
 Each subcommand of the ``%transient_cluster`` magic has its own IPython ``MagicArgumentParser``
-(the ``@argument`` decorators in ``transient_nb/notebook/magics.py``, collected in
+(the ``@argument`` decorators in ``transient_nb/notebook/magic_parsers.py``, collected in
 ``SUBCOMMANDS``); the cell form has its own too. :func:`parser` joins them under one parser
 whose subcommands are theirs, so the reference page is generated from the very parsers the magic
 runs. :func:`cli_parser` is the CLI's own parser.
@@ -40,7 +40,7 @@ def plain(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def cli_parser() -> argparse.ArgumentParser:
     """``transient-nb``: the command's own parser."""
-    from transient_nb.cli.commands import _parser
+    from transient_nb.cli.parser import _parser
 
     return plain(_parser())
 
@@ -51,7 +51,7 @@ def _first_paragraph(text: str | None) -> str:
 
 def parser() -> argparse.ArgumentParser:
     """``%transient_cluster SUBCOMMAND ...``: every subcommand's own parser under one."""
-    from transient_nb.notebook import magics
+    from transient_nb.notebook import magic_parsers, magics
 
     line = magics.TransientMagics.transient_cluster
     top = argparse.ArgumentParser(
@@ -60,7 +60,7 @@ def parser() -> argparse.ArgumentParser:
         add_help=False,
     )
     sub = top.add_subparsers(dest="subcommand", metavar="SUBCOMMAND")
-    for name, func in magics.SUBCOMMANDS.items():
+    for name, func in magic_parsers.SUBCOMMANDS.items():
         own = func.parser
         sub.add_parser(
             name,
@@ -74,9 +74,9 @@ def parser() -> argparse.ArgumentParser:
 
 def cell_parser() -> argparse.ArgumentParser:
     """``%%transient_cluster [options]`` and its YAML body."""
-    from transient_nb.notebook import magics
+    from transient_nb.notebook import magic_parsers
 
-    own = magics._cell.parser
+    own = magic_parsers._cell.parser
     return plain(
         argparse.ArgumentParser(
             prog="%%transient_cluster",

@@ -4,19 +4,24 @@ import {
   showDialog,
   showErrorMessage
 } from '@jupyterlab/apputils';
-import { ServerConnection } from '@jupyterlab/services';
 import { Poll } from '@lumino/polling';
 import { Widget } from '@lumino/widgets';
 
-import { requestAPI } from './handler';
+import { button, el } from './dom';
 import {
-  ICluster,
-  IClusterList,
-  INewCluster,
-  IScale,
-  IOptions,
-  IWorker
-} from './types';
+  dollars,
+  messageOf,
+  percent,
+  placementText,
+  rate,
+  trainingText
+} from './format';
+import { NewClusterForm, ScaleForm } from './forms';
+import { requestAPI } from './handler';
+import { ICluster, IClusterList, IOptions, IWorker } from './types';
+
+// The forms were defined here first: their names still come from this module too.
+export { NewClusterForm, ScaleForm, workersValue } from './forms';
 
 /**
  * How long the server may hold a list request open when nothing changes (seconds). The server
@@ -226,25 +231,7 @@ export class TransientSidebar extends Widget {
     }
     card.appendChild(head);
 
-    const mixed = c.mix ? Object.entries(c.mix).filter(([, n]) => n > 0) : [];
-    const placement = [
-      mixed.length > 1
-        ? mixed.map(([g, n]) => `${n} ${g}`).join(' + ')
-        : (c.gpu ?? 'no GPU'),
-      c.zone ?? '',
-      c.spot === null ? '' : c.spot ? 'spot' : 'on-demand',
-      c.target_workers !== null
-        ? `target ${c.target_workers} worker${c.target_workers === 1 ? '' : 's'}`
-        : '',
-      c.owner === 'head'
-        ? `head pid ${c.pid}`
-        : c.owner === 'panel'
-          ? 'started here'
-          : c.pid
-            ? `kernel pid ${c.pid}`
-            : ''
-    ].filter(Boolean);
-    card.appendChild(el('div', 'tnb-Placement', placement.join(' · ')));
+    card.appendChild(el('div', 'tnb-Placement', placementText(c)));
 
     const money = el('div', 'tnb-Cost');
     money.appendChild(
@@ -291,33 +278,7 @@ export class TransientSidebar extends Widget {
     );
 
     if (c.training) {
-      const t = c.training;
-      // Every metric of the last evaluation (a user's own), accuracy as a percentage.
-      const metrics = Object.entries(t.metrics ?? {}).map(([name, value]) =>
-        value === null
-          ? ''
-          : name === 'accuracy'
-            ? `accuracy ${percent(value, 1)}`
-            : `${name} ${value.toPrecision(4)}`
-      );
-      const model = t.model
-        ? `${t.model}${t.parameters !== null && t.parameters !== undefined ? ` (${t.parameters.toLocaleString()} parameters)` : ''}`
-        : '';
-      const parts = [
-        model,
-        `step ${t.step}${t.steps ? `/${t.steps}` : ''}`,
-        ...(metrics.length
-          ? metrics
-          : [t.accuracy !== null ? `accuracy ${percent(t.accuracy, 1)}` : '']),
-        t.finished
-          ? `finished (${t.reason ?? 'done'})`
-          : t.eta_s !== null
-            ? `ETA ${duration(t.eta_s)}`
-            : ''
-      ].filter(Boolean);
-      card.appendChild(
-        el('div', 'tnb-Training', `Training: ${parts.join(' · ')}`)
-      );
+      card.appendChild(el('div', 'tnb-Training', trainingText(c.training)));
     }
 
     if (c.policy) {
@@ -583,223 +544,4 @@ export namespace TransientSidebar {
      */
     insertConnect: (cluster: ICluster) => void;
   }
-}
-
-/**
- * What a workers field holds, as the server takes it: a number, or the text of a mix.
- */
-export function workersValue(text: string): number | string {
-  const t = text.trim();
-  return /^\d+$/.test(t) ? Number(t) : t;
-}
-
-/**
- * The body of the "new cluster" dialog: workers, GPU, zone, spot and the preemption spec.
- */
-export class NewClusterForm
-  extends Widget
-  implements Dialog.IBodyWidget<INewCluster>
-{
-  constructor(options: IOptions) {
-    super();
-    this.addClass('tnb-NewClusterForm');
-    const d = options.defaults;
-    this._name = input('text', '');
-    this._name.placeholder = 'a fresh name';
-    // A number, or a mix of GPU types (k80=2,v100=1): the server checks either.
-    this._workers = input('text', String(d.workers));
-    this._workers.placeholder = '4, or k80=2,v100=1';
-    this._gpu = select(options.gpus, d.gpu);
-    this._zone = select(options.zones, d.zone);
-    this._spot = input('checkbox', '');
-    this._spot.checked = d.spot;
-    this._preemption = input('text', d.preemption);
-    const examples = el('datalist') as HTMLDataListElement;
-    examples.id = 'tnb-preemption-examples';
-    for (const spec of options.preemption_examples) {
-      const option = el('option') as HTMLOptionElement;
-      option.value = spec;
-      examples.appendChild(option);
-    }
-    this._preemption.setAttribute('list', examples.id);
-    this.node.append(
-      field('Name', this._name),
-      field('Workers', this._workers),
-      field('GPU', this._gpu),
-      field('Zone', this._zone),
-      field('Spot (preemptible)', this._spot),
-      field('Preemptions', this._preemption),
-      examples,
-      el(
-        'p',
-        'tnb-Hint',
-        `Prices: ${options.catalog}. Workers: a number, or a mix such as k80=2,v100=1 ` +
-          '(the GPU field is then not used). Preemptions: none, paper, paper:k80, ' +
-          'exp:mean=60s…'
-      )
-    );
-  }
-
-  getValue(): INewCluster {
-    const value: INewCluster = {
-      workers: workersValue(this._workers.value),
-      zone: this._zone.value,
-      spot: this._spot.checked,
-      preemption: this._preemption.value.trim()
-    };
-    if (typeof value.workers === 'number') {
-      value.gpu = this._gpu.value; // a mix names its own types
-    }
-    const name = this._name.value.trim();
-    if (name) {
-      value.name = name;
-    }
-    return value;
-  }
-
-  private _name: HTMLInputElement;
-  private _workers: HTMLInputElement;
-  private _gpu: HTMLSelectElement;
-  private _zone: HTMLSelectElement;
-  private _spot: HTMLInputElement;
-  private _preemption: HTMLInputElement;
-}
-
-/**
- * The "Scale" form: the GPU workers to keep, and how many of them run on demand.
- */
-export class ScaleForm extends Widget implements Dialog.IBodyWidget<IScale> {
-  constructor(c: ICluster) {
-    super();
-    this.addClass('tnb-ScaleForm');
-    const mixed = c.mix ? Object.entries(c.mix).filter(([, n]) => n > 0) : [];
-    this._workers = input(
-      'text',
-      mixed.length > 1
-        ? mixed.map(([g, n]) => `${g}=${n}`).join(',')
-        : String(c.target_workers ?? 1)
-    );
-    this._workers.placeholder = '4, or k80=2,v100=1';
-    this._workers.name = 'workers';
-    this._onDemand = input('text', '');
-    this._onDemand.name = 'on_demand';
-    this._onDemand.placeholder = 'as now';
-    const now = c.workers.filter(
-      w =>
-        w.role === 'worker' &&
-        w.spot === false &&
-        w.state !== 'preempted' &&
-        w.state !== 'deleted'
-    ).length;
-    this.node.append(
-      field('Workers', this._workers),
-      field('Of them on demand', this._onDemand),
-      el(
-        'p',
-        'tnb-Hint',
-        'Workers: a number, or a mix such as k80=2,v100=1 (the PS host comes on top). On ' +
-          'demand: how many of them are never revoked, a number or a mix such as p100=1; 0 ' +
-          `for none, empty to keep them as they are (${now} now).`
-      )
-    );
-  }
-
-  getValue(): IScale {
-    const value: IScale = { workers: workersValue(this._workers.value) };
-    const text = this._onDemand.value.trim();
-    if (text) {
-      // A whole number goes as one; anything else as typed, for the server to name it.
-      value.on_demand = workersValue(text);
-    }
-    return value;
-  }
-
-  private _workers: HTMLInputElement;
-  private _onDemand: HTMLInputElement;
-}
-
-// -- small DOM and formatting helpers -------------------------------------------------------------
-function el(tag: string, className = '', text?: string): HTMLElement {
-  const node = document.createElement(tag);
-  if (className) {
-    node.className = className;
-  }
-  if (text !== undefined) {
-    node.textContent = text;
-  }
-  return node;
-}
-
-function button(
-  label: string,
-  className: string,
-  onClick: () => unknown,
-  disabled = false,
-  title = ''
-): HTMLButtonElement {
-  const node = el('button', className, label) as HTMLButtonElement;
-  node.type = 'button';
-  node.disabled = disabled;
-  node.title = title;
-  node.addEventListener('click', () => void onClick());
-  return node;
-}
-
-function input(type: string, value: string): HTMLInputElement {
-  const node = el(
-    'input',
-    type === 'checkbox' ? '' : 'jp-mod-styled'
-  ) as HTMLInputElement;
-  node.type = type;
-  node.value = value;
-  return node;
-}
-
-function select(choices: string[], value: string): HTMLSelectElement {
-  const node = el('select', 'jp-mod-styled') as HTMLSelectElement;
-  for (const choice of choices) {
-    const option = el('option', '', choice) as HTMLOptionElement;
-    option.value = choice;
-    node.appendChild(option);
-  }
-  node.value = value;
-  return node;
-}
-
-function field(label: string, control: HTMLElement): HTMLElement {
-  const node = el('label', 'tnb-Field');
-  node.appendChild(el('span', '', label));
-  node.appendChild(control);
-  return node;
-}
-
-function dollars(x: number | null): string {
-  const v = x ?? 0;
-  return `$${Math.abs(v) < 10 ? v.toFixed(4) : v.toFixed(2)}`;
-}
-
-function rate(x: number | null): string {
-  return `$${(x ?? 0).toFixed(3)}/h`;
-}
-
-function percent(x: number | null, digits = 0): string {
-  return `${((x ?? 0) * 100).toFixed(digits)}%`;
-}
-
-function duration(seconds: number): string {
-  if (seconds < 90) {
-    return `${Math.round(seconds)} s`;
-  }
-  if (seconds < 90 * 60) {
-    return `${Math.round(seconds / 60)} min`;
-  }
-  const h = Math.floor(seconds / 3600);
-  return `${h} h ${Math.round((seconds - h * 3600) / 60)} min`;
-}
-
-function messageOf(error: unknown): string {
-  if (error instanceof ServerConnection.ResponseError) {
-    return error.message;
-  }
-  return error instanceof Error ? error.message : String(error);
 }

@@ -1,5 +1,5 @@
 /**
- * The JSON models that the server extension sends (transient_nb/server/manager.py).
+ * The JSON models that the server extension sends (transient_nb/server/model.py).
  */
 
 export type ClusterStatus =

@@ -1,6 +1,6 @@
 """The progress of a training run in the notebook: a bar, the figures, the ETA and a stop button.
 
-:class:`RunView` renders a :class:`~transient_nb.eventlog.folds.RunProgress` (the control panel embeds
+:class:`RunView` renders a :class:`~transient_nb.eventlog.progress.RunProgress` (the control panel embeds
 one); :class:`RunPanel` is the live view of one run on its own, which the ``train`` magic shows
 under the cluster's panel instead of a second copy of that panel.
 """

@@ -32,7 +32,7 @@ def report_html(
     events
         The run's events, in order.
     summary
-        The table at the top; by default :func:`transient_nb.eventlog.folds.summarize` of ``events``.
+        The table at the top; by default :func:`transient_nb.eventlog.summary.summarize` of ``events``.
     title
         The page's title and heading.
     minimum_s
