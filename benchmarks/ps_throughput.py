@@ -473,21 +473,13 @@ class RpcBench:
             "OMP_NUM_THREADS": "1",
             "MKL_NUM_THREADS": "1",
         }
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
+        with _common.environ(env):
             self.ctx = tmp.spawn(
                 _rpc_process,
                 args=(trainers + 1, port, transport, self.commands, self.results),
                 nprocs=trainers + 1,
                 join=False,
             )
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
         self._get(timeout=300)
 
     def _get(self, timeout: float) -> Any:
