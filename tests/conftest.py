@@ -131,6 +131,22 @@ def benchmark(name: str) -> ModuleType:
     return module
 
 
+def endless_run(cluster: Any, **options: Any) -> Any:
+    """A resnet8 run on digits that trains until it is stopped (no evaluation, no checkpoint on
+    the way): ``train``'s ``options`` on top."""
+    from transient_nb import train
+
+    params: dict[str, Any] = dict(
+        model="resnet8",
+        data="digits",
+        steps=10**6,
+        batch_size=16,
+        eval_every=10**6,
+        checkpoint_every=10**6,
+    )
+    return train(cluster, **{**params, **options})
+
+
 def kinds(events: Iterable[dict[str, Any]], worker: str | None = None) -> list[str]:
     """The ``kind`` of every event (of one worker, if given), in order."""
     return [e["kind"] for e in events if worker is None or e.get("worker") == worker]
