@@ -34,6 +34,16 @@ from transient_nb.policy.adaptive import TransientPolicy
 from transient_nb.policy.learning import PS_MOVE_SETTLE
 from transient_nb.policy.planner import Configuration, Estimate, Kind, Plan, Planner
 
+#: What a policy announces once it stopped: no goal, no budget, no history.
+STOPPED = {
+    "kind": "policy",
+    "goal": None,
+    "deadline_s": None,
+    "budget": None,
+    "history": None,
+    "remembered_h": None,
+}
+
 
 def test_no_run_no_decision_and_progress_comes_from_the_run():
     cluster = RecordingCluster({"k80": 1})
@@ -751,14 +761,7 @@ def test_a_started_policy_announces_its_goal_and_decides_each_round_even_after_a
         "remembered_h": 0.0,
     }
     assert decided["kind"] == "policy-decision" and decided["acted"] is True
-    assert stopped == {
-        "kind": "policy",
-        "goal": None,
-        "deadline_s": None,
-        "budget": None,
-        "history": None,
-        "remembered_h": None,
-    }
+    assert stopped == STOPPED
     assert policy._task is None
     quiet = _policy(cluster, "cost-per-step")
     task = SimpleNamespace(cancel=lambda: None)
@@ -795,14 +798,7 @@ def test_a_budget_policy_announces_its_budget_and_none_once_stopped():
             "history": None,
             "remembered_h": 0.0,
         },
-        {
-            "kind": "policy",
-            "goal": None,
-            "deadline_s": None,
-            "budget": None,
-            "history": None,
-            "remembered_h": None,
-        },
+        STOPPED,
     ]
 
 
