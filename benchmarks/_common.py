@@ -16,7 +16,7 @@ import statistics
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 #: Environment of every plain (baseline) process: the same as the Dask workers get from the local
@@ -81,6 +81,26 @@ def spread(values: Sequence[float]) -> str:
 
 def median(values: Sequence[float]) -> float:
     return float(statistics.median(values)) if values else math.nan
+
+
+@contextlib.contextmanager
+def environ(changes: Mapping[str, str | None]) -> Iterator[None]:
+    """These environment variables set (None: unset) for what starts in the block (processes
+    inherit them), and back as they were after it."""
+    saved = {k: os.environ.get(k) for k in changes}
+    try:
+        _set_environ(changes)
+        yield
+    finally:
+        _set_environ(saved)
+
+
+def _set_environ(values: Mapping[str, str | None]) -> None:
+    for k, v in values.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 # -- clusters ---------------------------------------------------------------------------------------
@@ -269,10 +289,7 @@ def run_plain_processes(n: int, **kwargs: Any) -> list[list[float]]:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     barrier = ctx.Barrier(n)
-    saved = {k: os.environ.get(k) for k in [*PLAIN_ENV, "MALLOC_TRIM_THRESHOLD_"]}
-    os.environ.update(PLAIN_ENV)
-    os.environ.pop("MALLOC_TRIM_THRESHOLD_", None)
-    try:
+    with environ({**PLAIN_ENV, "MALLOC_TRIM_THRESHOLD_": None}):
         procs = [
             ctx.Process(
                 target=_plain_child,
@@ -283,12 +300,6 @@ def run_plain_processes(n: int, **kwargs: Any) -> list[list[float]]:
         ]
         for p in procs:
             p.start()
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     results = []
     try:
         for _ in procs:

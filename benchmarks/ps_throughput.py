@@ -58,6 +58,25 @@ EXPECTED = {"default": "unix", "cross-host": "tls", "actor": "dask"}
 #: The paper's single PS saturated at about this many global steps/s (1.86M model; Li et al. §3).
 PAPER_PS_STEPS_S = 45.0
 BATCH = 128  # images counted per push (only reported to the PS)
+#: The columns of the table it prints.
+COLUMNS = [
+    "model",
+    "params",
+    "shards",
+    "wire",
+    "trainers",
+    "dask steps/s",
+    "dask range",
+    "dask ms/step",
+    "dask MB/s",
+    "dask PS cpu ms/step",
+    "rpc steps/s",
+    "rpc range",
+    "rpc MB/s",
+    "rpc PS cpu ms/step",
+    "dask/rpc",
+    "dask/45",
+]
 
 
 def model_sizes(name: str) -> tuple[int, int]:
@@ -454,21 +473,13 @@ class RpcBench:
             "OMP_NUM_THREADS": "1",
             "MKL_NUM_THREADS": "1",
         }
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
+        with _common.environ(env):
             self.ctx = tmp.spawn(
                 _rpc_process,
                 args=(trainers + 1, port, transport, self.commands, self.results),
                 nprocs=trainers + 1,
                 join=False,
             )
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
         self._get(timeout=300)
 
     def _get(self, timeout: float) -> Any:
@@ -655,25 +666,7 @@ def main(argv: list[str] | None = None) -> int:
                 d_rate / PAPER_PS_STEPS_S,
             ]
         )
-    columns = [
-        "model",
-        "params",
-        "shards",
-        "wire",
-        "trainers",
-        "dask steps/s",
-        "dask range",
-        "dask ms/step",
-        "dask MB/s",
-        "dask PS cpu ms/step",
-        "rpc steps/s",
-        "rpc range",
-        "rpc MB/s",
-        "rpc PS cpu ms/step",
-        "dask/rpc",
-        "dask/45",
-    ]
-    print(md_table(columns, rows))
+    print(md_table(COLUMNS, rows))
     print(
         f"\n{args.repeats} repeat(s) of {fmt(args.seconds)} s after {fmt(args.warmup)} s warm-up; "
         "medians; MB/s = model payload (gradient up + weights down); ms/step = one trainer's "

@@ -47,6 +47,18 @@ import _common
 from _common import log, md_table, median, spread
 
 TARGETS = {"worker, notice": 5.0, "worker, no notice": 5.0, "ps": 30.0}
+#: The columns of the table it prints.
+COLUMNS = [
+    "scenario",
+    "repeats",
+    "drain s",
+    "stop s",
+    "replacement up s",
+    "first update s",
+    "framework share s",
+    "share range",
+    "target s",
+]
 
 
 def wait_until(predicate: Any, timeout: float, what: str) -> Any:
@@ -234,18 +246,7 @@ def main(argv: list[str] | None = None) -> int:
                 TARGETS[s],
             ]
         )
-    columns = [
-        "scenario",
-        "repeats",
-        "drain s",
-        "stop s",
-        "replacement up s",
-        "first update s",
-        "framework share s",
-        "share range",
-        "target s",
-    ]
-    print(md_table(columns, rows))
+    print(md_table(COLUMNS, rows))
     print(
         "\nmedians of the phases, in order; provisioning delay 0. drain: notice -> the worker "
         "left; stop: left (no notice, ps: the kill) -> the VM is seen gone ('preempted'; ps: "

@@ -12,9 +12,11 @@ import asyncio
 import copy
 import importlib
 import os
+import sys
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import dask.config
@@ -33,6 +35,8 @@ os.environ.setdefault("TRANSIENT_NB_STRICT_EVENTS", "1")
 
 #: Poll interval of the wait helpers (seconds).
 POLL_S = 0.05
+#: The benchmark scripts (``benchmarks/``): see :func:`benchmark`.
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 @pytest.fixture(autouse=True)
@@ -117,6 +121,32 @@ def require_module(name: str, install: str) -> Any:
 
 
 # -- events -------------------------------------------------------------------------------------
+def benchmark(name: str) -> ModuleType:
+    """``benchmarks/NAME.py`` as a module, its folder on ``sys.path`` as when it runs as a script
+    (it imports ``_common`` beside it): a test uses a benchmark's code, never a copy of it."""
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.append(str(BENCHMARKS))
+    module = importlib.import_module(name)
+    assert Path(module.__file__ or "").parent == BENCHMARKS, module
+    return module
+
+
+def endless_run(cluster: Any, **options: Any) -> Any:
+    """A resnet8 run on digits that trains until it is stopped (no evaluation, no checkpoint on
+    the way): ``train``'s ``options`` on top."""
+    from transient_nb import train
+
+    params: dict[str, Any] = dict(
+        model="resnet8",
+        data="digits",
+        steps=10**6,
+        batch_size=16,
+        eval_every=10**6,
+        checkpoint_every=10**6,
+    )
+    return train(cluster, **{**params, **options})
+
+
 def kinds(events: Iterable[dict[str, Any]], worker: str | None = None) -> list[str]:
     """The ``kind`` of every event (of one worker, if given), in order."""
     return [e["kind"] for e in events if worker is None or e.get("worker") == worker]

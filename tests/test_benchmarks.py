@@ -10,13 +10,12 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+from tests.conftest import BENCHMARKS, benchmark
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 def tiny(script: str, timeout: float = 240) -> str:
@@ -68,18 +67,7 @@ def test_ps_throughput():
         "dask/rpc",
         "dask/45",
     ]
-    assert header == [
-        "model",
-        "params",
-        "shards",
-        "wire",
-        "trainers",
-        "dask steps/s",
-        "dask range",
-        *numbers[1:5],
-        "rpc range",
-        *numbers[5:],
-    ]
+    assert header == benchmark("ps_throughput").COLUMNS
     assert [(r["model"], r["shards"], r["wire"], r["trainers"]) for r in rows] == [
         ("resnet32", "1", "float32", "1"),
         ("resnet32", "2", "float16", "1"),
@@ -155,17 +143,7 @@ def test_gpu_suite_runs_on_cpu(tmp_path):
 
 def test_recovery():
     header, rows = run_tiny("recovery.py")
-    assert header == [
-        "scenario",
-        "repeats",
-        "drain s",
-        "stop s",
-        "replacement up s",
-        "first update s",
-        "framework share s",
-        "share range",
-        "target s",
-    ]
+    assert header == benchmark("recovery").COLUMNS
     assert [r["scenario"] for r in rows] == ["worker, notice", "worker, no notice", "ps"]
     assert_positive(
         rows, "repeats", "stop s", "replacement up s", "first update s", "framework share s"

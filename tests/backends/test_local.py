@@ -297,31 +297,16 @@ async def test_vm_dies_with_its_owner_even_when_its_scheduler_lives(s: Any, tmp_
 def test_the_ps_data_plane_admits_only_members_on_both_of_its_paths(tmp_path: Path) -> None:
     """A real local cluster: its PS's data plane is a Unix socket only this user can reach (the
     default) or, on the cross-host path, TLS only the cluster's certificates open."""
-    import ssl
     import stat
 
-    from tests.training.wire.outsiders import (
-        knock_tls,
-        knock_unix_as_nobody,
-        outsider_contexts,
-        refused,
-    )
-    from transient_nb import TransientCluster, train
-    from transient_nb.backends.tls import ClusterCA
+    from tests.conftest import endless_run
+    from tests.training.wire.outsiders import assert_only_members_admitted, knock_unix_as_nobody
+    from transient_nb import TransientCluster
 
     with TransientCluster(workers=1, preemption="none", provisioning_delay=0) as cluster:
         cluster.wait_for_workers(timeout=180)
         for path in ("auto", "tls"):
-            run = train(
-                cluster,
-                model="resnet8",
-                data="digits",
-                steps=10**6,
-                batch_size=16,
-                eval_every=10**6,
-                checkpoint_every=10**6,
-                data_plane=path,
-            )
+            run = endless_run(cluster, data_plane=path)
             try:
                 wait_for_sync(lambda run=run: run.step >= 5, timeout=180)
                 endpoint = run._ps[0].data_endpoint().result(timeout=30)
@@ -334,18 +319,7 @@ def test_the_ps_data_plane_admits_only_members_on_both_of_its_paths(tmp_path: Pa
                         assert knock_unix_as_nobody(sock) == "no entry"
                 else:
                     assert "unix" not in endpoint
-                    member = cluster.backend.ca.write_files(
-                        str(tmp_path / "m"), "w-0", role="worker"
-                    )
-                    ctx = ssl.create_default_context(cafile=member["ca"])
-                    ctx.check_hostname = False
-                    ctx.load_cert_chain(member["cert"], member["key"])
-                    assert knock_tls(endpoint, ctx) == b"T"
-                    outsider = ClusterCA.create("x").write_files(
-                        str(tmp_path / "x"), "w-0", role="worker"
-                    )
-                    for who, context in outsider_contexts(member["ca"], outsider).items():
-                        assert refused(endpoint, context), who
+                    assert_only_members_admitted(endpoint, cluster.backend.ca, str(tmp_path), "w-0")
                 step = run.step
                 wait_for_sync(lambda run=run, step=step: run.step >= step + 3, timeout=60)
             finally:

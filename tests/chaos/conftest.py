@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -23,6 +24,8 @@ pytestmark = [pytest.mark.slow]
 #: The bounds the suite trains with: a slow call is noticed in 2 s, a silent PS is lost at 30 s.
 CALL_TIMEOUT_S = 2.0
 PS_LOST_AFTER_S = 30.0
+#: Every run must end within this (wall seconds, on the 2-core CI machine).
+RUN_BOUND_S = 300
 
 
 def until(predicate: Any, timeout: float = 180, what: str = "condition") -> Any:
@@ -79,6 +82,12 @@ def ps_vm(cluster: TransientCluster) -> Any:
     return next(v for n, v in cluster.workers.items() if n.startswith("ps-"))
 
 
+def address_of(cluster: TransientCluster, name: str) -> str:
+    """The scheduler's address of the worker called ``name`` (``client.run``'s ``workers=``)."""
+    workers = cluster.get_client().scheduler_info()["workers"]
+    return next(a for a, w in workers.items() if w["name"] == name)
+
+
 def signal_vm(v: Any, sig: int) -> None:
     """Send ``sig`` to the whole process group of a VM (nanny and worker), as a hypervisor
     freezing or killing the machine would."""
@@ -131,6 +140,32 @@ def assert_finished(
     assert sum(status["accepted"].values()) == status["step"] == finished["step"]
     assert finished["lost_in_flight"] <= lost_at_most
     return finished
+
+
+def run_to_the_end(run: TrainingRun, steps: int, lost_at_most: int) -> dict[str, Any]:
+    """Wait for the run (:data:`RUN_BOUND_S` at most), then :func:`assert_finished` it."""
+    run.wait(timeout=RUN_BOUND_S)
+    return assert_finished(run, steps, lost_at_most)
+
+
+def freeze_ps_past_the_call_timeout(
+    cluster: TransientCluster, run: TrainingRun, sigcont: list[Any]
+) -> tuple[float, float, float]:
+    """Freeze the PS host (SIGSTOP) until both trainers notice, and a call timeout more (short of
+    ``ps_lost_after_s``), then resume it and wait for both trainers to rejoin. How long the
+    trainers took to notice, and the wall times of the resume and of the last rejoin."""
+    ps = ps_vm(cluster)
+    signal_vm(ps, signal.SIGSTOP)
+    sigcont.append(ps)
+    t0 = time.time()
+    until(lambda: len(kinds(run, "trainer-ps-lost")) >= 2, 60, "both trainers to notice")
+    noticed_s = time.time() - t0
+    time.sleep(CALL_TIMEOUT_S)  # the fault: frozen past the timeout, short of ps_lost_after_s
+    t_resume = time.time()
+    signal_vm(ps, signal.SIGCONT)
+    until(lambda: len(kinds(run, "ps-rejoined")) >= 2, 120, "both trainers back")
+    t_back = max(e["time"] for e in kinds(run, "ps-rejoined"))
+    return noticed_s, t_resume, t_back
 
 
 def assert_nothing_left(cluster: TransientCluster, run: TrainingRun) -> None:

@@ -6,7 +6,6 @@ rest of the suite (``call_timeout_s``, ``ps_lost_after_s``, rejoin with backoff)
 from __future__ import annotations
 
 import json
-import signal
 import sys
 import time
 
@@ -16,13 +15,14 @@ import pytest
 from .conftest import (
     CALL_TIMEOUT_S,
     accepted,
-    assert_finished,
+    address_of,
     assert_nothing_left,
     assert_story,
     chaos_cluster,
+    freeze_ps_past_the_call_timeout,
     kinds,
     ps_vm,
-    signal_vm,
+    run_to_the_end,
     start,
     until,
 )
@@ -30,14 +30,6 @@ from .conftest import (
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
-RUN_BOUND_S = 300
-
-
-def _ps_address(cluster):
-    client = cluster.get_client()
-    name = ps_vm(cluster).name
-    return next(a for a, w in client.scheduler_info()["workers"].items() if w["name"] == name)
 
 
 def _cut_data_plane(dask_worker=None):
@@ -83,7 +75,7 @@ def test_data_plane_connections_cut_twice_are_rejoined(record):
         run = start(cluster, steps=800)
         until(lambda: min(accepted(run, "w-0"), accepted(run, "w-1")) >= 20, what="both pushing")
         client = cluster.get_client()
-        address = _ps_address(cluster)
+        address = address_of(cluster, ps_vm(cluster).name)
         t_fault = time.time()
         cuts = client.run(_cut_data_plane, workers=[address])[address]
         assert cuts == 2  # one connection per trainer
@@ -92,8 +84,7 @@ def test_data_plane_connections_cut_twice_are_rejoined(record):
         step = run.step
         until(lambda: run.step >= step + 50, 120, "training on")
         assert client.run(_cut_data_plane, workers=[address])[address] == 2
-        run.wait(timeout=RUN_BOUND_S)
-        finished = assert_finished(run, 800, lost_at_most=0)
+        finished = run_to_the_end(run, 800, lost_at_most=0)
         record.add(
             "data-plane connections cut (twice)",
             f"{finished['step']} steps; same PS, trainers reconnected",
@@ -126,12 +117,11 @@ def test_ps_host_killed_in_the_middle_of_a_reply(record):
         client = cluster.get_client()
         run = start(cluster, steps=600, checkpoint_every=100)
         until(lambda: run.checkpoint_step >= 100, what="a checkpoint after step 100")
-        address = _ps_address(cluster)
+        address = address_of(cluster, ps_vm(cluster).name)
         t_fault = time.time()
         client.run(_die_in_the_middle_of_a_reply, 5, workers=[address])
         until(lambda: kinds(run, "ps-lost"), 120, "the PS seen lost")
-        run.wait(timeout=RUN_BOUND_S)
-        finished = assert_finished(run, 600, lost_at_most=0)
+        finished = run_to_the_end(run, 600, lost_at_most=0)
         (recovered,) = kinds(run, "ps-recovered")
         assert recovered["source"] == "checkpoint" and recovered["step"] >= 100
         record.add(
@@ -161,20 +151,10 @@ def test_ps_frozen_on_the_cross_host_path_then_resumed(sigcont, record):
     with chaos_cluster(workers=2) as cluster:
         run = start(cluster, steps=600, data_plane="tls")
         until(lambda: run.step >= 100, what="step 100")
-        ps = ps_vm(cluster)
-        signal_vm(ps, signal.SIGSTOP)
-        sigcont.append(ps)
-        t0 = time.time()
-        until(lambda: len(kinds(run, "trainer-ps-lost")) >= 2, 60, "both trainers to notice")
+        noticed_s, t_resume, t_back = freeze_ps_past_the_call_timeout(cluster, run, sigcont)
         # Noticed within the call timeout (plus a wait slice and the machine's load).
-        assert time.time() - t0 < CALL_TIMEOUT_S + 10
-        time.sleep(CALL_TIMEOUT_S)  # the fault: frozen past the timeout, short of ps_lost_after_s
-        t_resume = time.time()
-        signal_vm(ps, signal.SIGCONT)
-        until(lambda: len(kinds(run, "ps-rejoined")) >= 2, 120, "both trainers back")
-        t_back = max(e["time"] for e in kinds(run, "ps-rejoined"))
-        run.wait(timeout=RUN_BOUND_S)
-        finished = assert_finished(run, 600, lost_at_most=0)
+        assert noticed_s < CALL_TIMEOUT_S + 10
+        finished = run_to_the_end(run, 600, lost_at_most=0)
         record.add(
             "PS host SIGSTOPped on the cross-host (TLS) data plane, resumed",
             f"{finished['step']} steps; same PS kept, trainers rejoined over TLS",

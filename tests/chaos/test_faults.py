@@ -15,13 +15,17 @@ from transient_nb.training.run import TrainingRun
 
 from .conftest import (
     CALL_TIMEOUT_S,
+    RUN_BOUND_S,
     accepted,
+    address_of,
     assert_finished,
     assert_nothing_left,
     assert_story,
     chaos_cluster,
+    freeze_ps_past_the_call_timeout,
     kinds,
     ps_vm,
+    run_to_the_end,
     signal_vm,
     start,
     until,
@@ -32,9 +36,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 # The faults injected with client.run travel by value: the workers cannot import this module.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
-#: Every run must end within this (wall seconds, on the 2-core CI machine).
-RUN_BOUND_S = 300
 
 
 def test_worker_hard_killed_in_the_middle_of_a_push(record):
@@ -52,8 +53,7 @@ def test_worker_hard_killed_in_the_middle_of_a_push(record):
             signal_vm(ps, signal.SIGCONT)
         until(lambda: accepted(run, "w-3") > 0, 120, "the replacement contributing")
         t_back = time.time()
-        run.wait(timeout=RUN_BOUND_S)
-        finished = assert_finished(run, 2000, lost_at_most=1)
+        finished = run_to_the_end(run, 2000, lost_at_most=1)
         record.add(
             "worker SIGKILLed mid-push",
             f"{finished['step']} steps; replacement trains",
@@ -79,8 +79,7 @@ def test_preemption_notice_drains_the_last_gradient(record):
         cluster.preempt("w-0", notice=True)
         until(lambda: accepted(run, "w-3") > 0, 120, "the replacement contributing")
         t_back = time.time()
-        run.wait(timeout=RUN_BOUND_S)
-        finished = assert_finished(run, 2000, lost_at_most=0)
+        finished = run_to_the_end(run, 2000, lost_at_most=0)
         record.add(
             "preemption notice (3 s)",
             f"{finished['step']} steps; last gradient drained",
@@ -105,9 +104,7 @@ def test_ps_host_killed_in_the_middle_of_a_checkpoint(tmp_path, sigcont, record)
     with chaos_cluster(workers=2) as cluster:
         client = cluster.get_client()
         ps = ps_vm(cluster)
-        ps_address = next(
-            a for a, w in client.scheduler_info()["workers"].items() if w["name"] == ps.name
-        )
+        ps_address = address_of(cluster, ps.name)
 
         def slow_writes(path=str(marker)):
             # The PS host's disk becomes slow: each shard file takes 3 s, announced by a marker.
@@ -147,11 +144,10 @@ def test_ps_host_killed_in_the_middle_of_a_checkpoint(tmp_path, sigcont, record)
         signal_vm(ps, signal.SIGKILL)  # the host dies while the shard files are being written
         for v in trainers:
             signal_vm(v, signal.SIGCONT)
-        run.wait(timeout=RUN_BOUND_S)
         # One hard kill, so at most one gradient lost. (``lost_in_flight`` counts the gradients
         # of trainers whose worker died while computing; the trainers live on here, and what
         # the dead PS had accepted since the checkpoint is counted in steps_lost below.)
-        finished = assert_finished(run, 600, lost_at_most=1)
+        finished = run_to_the_end(run, 600, lost_at_most=1)
         (lost,) = kinds(run, "ps-lost")
         (recovered,) = kinds(run, "ps-recovered")
         # The half-written checkpoint has no manifest: recovery took the previous complete one.
@@ -197,8 +193,7 @@ def test_trainer_worker_frozen_past_the_call_timeout_then_resumed(sigcont, recor
         until(lambda: accepted(run, "w-1") > before, 120, "w-1 contributing again")
         t_back = time.time()
         until(lambda: accepted(run, "w-1") >= before + 10, 120, "w-1 contributing again")
-        run.wait(timeout=RUN_BOUND_S)
-        finished = assert_finished(run, 1200, lost_at_most=0)
+        finished = run_to_the_end(run, 1200, lost_at_most=0)
         record.add(
             "trainer's worker SIGSTOPped past the call timeout, resumed",
             f"{finished['step']} steps; not active while frozen; contributes again",
@@ -225,17 +220,8 @@ def test_ps_host_frozen_past_the_call_timeout_then_resumed(sigcont, record):
     with chaos_cluster(workers=2) as cluster:
         run = start(cluster, steps=800)
         until(lambda: run.step >= 100, what="step 100")
-        ps = ps_vm(cluster)
-        signal_vm(ps, signal.SIGSTOP)
-        sigcont.append(ps)
-        until(lambda: len(kinds(run, "trainer-ps-lost")) >= 2, 60, "both trainers to notice")
-        time.sleep(CALL_TIMEOUT_S)  # the fault: frozen past the timeout, short of ps_lost_after_s
-        t_resume = time.time()
-        signal_vm(ps, signal.SIGCONT)
-        until(lambda: len(kinds(run, "ps-rejoined")) >= 2, 120, "both trainers back")
-        t_back = max(e["time"] for e in kinds(run, "ps-rejoined"))
-        run.wait(timeout=RUN_BOUND_S)
-        finished = assert_finished(run, 800, lost_at_most=0)
+        _, t_resume, t_back = freeze_ps_past_the_call_timeout(cluster, run, sigcont)
+        finished = run_to_the_end(run, 800, lost_at_most=0)
         record.add(
             "PS host SIGSTOPped past the call timeout, resumed",
             f"{finished['step']} steps; same PS kept, trainers rejoined",
@@ -269,7 +255,7 @@ def _break_data(dask_worker=None):
 def test_trainer_that_raises_on_one_worker_only(record):
     with chaos_cluster(workers=2) as cluster:
         client = cluster.get_client()
-        bad = next(a for a, w in client.scheduler_info()["workers"].items() if w["name"] == "w-1")
+        bad = address_of(cluster, "w-1")
         client.run(_break_data, workers=[bad])
         # A run longer than any backoff: it ends when we say so, once w-1 was given up (not
         # when w-0 happens to reach a step count first).
@@ -387,8 +373,7 @@ def test_driver_exception_stops_everything_and_a_later_run_starts(monkeypatch, r
         second = start(cluster, steps=300)
         until(lambda: second.step > 0, 120, "the second run training")
         t_back = time.time()
-        second.wait(timeout=RUN_BOUND_S)
-        finished = assert_finished(second, 300, lost_at_most=0)
+        finished = run_to_the_end(second, 300, lost_at_most=0)
         record.add(
             "driver raises (evaluation)",
             "run ends with the error; trainers, actors, Variable gone; next run trains",
@@ -409,8 +394,7 @@ def test_two_faults_at_once_ps_host_and_a_worker_killed(record):
         os.killpg(ps.pid, signal.SIGKILL)
         until(lambda: accepted(run, "w-3") > 0, 180, "the replacement contributing")
         t_back = time.time()
-        run.wait(timeout=RUN_BOUND_S)
-        finished = assert_finished(run, 2000, lost_at_most=1)
+        finished = run_to_the_end(run, 2000, lost_at_most=1)
         (recovered,) = kinds(run, "ps-recovered")
         assert recovered["source"] == "checkpoint" and recovered["step"] >= 100
         assert_story(

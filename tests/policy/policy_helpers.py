@@ -108,6 +108,9 @@ V100_OD = Kind("v100", "us-central1-a", False, 2.48)
 K80_OD = Kind("k80", "us-central1-a", False, 0.45)
 
 
+P100_OD = Kind("p100", "us-central1-a", False, 1.46)
+
+
 def _saturate(cluster: RecordingCluster, gpu: str, served: float, at: float) -> None:
     """8 ``gpu`` workers pushing for 10 s, and the PS's metrics: ``served`` global steps/s."""
     for i in range(8):
@@ -200,6 +203,19 @@ def _stormy_central(
 def _outdone(plan: Plan) -> Plan:
     """``plan`` with its choice ten times as dear: a plan any other region's would beat."""
     return replace(plan, chosen=replace(plan.chosen, cost=10 * plan.chosen.cost))
+
+
+def _deadline_policy(cluster: RecordingCluster, **kw: Any) -> TransientPolicy:
+    """A deadline of 0.52 h for four P100 workers at most (Spot or on demand), no margin."""
+    return TransientPolicy(
+        cluster,
+        "deadline",
+        deadline="0.52h",
+        max_workers=4,
+        margin=0.0,
+        planner=Planner([P100, P100_OD], 0.19),
+        **kw,
+    )
 
 
 def _spot_p100_policy(cluster: RecordingCluster) -> TransientPolicy:

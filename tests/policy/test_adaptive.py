@@ -13,11 +13,13 @@ from tests.policy.policy_helpers import (
     K80,
     K80_OD,
     P100,
+    P100_OD,
     T0,
     V100,
     V100_OD,
     RecordingCluster,
     ZonedCluster,
+    _deadline_policy,
     _estimate,
     _Loop,
     _od_vm,
@@ -33,6 +35,16 @@ from tests.policy.policy_helpers import (
 from transient_nb.policy.adaptive import TransientPolicy
 from transient_nb.policy.learning import PS_MOVE_SETTLE
 from transient_nb.policy.planner import Configuration, Estimate, Kind, Plan, Planner
+
+#: What a policy announces once it stopped: no goal, no budget, no history.
+STOPPED = {
+    "kind": "policy",
+    "goal": None,
+    "deadline_s": None,
+    "budget": None,
+    "history": None,
+    "remembered_h": None,
+}
 
 
 def test_no_run_no_decision_and_progress_comes_from_the_run():
@@ -329,17 +341,8 @@ def test_a_storm_makes_a_deadline_policy_run_its_workers_on_demand():
     places' time, and the planner expects 28%: 4 Spot P100 miss the deadline, and one Spot
     beside three on demand adds too little. The policy asks for all four on demand (their
     start-up counted), says so with both figures, and once they run counts them on demand."""
-    p100 = Kind("p100", "us-central1-a", True, 0.43)
-    p100_od = Kind("p100", "us-central1-a", False, 1.46)
     cluster = RecordingCluster({"p100": 4})
-    policy = TransientPolicy(
-        cluster,
-        "deadline",
-        deadline="0.52h",
-        max_workers=4,
-        margin=0.0,
-        planner=Planner([p100, p100_od], 0.19),
-    )
+    policy = _deadline_policy(cluster)
     t = time.time() - 24 * 400 - 600
     _storm_stream(cluster, t)
     for i in range(24, 28):
@@ -347,18 +350,18 @@ def test_a_storm_makes_a_deadline_policy_run_its_workers_on_demand():
     plan = asyncio.run(policy.adapt())
     assert plan is not None and plan.feasible
     assert plan.current is not None and not plan.meets(plan.current)  # 4 Spot P100: too slow
-    model = policy.planner.model_availability(p100)
+    model = policy.planner.model_availability(P100)
     assert model == pytest.approx(0.46, abs=0.01)
     # 24 places of 388-390 s, 88 s trained each (the first counted from its training), and
     # the four placed at the end, which trained from their first report.
-    assert policy.planner.availability(p100) == pytest.approx(0.28, abs=0.02)
-    assert plan.chosen.config.counts == {p100_od: 4}
+    assert policy.planner.availability(P100) == pytest.approx(0.28, abs=0.02)
+    assert plan.chosen.config.counts == {P100_OD: 4}
     assert cluster.scaled == [{"p100": 4}] and cluster.on_demand_scaled == [{"p100": 4}]
     (decision,) = [e for e in cluster.posted if e["kind"] == "policy-decision"]
     assert decision["acted"] is True and decision["on_demand"] == {"p100": 4}
     assert "4 p100 in us-central1-a (on demand)" in decision["reason"]
     observed, by_model = decision["availability"]["p100@us-central1-a"]
-    assert observed == pytest.approx(policy.planner.availability(p100), abs=1e-4)
+    assert observed == pytest.approx(policy.planner.availability(P100), abs=1e-4)
     assert by_model == pytest.approx(model, abs=1e-4)
     # The Spot workers given back, four on-demand ones running: as planned.
     now = time.time()
@@ -369,7 +372,7 @@ def test_a_storm_makes_a_deadline_policy_run_its_workers_on_demand():
     policy.observe(cluster.monitor.events)
     again = policy.recommend()
     assert again is not None and again.current is not None
-    assert again.current.config.counts == {p100_od: 4}
+    assert again.current.config.counts == {P100_OD: 4}
 
 
 @pytest.mark.parametrize("storm", [True, False])
@@ -751,14 +754,7 @@ def test_a_started_policy_announces_its_goal_and_decides_each_round_even_after_a
         "remembered_h": 0.0,
     }
     assert decided["kind"] == "policy-decision" and decided["acted"] is True
-    assert stopped == {
-        "kind": "policy",
-        "goal": None,
-        "deadline_s": None,
-        "budget": None,
-        "history": None,
-        "remembered_h": None,
-    }
+    assert stopped == STOPPED
     assert policy._task is None
     quiet = _policy(cluster, "cost-per-step")
     task = SimpleNamespace(cancel=lambda: None)
@@ -795,14 +791,7 @@ def test_a_budget_policy_announces_its_budget_and_none_once_stopped():
             "history": None,
             "remembered_h": 0.0,
         },
-        {
-            "kind": "policy",
-            "goal": None,
-            "deadline_s": None,
-            "budget": None,
-            "history": None,
-            "remembered_h": None,
-        },
+        STOPPED,
     ]
 
 

@@ -12,13 +12,18 @@ from types import SimpleNamespace
 import dask
 import pytest
 
-from tests.policy.policy_helpers import RecordingCluster, _storm_stream, _vm
+from tests.policy.policy_helpers import (
+    P100,
+    P100_OD,
+    RecordingCluster,
+    _deadline_policy,
+    _storm_stream,
+    _vm,
+)
 from transient_nb.policy.adaptive import TransientPolicy
 from transient_nb.policy.history import KEEP_STARTUPS, Observations, PolicyHistory
 from transient_nb.policy.planner import PRIOR_HOURS, Kind, Planner
 
-P100 = Kind("p100", "us-central1-a", True, 0.43)
-P100_OD = Kind("p100", "us-central1-a", False, 1.46)
 STORM = Observations({("p100", "us-central1-a"): (24.0, 1.9, 2.6, 0.6)}, (300.0,) * 24, (210.0,))
 
 
@@ -151,18 +156,6 @@ def test_the_planner_starts_from_what_earlier_runs_saw() -> None:
     # Another GPU type in the same zone is expected stormy too (the zone's storm).
     k80 = Kind("k80", "us-central1-a", True, 0.256)
     assert Planner([k80], 0.19).hazard_per_h(k80) * 5 < planner.hazard_per_h(k80)
-
-
-def _deadline_policy(cluster: RecordingCluster, **kw: object) -> TransientPolicy:
-    return TransientPolicy(
-        cluster,
-        "deadline",
-        deadline="0.52h",
-        max_workers=4,
-        margin=0.0,
-        planner=Planner([P100, P100_OD], 0.19),
-        **kw,  # type: ignore[arg-type]
-    )
 
 
 def _fresh_run(cluster: RecordingCluster) -> None:

@@ -13,6 +13,7 @@ import pytest
 import torch
 from torch import nn
 
+from tests.conftest import benchmark
 from transient_nb import estimate
 from transient_nb.training.emulation import PAPER_STEPS_PER_S
 from transient_nb.training.estimate import (
@@ -111,23 +112,6 @@ def test_a_small_model_is_launch_bound_and_a_user_model_is_estimated_too():
     assert "11 parameters" in mlp.text() and "<table" in mlp._repr_html_()
 
 
-def vgg() -> nn.Module:
-    """A plain CNN (no residual, no batch norm): another architecture than ResNet-32."""
-    return nn.Sequential(
-        nn.Conv2d(3, 32, 3, padding=1),
-        nn.ReLU(),
-        nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 3, padding=1),
-        nn.ReLU(),
-        nn.MaxPool2d(2),
-        nn.Conv2d(64, 128, 3, padding=1),
-        nn.ReLU(),
-        nn.AdaptiveAvgPool2d(1),
-        nn.Flatten(),
-        nn.Linear(128, 10),
-    )
-
-
 def _step_s(workload: Workload, net: nn.Module, batch: tuple) -> float:
     x, y = batch
     net.zero_grad()
@@ -142,6 +126,7 @@ def test_a_second_models_cpu_step_time_follows_its_counted_flops():
     model's FLOPs over the device's throughput. ResNet-32's measured CPU step time predicts a
     plain CNN's from the FLOPs estimate() counts for each (benchmarks/estimate_cpu.py: 0.92 to
     1.0 of the prediction on this 2-core machine, loaded or not)."""
+    vgg = benchmark("estimate_cpu").vgg  # a plain CNN: another architecture than ResNet-32
     torch.set_num_threads(1)
     ref, other = Workload("resnet32", "synthetic"), Workload(vgg, "synthetic")
     est_ref = estimate("resnet32", "synthetic", {"t4": 1}, 100, batch_size=16)

@@ -285,20 +285,14 @@ def today_table(
     curve by default). Step rates other than K80/P100/V100 are estimates. Faster GPUs get a
     lower ``wall_pace`` so that every setup asks this host for about a K80's wall rate.
     """
-    rows = []
-    for setup in setups:
-        pace = wall_pace * _rate("k80") / max(_rate("k80"), _rate(setup.gpu))
-        r = run_setup(
-            setup,
-            steps=steps_per_worker * setup.workers,
-            wall_pace=pace,
-            seed=seed,
-            prices="gce-2025",
-            lifetimes=lifetimes,
-            **options,
-        )
-        rows.append(r)
-    ours = pd.DataFrame(rows).set_index("setup")
+    ours = _run_paced(
+        setups,
+        lambda s: steps_per_worker * s.workers,
+        wall_pace,
+        seed,
+        "gce-2025",
+        {"lifetimes": lifetimes, **options},
+    )
     base = ours.iloc[0]
     return pd.DataFrame(
         {

@@ -476,45 +476,23 @@ def test_end_to_end_notice_drain_and_replacement_in_the_next_zone(tmp_path: Path
 def test_the_ps_data_plane_is_mutual_tls_with_the_clusters_certificates(tmp_path: Path) -> None:
     """On GCE the gradients cross hosts: the PS's data plane is TLS with the cluster's
     certificates on the firewall's data ports; a trainer uses it, an outsider is refused."""
-    import ssl
-
-    from tests.training.wire.outsiders import knock_tls, outsider_contexts, refused
-    from transient_nb import train
-    from transient_nb.backends.tls import ClusterCA
+    from tests.conftest import endless_run
+    from tests.training.wire.outsiders import assert_only_members_admitted
 
     fake = FakeGCE(str(tmp_path / "vms"), project=PROJECT, run_vms=True)
     (tmp_path / "ckpt").mkdir()  # a "bucket" that exists
     try:
         with TransientCluster(**options(fake), name="dp") as cluster:
             cluster.wait_for_workers(1, timeout=90)
-            run = train(
-                cluster,
-                model="resnet8",
-                data="digits",
-                steps=10**6,
-                batch_size=16,
-                eval_every=10**6,
-                checkpoint_every=10**6,
-                # The fake's VMs share this machine's disk ("local://": not refused as host-local).
-                checkpoint_url=f"local://{tmp_path}/ckpt",
-            )
+            # The fake's VMs share this machine's disk ("local://": not refused as host-local).
+            run = endless_run(cluster, checkpoint_url=f"local://{tmp_path}/ckpt")
             try:
                 wait_for_sync(lambda: run.step >= 5, timeout=180)
                 endpoint = run._ps[0].data_endpoint().result(timeout=30)
                 # TLS only (the VMs are other hosts), on a port the firewall rule opens.
                 assert "unix" not in endpoint
                 assert 41200 <= endpoint["tls"][1] <= 41299
-                ca = cluster.backend.ca
-                member = ca.write_files(str(tmp_path / "m"), "dp-w-0", role="worker")
-                ctx = ssl.create_default_context(cafile=member["ca"])
-                ctx.check_hostname = False
-                ctx.load_cert_chain(member["cert"], member["key"])
-                assert knock_tls(endpoint, ctx) == b"T"  # a holder of the cluster's certificate
-                outsider = ClusterCA.create("intruder").write_files(
-                    str(tmp_path / "x"), "dp-w-0", role="worker"
-                )
-                for who, context in outsider_contexts(member["ca"], outsider).items():
-                    assert refused(endpoint, context), who
+                assert_only_members_admitted(endpoint, cluster.backend.ca, str(tmp_path), "dp-w-0")
                 step = run.step
                 wait_for_sync(lambda: run.step >= step + 3, timeout=60)  # trains on
             finally:

@@ -8,6 +8,7 @@ import socket
 import ssl
 from typing import Any
 
+from transient_nb.backends.tls import ClusterCA
 from transient_nb.training.wire.frame import MAGIC, PREFIX, PULL
 
 #: A pull request with empty metadata: a member's PS answers it.
@@ -45,6 +46,23 @@ def refused(endpoint: dict[str, Any], context: ssl.SSLContext | None) -> bool:
         return knock_tls(endpoint, context) == b""
     except (ssl.SSLError, ConnectionError, OSError):
         return True
+
+
+def assert_only_members_admitted(
+    endpoint: dict[str, Any], ca: ClusterCA, folder: str, name: str
+) -> None:
+    """The TLS data plane at ``endpoint`` answers a holder of ``ca``'s worker certificate for
+    ``name`` and refuses every outsider (another CA's certificate, none, plain TCP)."""
+    member = ca.write_files(os.path.join(folder, "m"), name, role="worker")
+    ctx = ssl.create_default_context(cafile=member["ca"])
+    ctx.check_hostname = False
+    ctx.load_cert_chain(member["cert"], member["key"])
+    assert knock_tls(endpoint, ctx) == b"T"  # a holder of the cluster's certificate
+    outsider = ClusterCA.create("intruder").write_files(
+        os.path.join(folder, "x"), name, role="worker"
+    )
+    for who, context in outsider_contexts(member["ca"], outsider).items():
+        assert refused(endpoint, context), who
 
 
 def knock_unix_as_nobody(path: str) -> str:

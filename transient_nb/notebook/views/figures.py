@@ -38,6 +38,18 @@ BILLING_KINDS = frozenset({"started", "requested", "running", "preempted", "dele
 GPU_COLORS = ["#1f77b4", "#ff7f0e", "#9467bd", "#8c564b", "#17becf", "#7f7f7f"]
 
 
+def time_figure(title: str, height: int, width: int, **options: Any) -> Any:
+    """A figure over the time axis every component shares (seconds), with the usual tools."""
+    return figure(
+        title=title,
+        height=height,
+        width=width,
+        x_axis_label="seconds",
+        tools="pan,wheel_zoom,reset,save",
+        **options,
+    )
+
+
 class Component:
     """A plot that follows the event log."""
 
@@ -62,6 +74,18 @@ class Component:
     def _update(self, events: Sequence[Event], new: Sequence[Event]) -> None:
         raise NotImplementedError
 
+    def _stream(
+        self,
+        source: ColumnDataSource,
+        events: Sequence[Event],
+        fields: Sequence[str],
+        more: Mapping[str, list[Any]] | None = None,
+    ) -> None:
+        """Stream a row per event into ``source``: its time on this axis, its ``fields``, and
+        the columns in ``more``."""
+        rows = {"time": [self._t(e) for e in events], **{f: [e[f] for e in events] for f in fields}}
+        source.stream({**rows, **(more or {})}, rollover=ROLLOVER)
+
 
 #: Colours of a run's own metrics, in the order they appear.
 METRIC_COLORS = ["#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22"]
@@ -81,35 +105,15 @@ class AccuracyLoss(Component):
         self.acc = ColumnDataSource({"time": [], "accuracy": [], "step": []}, name="accuracy")
         self.loss = ColumnDataSource({"time": [], "loss": [], "step": []}, name="loss")
         self.source = self.acc
-        acc_fig = figure(
-            title="Test accuracy",
-            height=height,
-            width=width,
-            x_axis_label="seconds",
-            y_range=Range1d(start=0, end=1),
-            tools="pan,wheel_zoom,reset,save",
-        )
+        acc_fig = time_figure("Test accuracy", height, width, y_range=Range1d(start=0, end=1))
         acc_fig.line("time", "accuracy", source=self.acc, line_width=2, color="#2ca02c")
         acc_fig.scatter("time", "accuracy", source=self.acc, size=6, color="#2ca02c")
         acc_fig.add_tools(HoverTool(tooltips=[("step", "@step"), ("accuracy", "@accuracy{0.000}")]))
-        loss_fig = figure(
-            title="Training loss",
-            height=height,
-            width=width,
-            x_axis_label="seconds",
-            tools="pan,wheel_zoom,reset,save",
-        )
+        loss_fig = time_figure("Training loss", height, width)
         loss_fig.line("time", "loss", source=self.loss, line_width=2, color="#1f77b4")
         loss_fig.add_tools(HoverTool(tooltips=[("step", "@step"), ("loss", "@loss{0.000}")]))
         self.metrics = ColumnDataSource({"time": [], "step": []}, name="metrics")
-        metrics_fig = figure(
-            title="Test metrics",
-            height=height,
-            width=width,
-            x_axis_label="seconds",
-            tools="pan,wheel_zoom,reset,save",
-            visible=False,
-        )
+        metrics_fig = time_figure("Test metrics", height, width, visible=False)
         self.acc_fig, self.loss_fig, self.metrics_fig = acc_fig, loss_fig, metrics_fig
         self.root = row(acc_fig, loss_fig, metrics_fig)
 
@@ -143,32 +147,16 @@ class AccuracyLoss(Component):
                     if name not in self.metrics.data:
                         self._metric_line(name)
             names = [k for k in self.metrics.data if k not in ("time", "step")]
-            self.metrics.stream(
-                {
-                    "time": [self._t(e) for e, _ in more],
-                    "step": [e["step"] for e, _ in more],
-                    **{k: [m.get(k, float("nan")) for _, m in more] for k in names},
-                },
-                rollover=ROLLOVER,
+            self._stream(
+                self.metrics,
+                [e for e, _ in more],
+                ("step",),
+                {k: [m.get(k, float("nan")) for _, m in more] for k in names},
             )
         if acc:
-            self.acc.stream(
-                {
-                    "time": [self._t(e) for e in acc],
-                    "accuracy": [e["accuracy"] for e in acc],
-                    "step": [e["step"] for e in acc],
-                },
-                rollover=ROLLOVER,
-            )
+            self._stream(self.acc, acc, ("accuracy", "step"))
         if loss:
-            self.loss.stream(
-                {
-                    "time": [self._t(e) for e in loss],
-                    "loss": [e["loss"] for e in loss],
-                    "step": [e["step"] for e in loss],
-                },
-                rollover=ROLLOVER,
-            )
+            self._stream(self.loss, loss, ("loss", "step"))
 
 
 class Cost(Component):
@@ -189,13 +177,7 @@ class Cost(Component):
         # running then, not over the log.
         self.bill = Bill(minimum_s)
         self.source = ColumnDataSource({"time": [], "cost": [], "on_demand": []}, name="cost")
-        fig = figure(
-            title="Cost (USD)",
-            height=height,
-            width=width,
-            x_axis_label="seconds",
-            tools="pan,wheel_zoom,reset,save",
-        )
+        fig = time_figure("Cost (USD)", height, width)
         on_demand = fig.line(
             "time",
             "on_demand",
@@ -320,13 +302,7 @@ class Workers(Component):
             },
             name="markers",
         )
-        fig = figure(
-            title="Active workers",
-            height=height,
-            width=width,
-            x_axis_label="seconds",
-            tools="pan,wheel_zoom,reset,save",
-        )
+        fig = time_figure("Active workers", height, width)
         fig.step(
             "time",
             "active",
@@ -446,13 +422,7 @@ class Throughput(Component):
         self.source = ColumnDataSource(
             {"time": [], "img_per_s": [], "worker": [], "color": []}, name="throughput"
         )
-        fig = figure(
-            title="Throughput per worker (images/s)",
-            height=height,
-            width=width,
-            x_axis_label="seconds",
-            tools="pan,wheel_zoom,reset,save",
-        )
+        fig = time_figure("Throughput per worker (images/s)", height, width)
         fig.scatter("time", "img_per_s", source=self.source, color="color", size=6)
         fig.add_tools(HoverTool(tooltips=[("worker", "@worker"), ("images/s", "@img_per_s{0}")]))
         self.root = fig
@@ -463,14 +433,11 @@ class Throughput(Component):
             return
         for e in rows:
             self.colors.setdefault(e["worker"], GPU_COLORS[len(self.colors) % len(GPU_COLORS)])
-        self.source.stream(
-            {
-                "time": [self._t(e) for e in rows],
-                "img_per_s": [e["img_per_s"] for e in rows],
-                "worker": [e["worker"] for e in rows],
-                "color": [self.colors[e["worker"]] for e in rows],
-            },
-            rollover=ROLLOVER,
+        self._stream(
+            self.source,
+            rows,
+            ("img_per_s", "worker"),
+            {"color": [self.colors[e["worker"]] for e in rows]},
         )
 
 

@@ -32,7 +32,7 @@ import socket
 import ssl
 import struct
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
 import numpy as np
@@ -180,46 +180,44 @@ class Channel:
         """Send every buffer in ``views`` in order."""
         armed = self._arm()
         for v in views:
-            view = memoryview(v).cast("B")
-            pos = 0
-            while pos < len(view):
-                if not armed:
-                    yield
-                    armed = self._arm()
-                    continue
-                try:
-                    # On a timeout the same slice is offered again: what TLS needs (it
-                    # remembers how much of an interrupted write went out).
-                    pos += self.sock.send(view[pos:])
-                except (TimeoutError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
-                    armed = False
-                except BlockingIOError:  # non-blocking: the loop waits until it is writable
-                    yield
+            # On a timeout the same slice is offered again: what TLS needs (it remembers how
+            # much of an interrupted write went out).
+            armed = yield from self._move(memoryview(v).cast("B"), self.sock.send, armed)
 
     def recv_into(self, view: memoryview, fds: bool = False) -> Step:
         """Fill ``view`` from the socket (with ``fds``, on a Unix socket, also take the
         descriptors that come with the bytes)."""
+        receive = self._recv_with_fds if fds and self.unix else self.sock.recv_into
+        yield from self._move(view, receive, self._arm(), receiving=True)
+
+    def _move(
+        self,
+        view: memoryview,
+        move: Callable[[memoryview], int],
+        armed: bool,
+        receiving: bool = False,
+    ) -> Generator[None, None, bool]:
+        """Pass all of ``view`` through ``move`` (a send, or a receive into what is left of it),
+        yielding while the deadline has passed or, non-blocking, while the socket is not ready;
+        returns whether the deadline still held at the end."""
         pos = 0
-        armed = self._arm()
         while pos < len(view):
             if not armed:
                 yield
                 armed = self._arm()
                 continue
             try:
-                if fds and self.unix:
-                    n = self._recv_with_fds(view[pos:])
-                else:
-                    n = self.sock.recv_into(view[pos:])
+                n = move(view[pos:])
             except (TimeoutError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
                 armed = False
                 continue
-            except BlockingIOError:  # non-blocking: the loop waits until it is readable
+            except BlockingIOError:  # non-blocking: the loop waits until the socket is ready
                 yield
                 continue
-            if n == 0:
+            if n == 0 and receiving:
                 raise ConnectionError("The peer closed the data-plane connection.")
             pos += n
+        return armed
 
     def _recv_with_fds(self, view: memoryview) -> int:
         data, fds, _, _ = socket.recv_fds(self.sock, len(view), MAX_FDS)

@@ -198,6 +198,22 @@ class DataServer:
             ).start()
 
     # -- one connection -------------------------------------------------------------------------
+    def _keep(self, chan: Channel) -> bool:
+        """Count ``chan`` among the open connections (:meth:`cut` and :meth:`close` drop them);
+        False, and ``chan`` closed, when the server is closing."""
+        with self._lock:
+            if self._closed.is_set():
+                chan.close()
+                return False
+            self._channels.add(chan)
+        return True
+
+    def _forget(self, chan: Channel) -> None:
+        """``chan`` is done: no longer an open connection, and closed."""
+        with self._lock:
+            self._channels.discard(chan)
+        chan.close()
+
     def _admit(self, sock: socket.socket) -> socket.socket | None:
         """The connection as a member's, or None (closed) when it is not one."""
         transport.tune(sock)
@@ -222,11 +238,8 @@ class DataServer:
         if sock is None:
             return
         chan = Channel(sock)
-        with self._lock:
-            if self._closed.is_set():
-                chan.close()
-                return
-            self._channels.add(chan)
+        if not self._keep(chan):
+            return
         buffers, replies = Buffers(), Buffers()
         region: Region | None = None
         try:
@@ -234,12 +247,10 @@ class DataServer:
                 # Idle until the peer sends (or goes); then the whole frame within stall_s.
                 step = chan.recv_frame(buffers, stall=self.stall_s, region=region)
                 kind, meta, arrays = drive(chan, step, None)
-                fds = chan.take_fds()
                 if kind == SETUP:
-                    region = _adopt(fds)
+                    region = _adopt(chan.take_fds())
                     continue
-                for fd in fds:
-                    os.close(fd)
+                _close_fds(chan)
                 room = _room(region, meta, arrays, kind, replies)
                 reply, meta_out, out = self._call(kind, meta, arrays, room)
                 offsets = _place(region, meta, out) if reply == REPLY else []
@@ -251,20 +262,15 @@ class DataServer:
         except (ConnectionError, TimeoutError, OSError, ssl.SSLError):
             pass  # the peer went, stalled, or we are closing
         finally:
-            with self._lock:
-                self._channels.discard(chan)
-            chan.close()
+            self._forget(chan)
 
     async def _serve_on_loop(self, sock: socket.socket) -> None:
         """One Unix connection, served by the PS's loop (see :meth:`_accept_loop`)."""
         loop = asyncio.get_running_loop()
         chan = Channel(sock)
         chan.set_nonblocking()
-        with self._lock:
-            if self._closed.is_set():
-                chan.close()
-                return
-            self._channels.add(chan)
+        if not self._keep(chan):
+            return
         fd = sock.fileno()
         readable = asyncio.Event()
         loop.add_reader(fd, readable.set)
@@ -275,12 +281,10 @@ class DataServer:
                 chan.deadline = math.inf  # idle as long as the peer lives
                 step = chan.recv_frame(buffers, stall=self.stall_s, region=region)
                 kind, meta, arrays = await _pump(chan, step, readable)
-                fds = chan.take_fds()
                 if kind == SETUP:
-                    region = _adopt(fds)
+                    region = _adopt(chan.take_fds())
                     continue
-                for extra in fds:
-                    os.close(extra)
+                _close_fds(chan)
                 room = _room(region, meta, arrays, kind, replies)
                 reply, meta_out, out = await self._call_here(kind, meta, arrays, room)
                 offsets = _place(region, meta, out) if reply == REPLY else []
@@ -294,9 +298,7 @@ class DataServer:
             pass  # the peer went, stalled, or we are closing
         finally:
             loop.remove_reader(fd)
-            with self._lock:
-                self._channels.discard(chan)
-            chan.close()
+            self._forget(chan)
 
     async def _call_here(
         self, kind: int, meta: dict[str, Any], arrays: list[Any], room: Any
@@ -406,6 +408,12 @@ async def _pump_out(chan: Channel, step: Any, loop: asyncio.AbstractEventLoop, f
     finally:
         if writable is not None:
             loop.remove_writer(fd)
+
+
+def _close_fds(chan: Channel) -> None:
+    """Close the descriptors that came with a frame other than a setup frame's."""
+    for fd in chan.take_fds():
+        os.close(fd)
 
 
 def _adopt(fds: list[int]) -> Region:
