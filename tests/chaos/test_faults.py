@@ -244,12 +244,13 @@ def test_ps_host_frozen_past_the_call_timeout_then_resumed(sigcont, record):
 
 def _break_data(dask_worker=None):
     # This worker's disk lost the data set: loading it raises.
-    from transient_nb.training import trainer
+    # The trainer's workload reads its data through this name (training.workload).
+    from transient_nb.training import workload
 
     def load_dataset(spec, train=True):
         raise OSError(f"cannot read {spec}: disk unreadable")
 
-    trainer.load_dataset = load_dataset
+    workload.load_dataset = load_dataset
 
 
 def test_trainer_that_raises_on_one_worker_only(record):
