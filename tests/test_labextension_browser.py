@@ -253,6 +253,12 @@ def test_panel_shows_preempts_connects_stops_and_creates(lab: Lab, kernel_cluste
                 "data-state", "joined", timeout=SLOW_MS
             )
             expect(card.locator(".tnb-Counts")).to_contain_text("preemptions survived: 1")
+            # The gone worker folds into one line (its row inside, closed); a click opens it.
+            fold = card.locator("details.tnb-Gone")
+            expect(fold.locator(".tnb-GoneLine")).to_contain_text("1 preempted, $")
+            expect(fold.locator('.tnb-Worker[data-worker="w-0"]')).to_be_hidden()
+            fold.locator(".tnb-GoneLine").click()
+            expect(fold.locator('.tnb-Worker[data-worker="w-0"]')).to_be_visible()
             page.screenshot(path=ARTIFACTS / "2-worker-preempted-and-replaced.png")
             DOCS_SHOTS.mkdir(parents=True, exist_ok=True)
             panel.screenshot(path=DOCS_SHOTS / "lab-panel.png")

@@ -106,6 +106,12 @@ def test_gone_vms_are_bounded() -> None:
     assert len(gone) == MAX_GONE_ROWS
     assert gone[0]["name"] == f"w-{1 + 3 * MAX_GONE_ROWS}"  # the latest first
     assert m["preemptions"] == 3 * MAX_GONE_ROWS
+    # The line that stands for all of them, not only the rows kept: counts and money.
+    spent = sum(w["cost"] for w in m["workers"] if w["state"] == "preempted")
+    assert m["gone"]["preempted"] == 3 * MAX_GONE_ROWS and m["gone"]["given_back"] == 0
+    assert m["gone"]["cost"] > spent > 0
+    assert m["gone"]["text"] == f"{3 * MAX_GONE_ROWS} preempted, ${m['gone']['cost']:,.3f}"
+    assert make_cluster_model(ENTRY, run(), now=100.0)["gone"] is None
 
 
 def test_stale_cluster_stops_billing_at_its_last_event() -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 from transient_nb.catalog.prices import BILLING_MINIMUM_S, PriceCatalog
 from transient_nb.eventlog.folds import GONE_STATES, MAX_GONE_ROWS, ClusterState, RunProgress
-from transient_nb.eventlog.format import policy_text
+from transient_nb.eventlog.format import gone_text, policy_text
 from transient_nb.eventlog.vocabulary import ClusterStart
 
 __all__ = ["MAX_GONE_ROWS", "connect_code", "fingerprint", "make_cluster_model", "training_model"]
@@ -174,6 +174,8 @@ def make_cluster_model(
         "target_workers": _plain(state.target_workers),
         "mix": state.target_mix,
         "workers": rows,
+        # Every VM gone so far (not only the rows shown), as the panels fold them into one line.
+        "gone": _gone(state, now),
         "cost_by_gpu": _cost_by_gpu(state, now),
         "counts": counts,
         "cost": {k: _plain(v) for k, v in cost.items()},
@@ -193,6 +195,14 @@ def make_cluster_model(
         "updated": now,
         "connect_code": connect_code(name, address),
     }
+
+
+def _gone(state: ClusterState, now: float) -> dict[str, Any] | None:
+    """The gone VMs' counts, cost and line (:func:`~transient_nb.eventlog.format.gone_text`);
+    None while none is gone."""
+    gone = state.gone(now)
+    text = gone_text(gone)
+    return {**{k: _plain(v) for k, v in gone.items()}, "text": text} if text else None
 
 
 def _cost_by_gpu(state: ClusterState, now: float) -> dict[str, dict[str, Any]]:

@@ -359,16 +359,44 @@ export class TransientSidebar extends Widget {
     return card;
   }
 
+  /**
+   * The live VMs, one row each; the gone ones (revoked, given back) folded into one line that
+   * opens on a click ("17 preempted, $0.063": an overnight run would list hundreds). The panel
+   * is re-rendered on every change: which clusters' lines are open is kept here.
+   */
   private _renderWorkers(c: ICluster): HTMLElement {
     const list = el('div', 'tnb-Workers');
+    const gone: IWorker[] = [];
     for (const w of c.workers) {
-      list.appendChild(this._renderWorker(c, w));
+      if (isGone(w)) {
+        gone.push(w);
+      } else {
+        list.appendChild(this._renderWorker(c, w));
+      }
+    }
+    if (gone.length > 0 || c.gone) {
+      const fold = el('details', 'tnb-Gone') as HTMLDetailsElement;
+      fold.open = this._goneOpen.has(c.name);
+      fold.addEventListener('toggle', () => {
+        if (fold.open) {
+          this._goneOpen.add(c.name);
+        } else {
+          this._goneOpen.delete(c.name);
+        }
+      });
+      fold.appendChild(
+        el('summary', 'tnb-GoneLine', c.gone?.text ?? `${gone.length} gone`)
+      );
+      for (const w of gone) {
+        fold.appendChild(this._renderWorker(c, w));
+      }
+      list.appendChild(fold);
     }
     return list;
   }
 
   private _renderWorker(c: ICluster, w: IWorker): HTMLElement {
-    const gone = w.state === 'preempted' || w.state === 'deleted';
+    const gone = isGone(w);
     const row = el(
       'div',
       `tnb-Worker tnb-mod-${w.state}${gone ? ' tnb-mod-gone' : ''}`
@@ -526,6 +554,8 @@ export class TransientSidebar extends Widget {
   }
 
   private _clusters: ICluster[] = [];
+  /** Clusters whose folded line of gone VMs is open (kept across re-renders). */
+  private _goneOpen = new Set<string>();
   private _version = '';
   private _now = true;
   private _seq = 0;
@@ -544,4 +574,9 @@ export namespace TransientSidebar {
      */
     insertConnect: (cluster: ICluster) => void;
   }
+}
+
+/** A VM revoked or given back (its row stays, greyed, in the folded line). */
+function isGone(w: IWorker): boolean {
+  return w.state === 'preempted' || w.state === 'deleted';
 }

@@ -64,6 +64,14 @@ export interface ICluster {
   /** GPU type -> workers asked for (a mixed cluster has several types). */
   mix: { [gpu: string]: number } | null;
   workers: IWorker[];
+  /** Every VM gone so far (the rows keep only the latest): counts, cost and the line that
+   * stands for them (written by the server); null while none is gone. */
+  gone: {
+    preempted: number;
+    given_back: number;
+    cost: number;
+    text: string;
+  } | null;
   /** Dollars per GPU type (the PS host as "ps"). */
   cost_by_gpu: { [gpu: string]: { vms: number; cost: number } };
   counts: { [state: string]: number };
