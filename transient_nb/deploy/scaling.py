@@ -14,7 +14,7 @@ from distributed.core import Status
 from distributed.utils import NoOpAwaitable
 
 from transient_nb.catalog.mix import Mix, format_mix, parse_mix
-from transient_nb.deploy.provisioning import Provisioning
+from transient_nb.deploy.preemption import Preemption
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ DASK_ADAPT = (
 )
 
 
-class Scaling(Provisioning):
+class Scaling(Preemption):
     """``scale`` (a number, or a mix of GPU types; an on-demand share) and ``adapt``."""
 
     # -- scaling ----------------------------------------------------------------------------------------
