@@ -66,7 +66,7 @@ def test_run_writes_summary_record_and_inline_report(tmp_path):
     [
         (["run", "--model", "resnet9000"], "resnet9000"),
         (["run", "--data", "cifar10:/nonexistent/cifar"], "/nonexistent/cifar"),
-        (["run", "--steps", "0"], "--steps 0"),
+        (["run", "--steps", "0"], "argument --steps: '0' is not a whole number of steps"),
         (["run", "--gpu", "h900"], "h900"),
         (["run", "--preemption", "weibull"], "weibull"),
     ],
@@ -126,7 +126,7 @@ def test_detached_run_status_attach_and_down(tmp_path, capsys):
 def test_zero_ps_hosts_is_refused_before_anything_starts(tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["run", "--ps-hosts", "0", "--out", str(out), "--quiet"]) == 2
-    assert "ps_hosts=0 must be a whole number of at least 1" in capsys.readouterr().err
+    assert "'0' is not a whole number of PS hosts of at least 1" in capsys.readouterr().err
     assert list(out.glob("*/events.jsonl")) == []
 
 

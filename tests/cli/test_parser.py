@@ -37,8 +37,8 @@ def test_workers_take_a_mix_of_gpu_types_and_refuse_bad_ones(tmp_path, capsys):
     assert args.on_demand == {"k80": 1, "v100": 2}
     assert _parser().parse_args(["scale", "demo", "3", "--on-demand", "v100=0"]).on_demand == {}
     for bad, words in [
-        ("-1", "workers=-1 must be a whole number of at least 0"),
-        ("one", "'one' is not a number"),
+        ("-1", "'-1' is not a whole number of workers of at least 0"),
+        ("one", "'one' is not a whole number of workers"),
         ("v100=-1", "v100=-1 is not a number of workers"),
         ("v100=1,v100=2", "'v100' is given twice"),
     ]:
@@ -56,7 +56,7 @@ def test_workers_take_a_mix_of_gpu_types_and_refuse_bad_ones(tmp_path, capsys):
     )
     for bad, words in [
         ("k80=-1", "k80=-1 is not a number of workers"),
-        ("three", "'three' is not a number"),
+        ("three", "'three' is not a whole number of workers"),
         ("k80=2,k80=1", "'k80' is given twice"),
     ]:
         with pytest.raises(SystemExit):

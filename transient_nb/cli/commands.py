@@ -147,8 +147,11 @@ def up(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``transient-nb`` console script."""
-    args = _parser().parse_args(argv)
+    """Entry point of the ``transient-nb`` console script (its exit status)."""
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as e:  # argparse's: --help (0), or a mistake it has explained (2)
+        return e.code if isinstance(e.code, int) else 2
     try:
         commands = {
             "run": run,

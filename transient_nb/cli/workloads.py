@@ -14,36 +14,11 @@ import os
 from typing import Any
 
 from transient_nb import config
-
-
-def add_workload_options(r: argparse.ArgumentParser) -> None:
-    """``run``'s options for the loss, metrics, optimizer and stop conditions."""
-    r.add_argument(
-        "--loss", default=None, help="cross_entropy (default) | mse | an import path pkg.mod:fn"
-    )
-    r.add_argument(
-        "--metrics",
-        default=None,
-        metavar="M1,NAME=pkg.mod:fn,...",
-        help="metrics: accuracy, mse, or import paths of (output, target) -> float",
-    )
-    r.add_argument(
-        "--optimizer",
-        default=None,
-        help="sgd (the paper's, default) or the import path of a torch.optim class or factory",
-    )
-    r.add_argument(
-        "--stop-at",
-        default=None,
-        metavar="METRIC=X,...",
-        help="stop when a metric reaches X (mae=0.3: loss-like names go down; f1>=0.8, mae<=0.3)",
-    )
-    r.add_argument("--collate-fn", default=None, help="import path of the DataLoader's collate_fn")
-    r.add_argument("--num-workers", type=int, default=None, help="DataLoader workers per trainer")
+from transient_nb.deploy import options
 
 
 def workload_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    """train()'s keyword arguments from :func:`add_workload_options`' options (None: not given)."""
+    """train()'s keyword arguments from ``run``'s workload options (None: not given)."""
     from transient_nb.training.spec import metrics_from_text, stop_at_from_text
 
     return {
@@ -76,27 +51,10 @@ def add_parsers(sub: Any) -> None:
         help="also check the weights load into this model (a built-in name or pkg.mod:attr)",
     )
     s = sub.add_parser("estimate", help="time and cost of a model on GPU types, before renting")
-    s.add_argument("--model", default="resnet32", help="a built-in name or pkg.mod:attr")
-    s.add_argument("--data", default="synthetic", help="a built-in spec or pkg.mod:attr")
-    s.add_argument("--loss", default=None, help="cross_entropy (default), mse or pkg.mod:fn")
-    s.add_argument(
-        "--workers",
-        default=None,
-        metavar="TYPE=N,...",
-        help="GPU types and largest cluster of each, e.g. t4=4,v100=2 (default: config's gpu=4)",
-    )
-    s.add_argument("--steps", type=int, default=64_000, help="global steps (default 64000)")
-    s.add_argument("--batch-size", type=int, default=128, help="items per worker step")
-    s.add_argument("--shards", type=int, default=1, help="PS shards")
-    s.add_argument("--prices", default=None, help="price catalog: gce-2025, paper-2019 or a path")
+    options.add(s, *options.ESTIMATE[:-1])
     s.add_argument("--zone", default=None, help="zone priced (default: config's)")
     s.add_argument("--on-demand", action="store_true", help="price on-demand workers")
-    s.add_argument(
-        "--measured",
-        default=None,
-        metavar="TYPE=STEPS_PER_S,...",
-        help="measured steps/s of one worker per GPU type: replaces the estimate",
-    )
+    options.add(s, "measured")
 
 
 def export(args: argparse.Namespace) -> int:
@@ -119,11 +77,12 @@ def export(args: argparse.Namespace) -> int:
 
 def estimate(args: argparse.Namespace) -> int:
     """``estimate``: the table of :func:`transient_nb.estimate`."""
-    from transient_nb.catalog.mix import parse_mix
     from transient_nb.training.estimate import estimate as run_estimate
     from transient_nb.training.estimate import measured_from_text
 
-    workers = parse_mix(args.workers, "") if args.workers else None
+    workers = args.workers
+    if isinstance(workers, int):  # a number: of the configuration's GPU type
+        workers = {str(config.get("gpu")): workers}
     est = run_estimate(
         args.model,
         args.data,

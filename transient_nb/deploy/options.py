@@ -1,0 +1,552 @@
+"""The one option table of both surfaces: the ``transient-nb`` command and the ``%transient_cluster``
+magic.
+
+Each option the two share is declared here once: its flags, its type (each error says what to
+type instead), its metavar, its help and its default. The CLI's argparse parser
+(:mod:`transient_nb.cli.parser`) and the magic's parsers (:mod:`transient_nb.notebook.magic_parsers`,
+IPython's ``magic_arguments``, argparse underneath) are both built from :data:`OPTIONS` with
+:func:`spec`. Where a surface really differs (the CLI's ``run`` is a demo of minutes on 2 CPU
+cores; the magic names the notebook's variables), the option says so in one place: its ``cli``
+or ``magic`` entries, which replace the shared keyword arguments on that surface alone.
+
+Durations and dollars are checked by :mod:`transient_nb.limits` (the one rule for money and
+time); the text typed is kept, so what the surfaces pass on is what the user typed.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from transient_nb.catalog.mix import parse_mix, zero_mix
+from transient_nb.limits import dollars, duration
+
+#: The two surfaces: the ``transient-nb`` command and the ``%transient_cluster`` magic.
+Surface = Literal["cli", "magic"]
+
+
+# -- argument types: each error says what to type ---------------------------------------------------
+def whole(what: str, minimum: int) -> Callable[[str], int]:
+    """A whole number of ``what`` of at least ``minimum``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a whole number of {what} of at least {minimum}; type e.g. "
+                f"{max(minimum, 4)}"
+            )
+        return value
+
+    parse.__name__ = f"whole number of {what}"
+    return parse
+
+
+def workers(minimum: int) -> Callable[[str], int | dict[str, int]]:
+    """A number of workers, or a mix of GPU types such as ``k80=2,p100=1,v100=1``."""
+
+    def parse(text: str) -> int | dict[str, int]:
+        if "=" not in text:
+            return whole("workers", minimum)(text)
+        try:
+            return parse_mix(text, "")
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    parse.__name__ = "number of workers or TYPE=COUNT,..."
+    return parse
+
+
+def on_demand(text: str) -> int | dict[str, int]:
+    """``scale --on-demand``: a number of workers (of the type N counts) or TYPE=COUNT pairs such
+    as ``v100=1``; ``0``, or every type at 0, is none on demand."""
+    if zero_mix(text):
+        return {}
+    return workers(0)(text)
+
+
+on_demand.__name__ = "number of workers or TYPE=COUNT,..."
+
+
+def positive(what: str) -> Callable[[str], float]:
+    """A positive number of ``what``."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = -1.0
+        if not value > 0:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a positive number of {what}; type e.g. 120"
+            )
+        return value
+
+    parse.__name__ = f"positive number of {what}"
+    return parse
+
+
+def money(what: str) -> Callable[[str], float]:
+    """Positive dollars, checked by :func:`transient_nb.limits.dollars` (``what`` names it)."""
+
+    def parse(text: str) -> float:
+        try:
+            value: Any = float(text)
+        except ValueError:
+            value = text
+        try:
+            return float(dollars(value, what) or 0.0)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    parse.__name__ = "dollars"
+    return parse
+
+
+def length(what: str, example: str) -> Callable[[str], str]:
+    """A positive duration, checked by :func:`transient_nb.limits.duration`; the text is kept."""
+
+    def parse(text: str) -> str:
+        try:
+            duration(text, what, example)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        return text
+
+    parse.__name__ = "duration"
+    return parse
+
+
+def fraction(text: str) -> float:
+    """A fraction in (0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a fraction in (0, 1]; type e.g. 0.9")
+    return value
+
+
+def names(text: str) -> list[str]:
+    """Comma-separated names, such as ``t4,v100``."""
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+# -- the table ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Option:
+    """One option of both surfaces: ``flags`` and ``add_argument``'s keyword arguments.
+
+    ``cli`` and ``magic`` hold what one surface says otherwise (a default, a help text); they
+    are the only place a surface differs.
+    """
+
+    flags: tuple[str, ...]
+    kwargs: Mapping[str, Any]
+    cli: Mapping[str, Any] = field(default_factory=dict)
+    magic: Mapping[str, Any] = field(default_factory=dict)
+
+    def on(self, surface: Surface) -> tuple[tuple[str, ...], dict[str, Any]]:
+        """``(flags, kwargs)`` of ``add_argument`` (or IPython's ``argument``) on ``surface``."""
+        own = self.cli if surface == "cli" else self.magic
+        return self.flags, {"default": None, **self.kwargs, **own}
+
+
+def _o(*flags: str, cli: Mapping[str, Any] | None = None, magic: Mapping[str, Any] | None = None,
+       **kwargs: Any) -> Option:  # fmt: skip
+    return Option(tuple(flags), kwargs, dict(cli or {}), dict(magic or {}))
+
+
+#: Every option both surfaces take, by name. A name is the option's ``dest`` unless two options
+#: share a flag with different meanings (``scale_gpu``: the type ``scale N`` counts).
+OPTIONS: dict[str, Option] = {
+    # -- a cluster: `transient-nb run`/`up` and `%transient_cluster up` --
+    "workers": _o(
+        "--workers",
+        type=workers(1),
+        metavar="N|TYPE=N,...",
+        help="GPU workers (default: the configuration's transient.workers), or a mix of GPU "
+        "types such as k80=2,p100=1,v100=1",
+    ),
+    "gpu": _o("--gpu", help="GPU type, a key of the price catalog (t4, l4, v100, k80, ...)"),
+    "spot": _o("--spot", dest="spot", action="store_true", help="Spot workers"),
+    "on_demand": _o(
+        "--on-demand", dest="spot", action="store_false", help="on-demand workers instead of Spot"
+    ),
+    "zone": _o("--zone", help="zone of the workers, e.g. us-central1-a"),
+    "ps_hosts": _o(
+        "--ps-hosts",
+        type=whole("PS hosts", 1),
+        metavar="N",
+        help="never-preemptible PS hosts (default 1); shards default to one per host",
+    ),
+    "preemption": _o(
+        "--preemption",
+        help="none | paper:k80 | paper:v100 | exp:mean=60s | trace:PATH | "
+        "'zones:us-central1-a=exp:mean=300s;*=paper' (local backend; default: the "
+        "configuration's, none)",
+        # The CLI's run is a demo of training through revocations: they come every minute.
+        cli={
+            "default": "exp:mean=60s",
+            "help": "none | paper:k80 | paper:v100 | exp:mean=60s | trace:PATH | "
+            "'zones:us-central1-a=exp:mean=300s;*=paper' (local backend; default exp:mean=60s)",
+        },
+    ),
+    "name": _o(
+        "--name", help="cluster name: lowercase letters, digits, dashes (default: a fresh one)"
+    ),
+    "backend": _o("--backend", help="local (the default) or gce"),
+    "time_scale": _o(
+        "--time-scale",
+        type=positive("simulated seconds per second"),
+        metavar="X",
+        help="simulated seconds per wall second (default: the configuration's, 1; 120: an hour "
+        "in 30 s)",
+    ),
+    "provisioning_delay": _o(
+        "--provisioning-delay",
+        metavar="DURATION",
+        help="time from request to running VM: 'paper' or e.g. 5s (simulated; default: the "
+        "configuration's, paper)",
+        # The CLI's run is a demo of minutes: a replacement joins in 5 s.
+        cli={
+            "default": "5s",
+            "help": "time from request to running VM: 'paper' or e.g. 5s (simulated; default 5s)",
+        },
+    ),
+    "notice": _o("--notice", metavar="DURATION", help="preemption notice, e.g. 30s (simulated)"),
+    "prices": _o(
+        "--prices", metavar="CATALOG", help="price catalog: gce-2025, paper-2019 or a YAML path"
+    ),
+    "fallback_zones": _o(
+        "--fallback-zones", type=names, metavar="Z1,Z2", help="zones to try when one runs out"
+    ),
+    "fallback_gpus": _o(
+        "--fallback-gpus", type=names, metavar="G1,G2", help="GPU types to try next"
+    ),
+    "cluster_seed": _o(
+        "--seed",
+        type=whole("seed", 0),
+        help="seed of the simulator's draws (default: the configuration's)",
+        # The CLI's one --seed is the simulator's and the training's: a run of it is repeatable.
+        cli={"default": 0, "help": "seed of the simulator's draws and of the training (default 0)"},
+    ),
+    "max_workers": _o(
+        "--max-workers",
+        type=whole("workers", 1),
+        metavar="N",
+        help="refuse more workers than this (default: transient.limits.max-workers, 64)",
+    ),
+    "max_hourly_cost": _o(
+        "--max-hourly-cost",
+        type=money("max_hourly_cost"),
+        metavar="USD",
+        help="refuse workers that could cost more dollars per hour than this (with the PS host)",
+    ),
+    "detach": _o(
+        "--detach",
+        action="store_true",
+        default=False,
+        help="run the cluster and its training in a head process that outlives this kernel",
+        cli={
+            "help": "run in a head process that outlives this command; follow it with "
+            "`transient-nb attach NAME`, end it with `transient-nb down NAME`"
+        },
+    ),
+    # -- a training run: `transient-nb run` and `%transient_cluster train` --
+    "model": _o(
+        "--model",
+        cli={
+            # None: a resumed run keeps its own; cli.parser.CLI_DEFAULTS fills in the default.
+            "default": None,
+            "help": "resnet32 | resnet32-t2t | resnet20 | resnet8 (default resnet8: minutes on 2 "
+            "CPU cores), or your own: the import path pkg.mod:attr of an nn.Module or its factory",
+        },
+        magic={
+            "default": "resnet32",
+            "help": "resnet32 | resnet32-t2t | resnet20 | resnet8, or your own: a variable of the "
+            "notebook (an nn.Module or its factory) or an import path pkg.mod:attr",
+        },
+    ),
+    "data": _o(
+        "--data",
+        cli={
+            "default": None,
+            "help": "synthetic | digits | cifar10:PATH-OR-URL, or the import path pkg.mod:attr of "
+            "a (train, test) pair of Datasets or its factory",
+        },
+        magic={
+            "default": "synthetic",
+            "help": "synthetic | digits | cifar10:PATH-OR-URL, or a variable holding a (train, "
+            "test) pair of Datasets (or its factory), or an import path",
+        },
+    ),
+    "steps": _o(
+        "--steps",
+        type=whole("steps", 1),
+        help="global steps (default 64000)",
+        cli={"default": None, "help": "global steps (default 2000)"},
+        magic={"default": 64_000},
+    ),
+    "batch_size": _o(
+        "--batch-size",
+        type=whole("images", 1),
+        help="images per worker step (default 128)",
+        cli={"default": None, "help": "images per worker step (default 32)"},
+        magic={"default": 128},
+    ),
+    "lr": _o(
+        "--lr",
+        type=positive("learning rate"),
+        help="base learning rate (default 0.1; a user's optimizer keeps its own)",
+    ),
+    "shards": _o(
+        "--shards",
+        type=whole("PS shards", 1),
+        help="parameter-server shards (default: one per PS host)",
+    ),
+    "target_accuracy": _o(
+        "--target-accuracy", type=fraction, help="stop at this test accuracy, e.g. 0.9"
+    ),
+    "budget": _o(
+        "--budget",
+        type=money("budget"),
+        metavar="USD",
+        help="stop when this many dollars are spent",
+    ),
+    "deadline": _o(
+        "--deadline",
+        type=length("deadline", "10m"),
+        metavar="DURATION",
+        help="stop after this long, e.g. 10m",
+    ),
+    "eval_images": _o(
+        "--eval-images",
+        type=whole("images", 1),
+        help="test images per evaluation (default: all)",
+        # A short demo: 1000 test images per evaluation on 2 CPU cores.
+        cli={"default": 1000, "help": "test images per evaluation (default 1000)"},
+    ),
+    "loss": _o(
+        "--loss",
+        help="cross_entropy (default) | mse | a variable or import path pkg.mod:fn of a function",
+        cli={"help": "cross_entropy (default) | mse | an import path pkg.mod:fn"},
+    ),
+    "metrics": _o(
+        "--metrics",
+        metavar="M1,NAME=pkg.mod:fn,...",
+        help="metrics: accuracy, mse, or variables or import paths of functions (output, "
+        "target) -> float",
+        cli={"help": "metrics: accuracy, mse, or import paths of (output, target) -> float"},
+    ),
+    "optimizer": _o(
+        "--optimizer",
+        help="sgd (the paper's, default) or a variable or import path of a torch.optim class or "
+        "factory",
+        cli={
+            "help": "sgd (the paper's, default) or the import path of a torch.optim class or factory"
+        },
+    ),
+    "stop_at": _o(
+        "--stop-at",
+        metavar="METRIC=X,...",
+        help="stop when a metric reaches X (mae=0.3: loss-like names go down; f1>=0.8, mae<=0.3)",
+    ),
+    "collate_fn": _o(
+        "--collate-fn",
+        help="a variable or import path: the DataLoader's collate_fn",
+        cli={"help": "import path of the DataLoader's collate_fn"},
+    ),
+    "num_workers": _o(
+        "--num-workers", type=whole("DataLoader workers", 0), help="DataLoader workers per trainer"
+    ),
+    "seed": _o(
+        "--seed",
+        type=whole("seed", 0),
+        default=0,
+        help="seed of the training (default 0)",
+        # The CLI's run takes one --seed, the cluster's (cluster_seed), for both.
+    ),
+    # -- the policy: `transient-nb adapt`/`run --adapt` and `%transient_cluster adapt` --
+    "gpus": _o(
+        "--gpus", type=names, metavar="G1,G2", help="GPU types the policy may use, e.g. t4,v100"
+    ),
+    "spot_only": _o(
+        "--spot-only",
+        action="store_true",
+        default=False,
+        help="the policy keeps every worker Spot (by default it may run some on demand where its "
+        "goal needs them, e.g. a deadline a storm of revocations makes Spot miss)",
+    ),
+    "history": _o(
+        "--history",
+        metavar="PATH",
+        help="the policy plans from what earlier runs saw, kept in PATH (this run added); "
+        "default: the configuration's policy.history",
+    ),
+    "goal": _o(
+        "goal",
+        metavar="GOAL",
+        help="deadline:DURATION (e.g. deadline:2h), budget:DOLLARS, cost-per-step, or off",
+    ),
+    # -- scale, scale-ps, move-ps --
+    "n": _o(
+        "n",
+        type=workers(0),
+        metavar="N|TYPE=N,...",
+        help="number of GPU workers to keep (of type --gpu), or a whole mix such as k80=2,v100=1",
+    ),
+    "scale_gpu": _o(
+        "--gpu", help="the GPU type that N counts (a mixed cluster needs it); others keep theirs"
+    ),
+    "scale_on_demand": _o(
+        "--on-demand",
+        dest="on_demand",
+        type=on_demand,
+        metavar="N|TYPE=N,...",
+        help="how many of the workers run on demand (a Spot cluster): a number of the type N "
+        "counts, or per type such as v100=1 (types left out: none)",
+    ),
+    "ps_n": _o(
+        "n", type=whole("PS hosts", 1), metavar="N", help="number of PS hosts to keep (1-4)"
+    ),
+    "ps_zone": _o(
+        "zone",
+        metavar="ZONE",
+        help="zone to move the PS hosts to: the cluster's zone or one of its fallback zones",
+    ),
+    "reason": _o("--reason", default="", help="said in the ps-move event"),
+    # -- estimate: `transient-nb estimate` and `%transient_cluster estimate` --
+    "estimate_model": _o(
+        "--model",
+        default="resnet32",
+        help="a built-in name, a variable or an import path",
+        cli={"help": "a built-in name or pkg.mod:attr"},
+    ),
+    "estimate_data": _o(
+        "--data",
+        default="synthetic",
+        help="a built-in spec, a variable or an import path",
+        cli={"help": "a built-in spec or pkg.mod:attr"},
+    ),
+    "estimate_loss": _o(
+        "--loss",
+        help="cross_entropy (default), mse, a variable or an import path",
+        cli={"help": "cross_entropy (default), mse or pkg.mod:fn"},
+    ),
+    "estimate_workers": _o(
+        "--workers",
+        type=workers(1),
+        metavar="TYPE=N,...",
+        help="GPU types and the largest cluster of each, e.g. t4=4,v100=2 (default: the "
+        "configuration's gpu=4)",
+    ),
+    "estimate_steps": _o(
+        "--steps", type=whole("steps", 1), default=64_000, help="global steps (default 64000)"
+    ),
+    "estimate_batch_size": _o(
+        "--batch-size", type=whole("items", 1), default=128, help="items per worker step"
+    ),
+    "estimate_shards": _o("--shards", type=whole("PS shards", 1), default=1, help="PS shards"),
+    "estimate_prices": _o(
+        "--prices", metavar="CATALOG", help="price catalog: gce-2025, paper-2019 or a YAML path"
+    ),
+    "measured": _o(
+        "--measured",
+        metavar="TYPE=STEPS_PER_S,...",
+        help="measured steps/s of one worker per GPU type: replaces the estimate",
+    ),
+}
+
+#: The options of a cluster, in the order both surfaces show them.
+CLUSTER = (
+    "workers",
+    "gpu",
+    "spot",
+    "on_demand",
+    "zone",
+    "ps_hosts",
+    "preemption",
+    "name",
+    "backend",
+    "time_scale",
+    "provisioning_delay",
+    "notice",
+    "prices",
+    "fallback_zones",
+    "fallback_gpus",
+    "cluster_seed",
+    "max_workers",
+    "max_hourly_cost",
+)
+#: The options of a training run (both surfaces add their own: the CLI's ``--resume``, the
+#: magic's checkpoints).
+TRAIN = (
+    "model",
+    "data",
+    "loss",
+    "metrics",
+    "optimizer",
+    "stop_at",
+    "collate_fn",
+    "num_workers",
+    "steps",
+    "batch_size",
+    "lr",
+    "shards",
+    "target_accuracy",
+    "budget",
+    "deadline",
+    "eval_images",
+)
+#: The policy's options beside its goal.
+POLICY = ("gpus", "spot_only", "history")
+#: ``scale``'s.
+SCALE = ("n", "scale_gpu", "scale_on_demand")
+#: ``estimate``'s.
+ESTIMATE = (
+    "estimate_model",
+    "estimate_data",
+    "estimate_loss",
+    "estimate_workers",
+    "estimate_steps",
+    "estimate_batch_size",
+    "estimate_shards",
+    "estimate_prices",
+    "measured",
+)
+
+
+#: What the CLI's ``run`` fills in after parsing where an option of :data:`TRAIN` was not typed:
+#: a run of minutes on 2 CPU cores (a resumed run keeps its own settings instead, so the parser's
+#: default is None). The options' ``cli`` help names these.
+CLI_RUN_DEFAULTS: dict[str, Any] = {
+    "model": "resnet8",
+    "data": "synthetic",
+    "steps": 2000,
+    "batch_size": 32,
+    "shards": 1,
+}
+
+
+def spec(name: str, surface: Surface) -> tuple[tuple[str, ...], dict[str, Any]]:
+    """The option ``name``'s ``(flags, kwargs)`` on ``surface``."""
+    return OPTIONS[name].on(surface)
+
+
+def add(parser: argparse.ArgumentParser, *option_names: str) -> None:
+    """Add the options ``option_names`` to the CLI's ``parser``."""
+    for name in option_names:
+        flags, kwargs = spec(name, "cli")
+        parser.add_argument(*flags, **kwargs)
+
+
+def default(name: str, surface: Surface) -> Any:
+    """The option ``name``'s default on ``surface``."""
+    return spec(name, surface)[1]["default"]
