@@ -473,19 +473,24 @@ def test_end_to_end_notice_drain_and_replacement_in_the_next_zone(tmp_path: Path
 
 # -- issue 11: ownership ------------------------------------------------------------------------------
 @pytest.mark.slow
-def test_the_ps_data_plane_is_mutual_tls_with_the_clusters_certificates(tmp_path: Path) -> None:
+def test_the_ps_data_plane_is_mutual_tls_with_the_clusters_certificates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """On GCE the gradients cross hosts: the PS's data plane is TLS with the cluster's
     certificates on the firewall's data ports; a trainer uses it, an outsider is refused."""
     from tests.conftest import endless_run
     from tests.training.wire.outsiders import assert_only_members_admitted
 
+    # The fake's VMs are processes of this machine: its disk is shared by every one of them, a
+    # bucket in all but name. train() refuses host-local storage on a cloud backend (tested in
+    # tests/training/test_checkpoint.py); this test is about the data plane, so it lets it be.
+    monkeypatch.setattr("transient_nb.training.run.check_checkpoint_url", lambda url, backend: None)
     fake = FakeGCE(str(tmp_path / "vms"), project=PROJECT, run_vms=True)
     (tmp_path / "ckpt").mkdir()  # a "bucket" that exists
     try:
         with TransientCluster(**options(fake), name="dp") as cluster:
             cluster.wait_for_workers(1, timeout=90)
-            # The fake's VMs share this machine's disk ("local://": not refused as host-local).
-            run = endless_run(cluster, checkpoint_url=f"local://{tmp_path}/ckpt")
+            run = endless_run(cluster, checkpoint_url=f"file://{tmp_path}/ckpt")
             try:
                 wait_for_sync(lambda: run.step >= 5, timeout=180)
                 endpoint = run._ps[0].data_endpoint().result(timeout=30)
