@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 import torch
 
-from transient_nb.training.hparams import HParams
 from transient_nb.training.models import build_model
 from transient_nb.training.ps import ParameterServer, regroup, shard_bounds
 from transient_nb.training.trainer import (
@@ -26,6 +25,7 @@ from transient_nb.training.trainer import (
 
 from .doubles import TRAINER_HP as HP
 from .doubles import PSDouble, Published
+from .doubles import gatherer as _gatherer
 from .doubles import ps_double as _double
 from .doubles import trainer_on as _trainer
 
@@ -488,14 +488,6 @@ def test_two_shards_each_get_their_slice_and_only_the_first_the_statistics(loop,
 
 
 # -- the actor's own surface without a loop: its drain and its events --------------------------
-def _gatherer(generation=0, published=0, hp=None, locate=None):
-    hp = hp or HParams(steps=10, call_timeout_s=1.2)
-    published_gen = {"g": published}
-    trainer = _trainer(locate or (lambda timeout: (published_gen["g"], [])), hp=hp)
-    trainer.generation = generation
-    return trainer, published_gen
-
-
 def test_drain_stops_the_loop_for_its_last_push_and_waits_for_it_until_the_deadline():
     trainer, _ = _gatherer()
     # The loop finishes its last push: the drain returns as soon as it is done (it looks
