@@ -186,20 +186,11 @@ def test_a_generation_with_more_shards_is_followed_with_the_vector_cut_anew(loop
     thread, _ = _start(trainer)
     _until(lambda: old.ps.version >= 3)
     state = asyncio.run_coroutine_threadsafe(old.ps.get_state(), loop).result(10)
-    seen: list[tuple[int, int]] = []
-
-    class Recording(PSDouble):
-        def __getattr__(self, name):
-            call = super().__getattr__(name)
-            if name != "push_pull":
-                return call
-            return lambda *a, **k: (seen.append((self.ps.shard, len(k["grad"]))), call(*a, **k))[1]
-
     model = build_model("resnet8", num_classes=10)
     mask = decay_mask(model)
     bounds = shard_bounds(n, 2)
     new = [
-        Recording(
+        PSDouble(
             ParameterServer(
                 "r",
                 i,
@@ -220,7 +211,8 @@ def test_a_generation_with_more_shards_is_followed_with_the_vector_cut_anew(loop
     published.generation, published.shards = 1, new
     _until(lambda: min(d.ps.accepted.get("w-0", 0) for d in new) >= 3)
     assert trainer.generation == 1 and trainer.bounds == bounds
-    assert sorted(set(seen)) == [(0, bounds[0][1]), (1, n - bounds[0][1])]
+    seen = {(shard, size) for shard, size, _ in _pushed(new)}
+    assert sorted(seen) == [(0, bounds[0][1]), (1, n - bounds[0][1])]
     assert new[0].ps.version == new[1].ps.version > state["step"]
     asyncio.run(trainer.stop())
     thread.join(30 * PATIENCE)
@@ -429,32 +421,25 @@ def test_the_trainer_posts_its_metrics_with_the_run_and_its_device(loop, tmp_pat
     )
 
 
+def _pushed(doubles):
+    """Each push the PS doubles were sent: (its shard, the gradient's length, whether it carried
+    batch-norm statistics)."""
+    return [
+        (d.ps.shard, len(k["grad"]), k["bn_delta"] is not None)
+        for d in doubles
+        for name, _, k in list(d.arguments)
+        if name == "push_pull"
+    ]
+
+
 def test_two_shards_each_get_their_slice_and_only_the_first_the_statistics(loop, tmp_path):
     hp = HP.with_(steps=6, call_timeout_s=10.0 * PATIENCE)  # no call is meant to be slow here
     model = build_model("resnet8", num_classes=10)
     params, buffers = flat_layout(model)
     w, mask, n = get_flat(params), decay_mask(model), len(get_flat(params))
     bounds = [(0, n // 2), (n // 2, n)]
-    seen: list[tuple[int, int, bool]] = []
-
-    class Recording(PSDouble):
-        def __init__(self, ps, loop, shard):
-            super().__init__(ps, loop)
-            self.shard = shard
-
-        def __getattr__(self, name):
-            call = super().__getattr__(name)
-            if name != "push_pull":
-                return call
-
-            def push_pull(*a, **k):
-                seen.append((self.shard, len(k["grad"]), k["bn_delta"] is not None))
-                return call(*a, **k)
-
-            return push_pull
-
     doubles = [
-        Recording(
+        PSDouble(
             ParameterServer(
                 "r",
                 i,
@@ -466,7 +451,6 @@ def test_two_shards_each_get_their_slice_and_only_the_first_the_statistics(loop,
                 str(tmp_path),
             ),
             loop,
-            i,
         )
         for i, (a, b) in enumerate(bounds)
     ]
@@ -484,7 +468,7 @@ def test_two_shards_each_get_their_slice_and_only_the_first_the_statistics(loop,
     thread.join(120 * PATIENCE)
     assert box["result"]["state"] == "finished"
     assert [d.ps.version for d in doubles] == [6, 6]
-    assert sorted(set(seen)) == [(0, n // 2, True), (1, n - n // 2, False)]
+    assert sorted(set(_pushed(doubles))) == [(0, n // 2, True), (1, n - n // 2, False)]
 
 
 # -- the actor's own surface without a loop: its drain and its events --------------------------
