@@ -52,6 +52,15 @@ def _start(trainer):
     return thread, box
 
 
+def _started(loop, tmp_path, hp, **trainer_kwargs):
+    """A PS double with ``hp``, and a trainer of it training in a thread: the double, the
+    trainer, the thread and the box of :func:`_start`."""
+    double = _double(loop, tmp_path, hp=hp)
+    trainer = _trainer(Published(double), hp=hp, **trainer_kwargs)
+    thread, box = _start(trainer)
+    return double, trainer, thread, box
+
+
 def _until(predicate, timeout=60.0):
     deadline = time.monotonic() + timeout * PATIENCE
     while not predicate():
@@ -62,9 +71,7 @@ def _until(predicate, timeout=60.0):
 @pytest.mark.parametrize("pipeline", [False, True])
 def test_trains_until_the_run_has_its_steps(loop, tmp_path, pipeline):
     hp = HP.with_(pipeline=pipeline)
-    double = _double(loop, tmp_path, hp=hp)
-    trainer = _trainer(Published(double), hp=hp)
-    thread, box = _start(trainer)
+    double, trainer, thread, box = _started(loop, tmp_path, hp)
     thread.join(120 * PATIENCE)
     # Pipelined, the push in flight when the run got its steps still lands: one more.
     total = hp.steps + (1 if pipeline else 0)
@@ -80,9 +87,7 @@ def test_a_slow_ps_is_rejoined_not_abandoned(loop, tmp_path, pipeline):
     """A call slower than call_timeout_s makes the trainer rejoin the SAME generation and go on;
     while it is away the PS does not count it as active."""
     hp = HP.with_(steps=10_000, pipeline=pipeline)
-    double = _double(loop, tmp_path, hp=hp)
-    trainer = _trainer(Published(double), hp=hp)
-    thread, box = _start(trainer)
+    double, trainer, thread, box = _started(loop, tmp_path, hp)
     _until(lambda: double.ps.version >= 10)
     double.frozen.set()
     _until(lambda: trainer.ps_failures >= 1)  # the call timed out
@@ -220,9 +225,7 @@ def test_a_generation_with_more_shards_is_followed_with_the_vector_cut_anew(loop
 
 def test_a_ps_that_never_answers_is_given_up_within_the_bound(loop, tmp_path):
     hp = HP.with_(steps=10_000)
-    double = _double(loop, tmp_path, hp=hp)
-    trainer = _trainer(Published(double), hp=hp)
-    thread, box = _start(trainer)
+    double, trainer, thread, box = _started(loop, tmp_path, hp)
     _until(lambda: double.ps.version >= 3)
     t0 = time.monotonic()
     double.error = OSError("Unable to contact Actor's worker")
@@ -236,9 +239,7 @@ def test_a_ps_that_never_answers_is_given_up_within_the_bound(loop, tmp_path):
 
 def test_stop_is_prompt_even_while_the_ps_is_away(loop, tmp_path):
     hp = HP.with_(steps=10_000, ps_lost_after_s=600.0)
-    double = _double(loop, tmp_path, hp=hp)
-    trainer = _trainer(Published(double), hp=hp)
-    thread, box = _start(trainer)
+    double, trainer, thread, box = _started(loop, tmp_path, hp)
     _until(lambda: double.ps.version >= 3)
     double.error = OSError("gone " + "and far " * 50)
     _until(lambda: trainer.state == "rejoining")
@@ -255,9 +256,7 @@ def test_stop_is_prompt_even_while_the_ps_is_away(loop, tmp_path):
 def test_a_notice_pushes_the_last_gradient_and_leaves(loop, tmp_path, pipeline):
     """Pipelined, the push in flight is taken in first; then the last one goes, alone."""
     hp = HP.with_(steps=10_000, pipeline=pipeline)
-    double = _double(loop, tmp_path, hp=hp)
-    trainer = _trainer(Published(double), hp=hp)
-    thread, box = _start(trainer)
+    double, trainer, thread, box = _started(loop, tmp_path, hp)
     _until(lambda: double.ps.version >= 5)
     asyncio.run(trainer._drain(time.time() + 30))
     thread.join(30 * PATIENCE)
@@ -276,9 +275,7 @@ def test_a_notice_pushes_the_last_gradient_and_leaves(loop, tmp_path, pipeline):
 def test_a_paced_trainer_runs_at_its_gpus_rate_divided_by_time_scale(loop, tmp_path):
     # K80 at 4.56 steps/s, time_scale 5: 22.8 steps/s (this host does a step in a few ms).
     hp = HP.with_(steps=50, emulate="paper,ps=none")
-    double = _double(loop, tmp_path, hp=hp)
-    trainer = _trainer(Published(double), hp=hp, gpu="k80", time_scale=5.0)
-    thread, box = _start(trainer)
+    double, trainer, thread, box = _started(loop, tmp_path, hp, gpu="k80", time_scale=5.0)
     thread.join(60 * PATIENCE)
     assert box["result"]["state"] == "finished"
     times = double.push_times[5:]  # after the first steps (data, model, join)
@@ -300,9 +297,7 @@ def test_a_paced_trainer_runs_at_its_gpus_rate_divided_by_time_scale(loop, tmp_p
 def test_an_impossible_pace_is_reported_not_hidden(loop, tmp_path, monkeypatch):
     monkeypatch.setattr("transient_nb.training.emulation.BEHIND_WINDOW_S", 0.3)
     hp = HP.with_(steps=80, emulate="k80=100000")  # 10 us a step: no host keeps that
-    double = _double(loop, tmp_path, hp=hp)
-    trainer = _trainer(Published(double), hp=hp, gpu="k80", time_scale=1.0)
-    thread, box = _start(trainer)
+    _, trainer, thread, box = _started(loop, tmp_path, hp, gpu="k80", time_scale=1.0)
     thread.join(60 * PATIENCE)
     assert box["result"]["state"] == "finished"
     behind = [e for e in trainer.posted if e["kind"] == "emulation-behind"]
@@ -407,9 +402,7 @@ def test_the_trainer_posts_its_metrics_with_the_run_and_its_device(loop, tmp_pat
 
     monkeypatch.setattr(trainer_module, "METRICS_EVERY_S", 0.0)
     hp = HP.with_(steps=5)
-    double = _double(loop, tmp_path, hp=hp)
-    trainer = _trainer(Published(double), hp=hp)
-    thread, box = _start(trainer)
+    _, trainer, thread, box = _started(loop, tmp_path, hp)
     thread.join(120 * PATIENCE)
     assert box["result"]["state"] == "finished"
     metrics = [e for e in trainer.posted if e["kind"] == "worker-metrics"]
@@ -859,9 +852,7 @@ def test_a_trainer_in_another_region_than_the_ps_is_paced_slower(monkeypatch, zo
 
 def test_two_slow_calls_are_two_failures_and_two_rejoins(loop, tmp_path):
     hp = HP.with_(steps=10_000)
-    double = _double(loop, tmp_path, hp=hp)
-    trainer = _trainer(Published(double), hp=hp)
-    thread, box = _start(trainer)
+    double, trainer, thread, box = _started(loop, tmp_path, hp)
     for n in (1, 2):
         _until(lambda n=n: double.ps.version >= 10 * n)
         double.frozen.set()
@@ -941,9 +932,7 @@ def test_a_trainer_built_in_a_worker_takes_its_name_hooks_its_drain_and_reads_th
 @pytest.mark.parametrize("pipeline", [False, True])
 def test_with_a_data_plane_the_gradients_bypass_the_actor(loop, tmp_path, pipeline):
     hp = HP.with_(pipeline=pipeline, data_plane="unix")
-    double = _double(loop, tmp_path, hp=hp)
-    trainer = _trainer(Published(double), hp=hp)
-    thread, box = _start(trainer)
+    double, trainer, thread, box = _started(loop, tmp_path, hp)
     thread.join(120 * PATIENCE)
     total = hp.steps + (1 if pipeline else 0)
     assert box["result"]["state"] == "finished" and box["result"]["accepted"] == total
@@ -965,9 +954,7 @@ def test_the_actor_carries_the_bytes_when_the_run_says_so(loop, tmp_path):
 
 def test_a_cut_data_plane_is_rejoined_and_training_goes_on(loop, tmp_path):
     hp = HP.with_(steps=40, data_plane="unix")
-    double = _double(loop, tmp_path, hp=hp)
-    trainer = _trainer(Published(double), hp=hp)
-    thread, box = _start(trainer)
+    double, trainer, thread, box = _started(loop, tmp_path, hp)
     _until(lambda: double.ps.version >= 10)
     assert double.ps._data_server.cut() == 1
     thread.join(120 * PATIENCE)
@@ -979,9 +966,7 @@ def test_a_cut_data_plane_is_rejoined_and_training_goes_on(loop, tmp_path):
 
 def test_a_ps_loop_frozen_past_the_call_timeout_is_rejoined(loop, tmp_path):
     hp = HP.with_(steps=30, data_plane="unix")
-    double = _double(loop, tmp_path, hp=hp)
-    trainer = _trainer(Published(double), hp=hp)
-    thread, box = _start(trainer)
+    double, trainer, thread, box = _started(loop, tmp_path, hp)
     _until(lambda: double.ps.version >= 5)
     loop.call_soon_threadsafe(time.sleep, 3 * hp.call_timeout_s)  # the PS's loop stops
     thread.join(120 * PATIENCE)
