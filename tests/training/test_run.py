@@ -112,17 +112,13 @@ def test_learns_digits_and_survives_preemptions():
     non-deterministic runs on 360 test images: three runs of exactly this scenario (seeds 3-5)
     reached 0.992, 0.994 and 0.997 (2026-12-01, 2 loaded cores), so 0.90 leaves room for far more
     variance than was seen."""
-    with TransientCluster(workers=3, notice="1s", provisioning_delay="0.5s", seed=3) as cluster:
-        cluster.wait_for_workers(timeout=120)
-        run = train(
-            cluster,
-            model="resnet8",
-            data="digits",
-            steps=500,
-            batch_size=64,
-            eval_every=250,
-            seed=1,
-        )
+    with digits_run(
+        dict(workers=3, notice="1s", provisioning_delay="0.5s", seed=3),
+        steps=500,
+        batch_size=64,
+        eval_every=250,
+        seed=1,
+    ) as (cluster, run):
         until(lambda: run.step >= 100, what="step 100")
         cluster.preempt("w-0", notice=True)
         until(lambda: run.step >= 250, what="step 250")
@@ -212,19 +208,13 @@ def test_losing_the_ps_recovers_from_its_checkpoint():
 def test_two_ps_hosts_give_each_shard_a_process_and_a_lost_one_is_recovered():
     """ps_hosts=2: the shards default to 2 and live in two worker processes; killing one host
     recovers both shards from the checkpoint onto the hosts left, and both hosts are billed."""
-    with TransientCluster(
-        workers=2, ps_hosts=2, notice="1s", provisioning_delay=0, seed=5
-    ) as cluster:
-        cluster.wait_for_workers(timeout=120)
-        run = train(
-            cluster,
-            model="resnet8",
-            data="digits",
-            steps=500,
-            batch_size=32,
-            checkpoint_every=100,
-            eval_every=500,
-        )
+    with digits_run(
+        dict(workers=2, ps_hosts=2, notice="1s", provisioning_delay=0, seed=5),
+        steps=500,
+        batch_size=32,
+        checkpoint_every=100,
+        eval_every=500,
+    ) as (cluster, run):
         until(lambda: run.step >= 150, what="step 150")
         assert run.shards == 2
         hosts = {ps._address for ps in run._ps}
