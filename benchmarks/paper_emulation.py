@@ -34,6 +34,7 @@ import argparse
 import os
 import sys
 import time
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -95,28 +96,14 @@ def main(argv: list[str] | None = None) -> int:
         table = reproduce.paper_table(
             setups, steps_per_worker=args.steps_per_worker, wall_pace=args.wall_pace, seed=args.seed
         )
-        cols = ["setup", *table.columns]
-        print(
-            md_table(
-                cols,
-                [
-                    [label, *row]
-                    for label, row in zip(
-                        table.index, table.astype(object).values.tolist(), strict=True
-                    )
-                ],
-            )
-        )
+        _print_frame(table)
         print()
         print(
             f"Table: seed {args.seed}, wall pace {args.wall_pace}, {time.time() - t0:.0f} s. "
             "'paper saved' and 'ours saved' are over 1 on-demand K80; costs at the paper's prices "
             "(K80 $0.723/h on demand, $0.256 preemptible; PS $0.143/h; the baseline has no PS)."
         )
-        if table["behind"].sum():
-            print(
-                "WARNING: this host could not keep the emulated pace in some rows (see 'behind')."
-            )
+        _warn_if_behind(table)
         print()
     if args.curve or both:
         t0 = time.time()
@@ -136,22 +123,11 @@ def main(argv: list[str] | None = None) -> int:
             f"paper's per-worker rate, 45 for one PS or 78.75 for two). Wall pace "
             f"{args.curve_pace}, {args.window} s windows, {time.time() - t0:.0f} s."
         )
-        if curve["behind"].sum():
-            print(
-                "WARNING: this host could not keep the emulated pace in some rows (see 'behind')."
-            )
+        _warn_if_behind(curve)
     if args.today:
         t0 = time.time()
         today = reproduce.today_table(steps_per_worker=args.steps_per_worker, seed=args.seed)
-        print(
-            md_table(
-                ["setup", *today.columns],
-                [
-                    [i, *r]
-                    for i, r in zip(today.index, today.astype(object).values.tolist(), strict=True)
-                ],
-            )
-        )
+        _print_frame(today)
         print()
         print(
             f"Today: gce-2025 list prices (GPU + machine type; PS n1-standard-4 on demand), Spot "
@@ -159,13 +135,13 @@ def main(argv: list[str] | None = None) -> int:
             f"rates estimated (transient_nb.training.emulation). Seed {args.seed}, {time.time() - t0:.0f} s."
         )
         print()
+    prices = "gce-2025" if args.today else "paper-2019"
+    # Today's GPUs have no lifetime study: every Spot worker gets the paper's K80 curve, as in
+    # the --today table; the paper's own GPUs get their own curves.
+    lifetimes = "paper:k80" if args.today else "paper"
     if args.mixed or both or args.today:
         t0 = time.time()
-        prices = "gce-2025" if args.today else "paper-2019"
         setups_ = today_mixed if args.today else mixed_setups
-        # Today's GPUs have no lifetime study: every Spot worker gets the paper's K80 curve, as
-        # in the --today table; the paper's own GPUs get their own curves.
-        lifetimes = "paper:k80" if args.today else "paper"
         mixed = reproduce.mixed_table(
             setups_,
             steps_per_worker=args.steps_per_worker,
@@ -191,7 +167,6 @@ def main(argv: list[str] | None = None) -> int:
         print()
     if args.dynamic or both or args.today:
         t0 = time.time()
-        prices = "gce-2025" if args.today else "paper-2019"
         setups_ = today_dynamic if args.today else dynamic_setups
         dynamic = reproduce.dynamic_table(
             setups_,
@@ -199,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
             wall_pace=args.dynamic_pace,
             seed=args.seed,
             prices=prices,
-            lifetimes="paper:k80" if args.today else "paper",
+            lifetimes=lifetimes,
         )
         _print_frame(dynamic)
         paper = reproduce.PAPER_DYNAMIC
@@ -216,10 +191,7 @@ def main(argv: list[str] | None = None) -> int:
             f"step (paper: 81-98 s boot + 79 s cold restart). Wall pace {args.dynamic_pace}, "
             f"seed {args.seed}, {time.time() - t0:.0f} s."
         )
-        if dynamic["behind"].sum():
-            print(
-                "WARNING: this host could not keep the emulated pace in some rows (see 'behind')."
-            )
+        _warn_if_behind(dynamic)
     return 0
 
 
@@ -227,6 +199,11 @@ def _lifetimes(today: bool) -> str:
     if today:
         return "the paper's K80 curve for every Spot GPU (no study of today's GPUs is at hand)"
     return "the paper's curve of each worker's own GPU type"
+
+
+def _warn_if_behind(frame: Any) -> None:
+    if frame["behind"].sum():
+        print("WARNING: this host could not keep the emulated pace in some rows (see 'behind').")
 
 
 def _print_frame(frame: object) -> None:

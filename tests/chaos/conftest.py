@@ -148,6 +148,16 @@ def run_to_the_end(run: TrainingRun, steps: int, lost_at_most: int) -> dict[str,
     return assert_finished(run, steps, lost_at_most)
 
 
+def replacement_trains(
+    run: TrainingRun, steps: int, lost_at_most: int, timeout: float = 120
+) -> tuple[float, dict[str, Any]]:
+    """Wait for the replacement worker (w-3) to contribute, then for the run's end: the wall time
+    it was back, and :func:`run_to_the_end`'s event."""
+    until(lambda: accepted(run, "w-3") > 0, timeout, "the replacement contributing")
+    t_back = time.time()
+    return t_back, run_to_the_end(run, steps, lost_at_most)
+
+
 def freeze_ps_past_the_call_timeout(
     cluster: TransientCluster, run: TrainingRun, sigcont: list[Any]
 ) -> tuple[float, float, float]:

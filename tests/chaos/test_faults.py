@@ -25,6 +25,7 @@ from .conftest import (
     freeze_ps_past_the_call_timeout,
     kinds,
     ps_vm,
+    replacement_trains,
     run_to_the_end,
     signal_vm,
     start,
@@ -51,9 +52,7 @@ def test_worker_hard_killed_in_the_middle_of_a_push(record):
             cluster.preempt("w-1", notice=False)
         finally:
             signal_vm(ps, signal.SIGCONT)
-        until(lambda: accepted(run, "w-3") > 0, 120, "the replacement contributing")
-        t_back = time.time()
-        finished = run_to_the_end(run, 2000, lost_at_most=1)
+        t_back, finished = replacement_trains(run, 2000, lost_at_most=1)
         record.add(
             "worker SIGKILLed mid-push",
             f"{finished['step']} steps; replacement trains",
@@ -77,9 +76,7 @@ def test_preemption_notice_drains_the_last_gradient(record):
         until(lambda: accepted(run, "w-0") >= 20, what="w-0 pushing")
         t_fault = time.time()
         cluster.preempt("w-0", notice=True)
-        until(lambda: accepted(run, "w-3") > 0, 120, "the replacement contributing")
-        t_back = time.time()
-        finished = run_to_the_end(run, 2000, lost_at_most=0)
+        t_back, finished = replacement_trains(run, 2000, lost_at_most=0)
         record.add(
             "preemption notice (3 s)",
             f"{finished['step']} steps; last gradient drained",
@@ -393,9 +390,7 @@ def test_two_faults_at_once_ps_host_and_a_worker_killed(record):
         t_fault = time.time()
         cluster.preempt("w-2", notice=False)
         os.killpg(ps.pid, signal.SIGKILL)
-        until(lambda: accepted(run, "w-3") > 0, 180, "the replacement contributing")
-        t_back = time.time()
-        finished = run_to_the_end(run, 2000, lost_at_most=1)
+        t_back, finished = replacement_trains(run, 2000, lost_at_most=1, timeout=180)
         (recovered,) = kinds(run, "ps-recovered")
         assert recovered["source"] == "checkpoint" and recovered["step"] >= 100
         assert_story(

@@ -92,29 +92,22 @@ def test_speedup_only_where_one_worker_was_measured_alone():
 def test_the_summary_says_whether_the_host_kept_the_emulated_pace():
     from transient_nb.eventlog.vocabulary import make_event
 
-    paced = [
+    paced = [  # a GPU with a step rate to keep, and one without
         make_event(
             "emulation-paced",
             run="r",
-            worker="w-0",
+            worker=worker,
             role="worker",
-            gpu="k80",
-            steps_per_s=4.56,
-            wall_steps_per_s=22.8,
+            gpu=gpu,
+            steps_per_s=rate,
+            wall_steps_per_s=wall_rate,
             time_scale=5.0,
             step_scale=1.0,
-        ),
-        make_event(
-            "emulation-paced",
-            run="r",
-            worker="w-1",
-            role="worker",
-            gpu="h100",
-            steps_per_s=None,
-            wall_steps_per_s=None,
-            time_scale=5.0,
-            step_scale=1.0,
-        ),
+        )
+        for worker, gpu, rate, wall_rate in (
+            ("w-0", "k80", 4.56, 22.8),
+            ("w-1", "h100", None, None),
+        )
     ]
     kept = summarize(paced)
     assert kept["emulated"] and kept["emulation_behind"] == 0

@@ -52,6 +52,13 @@ def magic(ip: InteractiveShell, line: str) -> Any:
     return ip.run_line_magic("transient_cluster", line)
 
 
+def printed(ip: InteractiveShell, line: str) -> str:
+    """What the magic ``line`` prints."""
+    with capture_output() as out:
+        magic(ip, line)
+    return out.stdout
+
+
 def widgets_shown(captured: Any) -> list[Any]:
     return [o for o in captured.outputs if "application/vnd.jupyter.widget-view+json" in o.data]
 
@@ -305,16 +312,14 @@ def test_a_cluster_session(ip: InteractiveShell) -> None:
     assert "ClusterPanel magic-demo" in later.outputs[0].data["text/plain"]
 
     cluster.wait_for_workers(1, timeout=120)
-    with capture_output() as out:
-        magic(ip, "scale 2")
-    assert "scaling to 2 GPU workers" in out.stdout
+    out = printed(ip, "scale 2")
+    assert "scaling to 2 GPU workers" in out
     cluster.wait_for_workers(2, timeout=120)
 
     with pytest.raises(UsageError, match=r"scale_ps\(5\): at most 4 PS hosts"):
         magic(ip, "scale-ps 5")
-    with capture_output() as out:
-        magic(ip, "scale-ps 2")
-    assert "magic-demo: keeping 2 PS host(s), one PS shard each." in out.stdout
+    out = printed(ip, "scale-ps 2")
+    assert "magic-demo: keeping 2 PS host(s), one PS shard each." in out
     wait_for_sync(lambda: of_kind(cluster.monitor.events, "joined", worker="ps-1"), 60)
     assert cluster.ps_hosts == 2
     assert of_kind(cluster.monitor.events, "ps-hosts", hosts=2, hosts_from=1)
@@ -323,9 +328,8 @@ def test_a_cluster_session(ip: InteractiveShell) -> None:
     # or a second move while one is under way, is refused with what to do.
     with pytest.raises(UsageError, match=r"move_ps\('nowhere-1a'\): not a zone this cluster may"):
         magic(ip, "move-ps nowhere-1a")
-    with capture_output() as out:
-        magic(ip, "move-ps us-east1-c --reason closer")
-    assert "magic-demo: moving the PS to us-east1-c." in out.stdout
+    out = printed(ip, "move-ps us-east1-c --reason closer")
+    assert "magic-demo: moving the PS to us-east1-c." in out
     with pytest.raises(UsageError, match="the PS is being moved to us-east1-c already"):
         magic(ip, "move-ps us-central1-a")
     move = wait_for_sync(lambda: of_kind(cluster.monitor.events, "ps-move", zone="us-east1-c"), 30)
@@ -333,18 +337,16 @@ def test_a_cluster_session(ip: InteractiveShell) -> None:
     wait_for_sync(lambda: cluster.ps_move_zone is None, 120)
     assert cluster.placement.ps_zone == "us-east1-c"
 
-    with capture_output() as out:
-        magic(ip, "preempt w-1 --no-notice")
-    assert "preempting w-1 (without notice)" in out.stdout
+    out = printed(ip, "preempt w-1 --no-notice")
+    assert "preempting w-1 (without notice)" in out
     gone = wait_for_sync(lambda: of_kind(cluster.monitor.events, "preempted", worker="w-1"), 60)
     assert gone[0]["notice"] is False and gone[0]["source"] == "manual"
     with pytest.raises(UsageError, match="No preemptible worker named 'w-99'"):
         magic(ip, "preempt w-99")
     with pytest.raises(UsageError, match="Cannot preempt 0 workers"):
         magic(ip, "preempt 0")
-    with capture_output() as out:
-        magic(ip, "preempt 1")
-    assert "(with the notice)" in out.stdout
+    out = printed(ip, "preempt 1")
+    assert "(with the notice)" in out
     wait_for_sync(lambda: len(of_kind(cluster.monitor.events, "notice")) == 1, 60)
 
     # An on-demand share: bad counts are refused with the value named, before anything changes.
@@ -355,9 +357,8 @@ def test_a_cluster_session(ip: InteractiveShell) -> None:
         with pytest.raises(UsageError, match=words):
             magic(ip, line)
     assert cluster.on_demand == {} and cluster.mix == {"t4": 2}
-    with capture_output() as out:
-        magic(ip, "scale 2 --on-demand 1")
-    assert "magic-demo: scaling to 2 GPU workers, 1 on demand." in out.stdout
+    out = printed(ip, "scale 2 --on-demand 1")
+    assert "magic-demo: scaling to 2 GPU workers, 1 on demand." in out
     assert cluster.on_demand == {"t4": 1}
     wait_for_sync(
         lambda: of_kind(cluster.monitor.events, "requested", role="worker", spot=False), 60
@@ -372,9 +373,8 @@ def test_a_cluster_session(ip: InteractiveShell) -> None:
     assert list(listing.index) == ["magic-demo"]
     assert listing.loc["magic-demo", "owner"] == "this kernel"
 
-    with capture_output() as out:
-        magic(ip, "down")
-    assert "Cluster magic-demo is down: $" in out.stdout and "saved" in out.stdout
+    out = printed(ip, "down")
+    assert "Cluster magic-demo is down: $" in out and "saved" in out
     assert cluster.status == Status.closed
     with pytest.raises(UsageError, match="No running cluster for `status`"):
         magic(ip, "status")
@@ -495,14 +495,12 @@ def test_a_mixed_cluster_from_the_magic(ip: InteractiveShell) -> None:
     cluster.wait_for_workers(2, timeout=120)
     with pytest.raises(UsageError, match=r"scale\(3\): this cluster mixes k80=1,v100=1"):
         magic(ip, "scale 3")
-    with capture_output() as out:
-        magic(ip, "scale 2 --gpu v100")
-    assert "scaling to 2 v100 GPU workers" in out.stdout
+    out = printed(ip, "scale 2 --gpu v100")
+    assert "scaling to 2 v100 GPU workers" in out
     cluster.wait_for_workers(3, timeout=120)
     assert cluster.mix == {"k80": 1, "v100": 2}
-    with capture_output() as out:
-        magic(ip, "scale k80=2,v100=1")
-    assert "scaling to workers k80=2,v100=1" in out.stdout
+    out = printed(ip, "scale k80=2,v100=1")
+    assert "scaling to workers k80=2,v100=1" in out
     assert cluster.mix == {"k80": 2, "v100": 1}
     status = magic(ip, "status")
     workers = status.table[status.table["role"] == "worker"]
@@ -529,9 +527,8 @@ def test_adapt_turns_the_policy_on_and_off_and_refuses_bad_goals(
             with pytest.raises(UsageError, match=word):
                 magic(ip, bad)
             assert getattr(cluster, "_policy", None) is None  # nothing was started
-        with capture_output() as out:
-            magic(ip, "adapt deadline:2h --gpus t4,v100 --max-workers 3 --interval 5s")
-        assert "policy on, goal deadline:2h" in out.stdout
+        out = printed(ip, "adapt deadline:2h --gpus t4,v100 --max-workers 3 --interval 5s")
+        assert "policy on, goal deadline:2h" in out
         policy = cluster._policy
         assert policy.goal == "deadline" and policy.deadline_s == 7200
         assert policy.max_workers == 3 and policy.interval_s == 5
@@ -542,18 +539,15 @@ def test_adapt_turns_the_policy_on_and_off_and_refuses_bad_goals(
             ("v100", False),
             ("v100", True),
         ]
-        with capture_output() as out:
-            magic(ip, "adapt cost-per-step --gpus t4 --spot-only")
+        printed(ip, "adapt cost-per-step --gpus t4 --spot-only")
         assert [(k.gpu, k.spot) for k in cluster._policy.planner.kinds] == [("t4", True)]
         assert cluster._policy.history is None  # none configured
         history = tmp_path / "history.json"
-        with capture_output() as out:
-            magic(ip, f"adapt cost-per-step --gpus t4 --history {history}")
+        printed(ip, f"adapt cost-per-step --gpus t4 --history {history}")
         assert cluster._policy.history.path == history
         assert cluster._policy.history.scope == "local"
-        with capture_output() as out:
-            magic(ip, "adapt off")
-        assert "policy off" in out.stdout and cluster._policy is None
+        out = printed(ip, "adapt off")
+        assert "policy off" in out and cluster._policy is None
     finally:
         with capture_output():
             magic(ip, "down")

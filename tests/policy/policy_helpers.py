@@ -12,13 +12,14 @@ from typing import Any
 from transient_nb.policy.adaptive import TransientPolicy
 from transient_nb.policy.planner import Configuration, Estimate, Kind, Plan, Planner
 
+# Kinds of worker of one zone at the paper-2019 prices (Spot, and _OD on demand), and a PS's price.
 K80 = Kind("k80", "us-central1-a", True, 0.256)
-
-
 V100 = Kind("v100", "us-central1-a", True, 0.861)
-
-
 P100 = Kind("p100", "us-central1-a", True, 0.43)
+K80_OD = Kind("k80", "us-central1-a", False, 0.723)
+V100_OD = Kind("v100", "us-central1-a", False, 2.144)
+P100_OD = Kind("p100", "us-central1-a", False, 1.46)
+PS = 0.143
 
 
 T0 = 1_000_000.0

@@ -7,14 +7,9 @@ import math
 
 import pytest
 
+from tests.policy.policy_helpers import K80, K80_OD, P100, PS, V100
 from transient_nb.policy.knowledge import PRIOR_HOURS, PlannerKnowledge, paper_hazard_per_h
 from transient_nb.policy.plans import Kind
-
-K80 = Kind("k80", "us-central1-a", True, 0.256)
-V100 = Kind("v100", "us-central1-a", True, 0.861)
-K80_OD = Kind("k80", "us-central1-a", False, 0.723)
-P100 = Kind("p100", "us-central1-a", True, 0.43)
-PS = 0.143
 
 
 def test_hazards_come_from_the_papers_first_hour_and_follow_what_is_observed():

@@ -85,17 +85,23 @@ def test_policies_do_not_share_memory() -> None:
     assert list(b.candidates()) == [Placement("t4", "z-a", True)]
 
 
-def test_a_zone_that_keeps_preempting_is_tried_last_until_the_window_passes() -> None:
-    clock = Clock()
-    policy = ReplacementPolicy(
+def _t4_in_a_or_b(clock: Clock, *, limit: int, window_s: float) -> ReplacementPolicy:
+    """Spot T4s in z-a, z-b to fall back to; a zone with ``limit`` preemptions in ``window_s``
+    is tried last."""
+    return ReplacementPolicy(
         "t4",
         "z-a",
         True,
         fallback_zones=["z-b"],
-        preemption_limit=2,
-        preemption_window_s=3600,
+        preemption_limit=limit,
+        preemption_window_s=window_s,
         clock=clock,
     )
+
+
+def test_a_zone_that_keeps_preempting_is_tried_last_until_the_window_passes() -> None:
+    clock = Clock()
+    policy = _t4_in_a_or_b(clock, limit=2, window_s=3600)
     policy.record_preemption("t4", "z-a")
     assert next(policy.candidates()) == Placement("t4", "z-a", True)  # one is not a pattern
     clock.now += 10
@@ -146,15 +152,7 @@ def test_a_stockout_is_skipped_for_exactly_its_memory() -> None:
 def test_a_limit_of_one_reorders_at_once_and_the_window_ends_exactly() -> None:
     clock = Clock()
     clock.now = 50_000.0  # a monotonic clock is far from zero
-    policy = ReplacementPolicy(
-        "t4",
-        "z-a",
-        True,
-        fallback_zones=["z-b"],
-        preemption_limit=1,
-        preemption_window_s=600,
-        clock=clock,
-    )
+    policy = _t4_in_a_or_b(clock, limit=1, window_s=600)
     policy.record_preemption("t4", "z-a")
     assert list(policy.candidates()) == [Placement("t4", "z-b", True), Placement("t4", "z-a", True)]
     clock.now += 599.5

@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from tests.policy.policy_helpers import K80, K80_OD, P100, P100_OD, PS, V100, V100_OD
 from transient_nb.catalog.prices import PriceCatalog
 from transient_nb.policy.history import Observations
 from transient_nb.policy.planner import (
@@ -18,12 +19,6 @@ from transient_nb.policy.planner import (
     paper_hazard_per_h,
     plan_fields,
 )
-
-K80 = Kind("k80", "us-central1-a", True, 0.256)
-V100 = Kind("v100", "us-central1-a", True, 0.861)
-K80_OD = Kind("k80", "us-central1-a", False, 0.723)
-V100_OD = Kind("v100", "us-central1-a", False, 2.144)
-PS = 0.143
 
 
 def test_liveput_is_the_expected_rate_under_preemptions_capped_by_the_ps():
@@ -299,10 +294,6 @@ def test_a_storm_in_a_zone_is_expected_of_every_gpu_type_there():
     assert plan.current is not None
     assert {k.zone for k, _ in plan.chosen.config.workers} == {"us-central1-b"}
     assert plan.chosen.cost_per_step < 0.9 * plan.current.cost_per_step
-
-
-P100 = Kind("p100", "us-central1-a", True, 0.43)
-P100_OD = Kind("p100", "us-central1-a", False, 1.46)
 
 
 def _stormy(planner: Planner) -> Planner:

@@ -5,21 +5,15 @@ from __future__ import annotations
 
 import math
 
+from tests.policy.policy_helpers import K80, K80_OD, P100, P100_OD, V100
 from transient_nb.catalog.prices import PriceCatalog
 from transient_nb.policy.plans import (
     Configuration,
     Estimate,
-    Kind,
     Plan,
     kinds_from_catalog,
     plan_fields,
 )
-
-K80 = Kind("k80", "us-central1-a", True, 0.256)
-V100 = Kind("v100", "us-central1-a", True, 0.861)
-K80_OD = Kind("k80", "us-central1-a", False, 0.723)
-P100 = Kind("p100", "us-central1-a", True, 0.43)
-P100_OD = Kind("p100", "us-central1-a", False, 1.46)
 
 
 def test_a_configuration_drops_empty_kinds_orders_them_by_name_and_describes_itself():

@@ -112,3 +112,13 @@ def trainer_on(locate, hp=TRAINER_HP, name="w-0", **kwargs):
     return Trainer(
         "r", "resnet8", "digits", hp.to_dict(), "v", [(0, n)], name=name, locate=locate, **kwargs
     )
+
+
+def gatherer(generation=0, published=0, hp=None, locate=None):
+    """A trainer of :func:`trainer_on` at PS generation ``generation`` (its calls time out after
+    1.2 s), and the generation its locate publishes (``{"g": ...}``, to change)."""
+    hp = hp or HParams(steps=10, call_timeout_s=1.2)
+    published_gen = {"g": published}
+    trainer = trainer_on(locate or (lambda timeout: (published_gen["g"], [])), hp=hp)
+    trainer.generation = generation
+    return trainer, published_gen

@@ -115,13 +115,18 @@ def test_loading_refuses_anything_that_could_run_code(tmp_path):
         checkpoint.load_latest(url)
 
 
-def test_unknown_format_is_refused_with_what_to_do(tmp_path):
-    url = str(tmp_path)
+def _publish_in_format(url, fmt):
+    """A checkpoint of step 3 whose manifest says it is in format ``fmt``."""
     _publish(url, 3)
     path = os.path.join(checkpoint.step_dir(url, 3), "manifest.json")
     manifest = json.load(open(path))
-    manifest["format"] = 999
+    manifest["format"] = fmt
     json.dump(manifest, open(path, "w"))
+
+
+def test_unknown_format_is_refused_with_what_to_do(tmp_path):
+    url = str(tmp_path)
+    _publish_in_format(url, 999)
     with pytest.raises(ValueError, match=r"format 999.*checkpoint_url"):
         checkpoint.load_latest(url)
 
@@ -240,11 +245,7 @@ def test_a_relative_local_url_gives_the_absolute_manifest_path(tmp_path, monkeyp
 
 def test_the_format_message_says_what_to_do(tmp_path):
     url = str(tmp_path)
-    _publish(url, 3)
-    path = os.path.join(checkpoint.step_dir(url, 3), "manifest.json")
-    manifest = json.load(open(path))
-    manifest["format"] = 1
-    json.dump(manifest, open(path, "w"))
+    _publish_in_format(url, 1)
     with pytest.raises(ValueError) as info:
         checkpoint.load_latest(url)
     assert str(info.value) == (

@@ -19,6 +19,7 @@ from transient_nb.training.trainer import Trainer, flat_layout, get_flat
 
 from .doubles import TRAINER_HP as HP
 from .doubles import Published
+from .doubles import gatherer as _gatherer
 from .doubles import ps_double as _double
 from .doubles import trainer_on as _trainer
 
@@ -73,14 +74,6 @@ class _Reply:
         if isinstance(self.value, BaseException):
             raise self.value
         return self.value
-
-
-def _gatherer(generation=0, published=0, hp=None, locate=None):
-    hp = hp or HParams(steps=10, call_timeout_s=1.2)
-    published_gen = {"g": published}
-    trainer = _trainer(locate or (lambda timeout: (published_gen["g"], [])), hp=hp)
-    trainer.generation = generation
-    return trainer, published_gen
 
 
 def test_gather_returns_every_shards_reply_in_order():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -42,6 +43,68 @@ def kinds(run, kind):
     return [e for e in run.events() if e.get("kind") == kind]
 
 
+@contextlib.contextmanager
+def digits_run(cluster_kwargs, **train_kwargs):
+    """A cluster (its workers up) and a run on it: resnet8 on digits unless ``train_kwargs``
+    say otherwise (a custom run names its own model and data)."""
+    with TransientCluster(**cluster_kwargs) as cluster:
+        cluster.wait_for_workers(timeout=120)
+        yield cluster, train(cluster, **{"model": "resnet8", "data": "digits", **train_kwargs})
+
+
+def past_a_checkpoint(run):
+    """Wait for a stretch past the checkpoint of step 200 and well before the next one (which
+    would otherwise be taken of a frozen state and leave no step lost to count)."""
+    until(
+        lambda: (
+            not run.done
+            and run.checkpoint_step >= 200
+            and run._inflight is None
+            and run.step <= run._next_checkpoint - 25
+        ),
+        what="a stretch after a checkpoint",
+    )
+
+
+def ps_vm_of(cluster):
+    return next(vm for name, vm in cluster.workers.items() if name.startswith("ps-"))
+
+
+@contextlib.contextmanager
+def frozen_trainers(cluster):
+    """The trainers' VMs stopped (SIGSTOP) for the block, and continued after it."""
+    trainer_vms = [vm for name, vm in cluster.workers.items() if name.startswith("w-")]
+    for vm in trainer_vms:
+        os.killpg(vm.pid, signal.SIGSTOP)
+    try:
+        yield trainer_vms
+    finally:
+        for vm in trainer_vms:
+            os.killpg(vm.pid, signal.SIGCONT)
+
+
+def drain_one_and_kill_one(cluster, run, workers):
+    """Once ``workers`` trainers push, preempt w-0 with a notice and w-1 without; wait for the
+    end. Returns the run's status and events."""
+    until(lambda: len(run.status.get("active", [])) == workers, what=f"{workers} trainers pushing")
+    cluster.preempt("w-0", notice=True)
+    cluster.preempt("w-1", notice=False)
+    run.wait(timeout=400)
+    return run.status, run.events()
+
+
+def assert_at_most_the_killed_gradient_lost(run, status, events):
+    """w-0's last gradient arrived (pushed during its notice); none was lost but, at most, the
+    one the killed w-1 was computing; every accepted update is accounted for by a trainer."""
+    finished = kinds(run, "train-finished")[-1]
+    assert finished["reason"] == "steps" and finished["step"] >= 1500
+    assert "w-0" in status["drained"]
+    lost = [e["worker"] for e in events if e["kind"] == "gradient-lost"]
+    assert set(lost) <= {"w-1"} and len(lost) <= 1
+    assert finished["lost_in_flight"] == len(lost) and status["gaps"] == 0
+    assert sum(status["accepted"].values()) == status["step"]
+
+
 @pytest.mark.timeout(900)
 def test_learns_digits_and_survives_preemptions():
     """3 async workers reach 90% on digits, with two preemptions made to happen mid-run (one
@@ -49,17 +112,13 @@ def test_learns_digits_and_survives_preemptions():
     non-deterministic runs on 360 test images: three runs of exactly this scenario (seeds 3-5)
     reached 0.992, 0.994 and 0.997 (2026-12-01, 2 loaded cores), so 0.90 leaves room for far more
     variance than was seen."""
-    with TransientCluster(workers=3, notice="1s", provisioning_delay="0.5s", seed=3) as cluster:
-        cluster.wait_for_workers(timeout=120)
-        run = train(
-            cluster,
-            model="resnet8",
-            data="digits",
-            steps=500,
-            batch_size=64,
-            eval_every=250,
-            seed=1,
-        )
+    with digits_run(
+        dict(workers=3, notice="1s", provisioning_delay="0.5s", seed=3),
+        steps=500,
+        batch_size=64,
+        eval_every=250,
+        seed=1,
+    ) as (cluster, run):
         until(lambda: run.step >= 100, what="step 100")
         cluster.preempt("w-0", notice=True)
         until(lambda: run.step >= 250, what="step 250")
@@ -72,86 +131,51 @@ def test_learns_digits_and_survives_preemptions():
 
 
 def test_preempting_two_of_four_workers_loses_at_most_the_killed_gradient():
-    with TransientCluster(workers=4, notice="2s", provisioning_delay=0) as cluster:
-        cluster.wait_for_workers(timeout=120)
-        # Long enough for the replacements (boot, import torch, load data) to join in.
-        run = train(
-            cluster, model="resnet8", data="digits", steps=1500, batch_size=32, eval_every=1500
-        )
-        until(lambda: len(run.status.get("active", [])) == 4, what="4 trainers pushing")
-        drained, killed = "w-0", "w-1"
-        cluster.preempt(drained, notice=True)
-        cluster.preempt(killed, notice=False)
-        run.wait(timeout=400)
-        status = run.status
-        events = run.events()
-    finished = kinds(run, "train-finished")[-1]
-    assert finished["reason"] == "steps" and finished["step"] >= 1500
+    # Long enough for the replacements (boot, import torch, load data) to join in.
+    with digits_run(
+        dict(workers=4, notice="2s", provisioning_delay=0),
+        steps=1500,
+        batch_size=32,
+        eval_every=1500,
+    ) as (cluster, run):
+        status, events = drain_one_and_kill_one(cluster, run, 4)
+    assert_at_most_the_killed_gradient_lost(run, status, events)
     # The replacements joined and contributed updates.
     joined = {e["worker"] for e in events if e["kind"] == "joined" and e.get("role") == "worker"}
     replacements = joined - {"w-0", "w-1", "w-2", "w-3"}
     assert len(replacements) == 2
     assert all(status["accepted"].get(w, 0) > 0 for w in replacements)
-    # The drained worker's last gradient arrived (pushed during the notice) ...
-    assert drained in status["drained"]
-    assert [e["worker"] for e in events if e["kind"] == "drained"] == [drained]
-    # ... and no gradient was lost but, at most, the one the killed worker was computing.
-    lost = [e["worker"] for e in events if e["kind"] == "gradient-lost"]
-    assert set(lost) <= {killed} and len(lost) <= 1
-    assert finished["lost_in_flight"] == len(lost)
-    assert status["gaps"] == 0
-    # Every accepted update is accounted for by a trainer.
-    assert sum(status["accepted"].values()) == status["step"]
+    assert [e["worker"] for e in events if e["kind"] == "drained"] == ["w-0"]
 
 
 def test_losing_the_ps_recovers_from_its_checkpoint():
     """Two PS shards on the ps host; the host dies; both shards come back from checkpoints."""
-    with TransientCluster(workers=2, notice="1s", provisioning_delay=0) as cluster:
-        cluster.wait_for_workers(timeout=120)
-        run = train(
-            cluster,
-            model="resnet8",
-            data="digits",
-            steps=600,
-            batch_size=32,
-            checkpoint_every=100,
-            eval_every=600,
-            shards=2,
-            # Paced to 20 steps/s a trainer: the stretch awaited below lasts about 2 s on any
-            # machine. Unpaced, CI once ran the 600 steps in 3.4 s, the poll missed the stretch,
-            # and the predicate then held for the finished run (its _ps already released).
-            emulate="t4=20",
-        )
-        # Past the checkpoint of step 200 and well before the next one, which would otherwise
-        # be taken of the frozen state below and leave no step lost to count.
-        until(
-            lambda: (
-                not run.done
-                and run.checkpoint_step >= 200
-                and run._inflight is None
-                and run.step <= run._next_checkpoint - 25
-            ),
-            what="a stretch after a checkpoint",
-        )
-        ps_vm = next(vm for name, vm in cluster.workers.items() if name.startswith("ps-"))
-        trainer_vms = [vm for name, vm in cluster.workers.items() if name.startswith("w-")]
-        # Freeze the trainers, so that the PS's own step (read from it, not from the driver)
-        # is the last step it accepted when it dies.
-        for vm in trainer_vms:
-            os.killpg(vm.pid, signal.SIGSTOP)
+    with digits_run(
+        dict(workers=2, notice="1s", provisioning_delay=0),
+        steps=600,
+        batch_size=32,
+        checkpoint_every=100,
+        eval_every=600,
+        shards=2,
+        # Paced to 20 steps/s a trainer: the stretch awaited below lasts about 2 s on any
+        # machine. Unpaced, CI once ran the 600 steps in 3.4 s, the poll missed the stretch,
+        # and the predicate then held for the finished run (its _ps already released).
+        emulate="t4=20",
+    ) as (cluster, run):
+        past_a_checkpoint(run)
+        ps_vm = ps_vm_of(cluster)
         reads = []
 
         def settled():
             reads.append(int(run._ps[0].status().result(timeout=30)["step"]))
             return len(reads) >= 2 and reads[-1] == reads[-2] == run.step
 
-        try:
+        # Frozen trainers: the PS's own step (read from it, not from the driver) is the last
+        # step it accepted when it dies.
+        with frozen_trainers(cluster):
             until(settled, timeout=60, what="the PS's step to settle, seen by the driver")
             accepted = reads[-1]
             os.killpg(ps_vm.pid, signal.SIGKILL)  # the host dies, for real
-        finally:
-            for vm in trainer_vms:
-                os.killpg(vm.pid, signal.SIGCONT)
         run.wait(timeout=400)
         summary = run.summary()
     lost = kinds(run, "ps-lost")
@@ -184,19 +208,13 @@ def test_losing_the_ps_recovers_from_its_checkpoint():
 def test_two_ps_hosts_give_each_shard_a_process_and_a_lost_one_is_recovered():
     """ps_hosts=2: the shards default to 2 and live in two worker processes; killing one host
     recovers both shards from the checkpoint onto the hosts left, and both hosts are billed."""
-    with TransientCluster(
-        workers=2, ps_hosts=2, notice="1s", provisioning_delay=0, seed=5
-    ) as cluster:
-        cluster.wait_for_workers(timeout=120)
-        run = train(
-            cluster,
-            model="resnet8",
-            data="digits",
-            steps=500,
-            batch_size=32,
-            checkpoint_every=100,
-            eval_every=500,
-        )
+    with digits_run(
+        dict(workers=2, ps_hosts=2, notice="1s", provisioning_delay=0, seed=5),
+        steps=500,
+        batch_size=32,
+        checkpoint_every=100,
+        eval_every=500,
+    ) as (cluster, run):
         until(lambda: run.step >= 150, what="step 150")
         assert run.shards == 2
         hosts = {ps._address for ps in run._ps}
@@ -223,23 +241,16 @@ def test_a_ps_host_added_mid_run_splits_the_ps_and_a_later_loss_regroups_its_che
     """scale_ps(2) on a one-PS cluster: the run (no shards= given) splits its PS into two shards
     from the PS's own state, bit for bit, and the trainers follow. Losing shard 0's host later
     recovers from the step-0 checkpoint, written with one shard, cut into two."""
-    with TransientCluster(workers=2, notice="1s", provisioning_delay=0, seed=7) as cluster:
-        cluster.wait_for_workers(timeout=120)
-        run = train(
-            cluster,
-            model="resnet8",
-            data="digits",
-            steps=600,
-            batch_size=32,
-            checkpoint_every=100_000,  # only step 0's checkpoint (one shard) exists
-            eval_every=600,
-        )
+    with digits_run(
+        dict(workers=2, notice="1s", provisioning_delay=0, seed=7),
+        steps=600,
+        batch_size=32,
+        checkpoint_every=100_000,  # only step 0's checkpoint (one shard) exists
+        eval_every=600,
+    ) as (cluster, run):
         until(lambda: run.step >= 100, what="step 100")
         assert run.shards == 1 and run.elastic_shards
-        trainer_vms = [vm for name, vm in cluster.workers.items() if name.startswith("w-")]
-        for vm in trainer_vms:  # frozen: the PS's state cannot move while it is split
-            os.killpg(vm.pid, signal.SIGSTOP)
-        try:
+        with frozen_trainers(cluster):  # the PS's state cannot move while it is split
             # A push sent just before the freeze may still arrive: wait until the PS's step
             # holds still (two reads alike), then take its state.
             reads = []
@@ -253,9 +264,6 @@ def test_a_ps_host_added_mid_run_splits_the_ps_and_a_later_loss_regroups_its_che
             cluster.scale_ps(2)
             until(lambda: kinds(run, "ps-resharded"), what="the PS split in two")
             after = [ps.get_state().result(timeout=30) for ps in run._ps]
-        finally:
-            for vm in trainer_vms:
-                os.killpg(vm.pid, signal.SIGCONT)
         (split,) = kinds(run, "ps-resharded")
         assert (split["shards_from"], split["shards"]) == (1, 2)
         assert split["step"] == before["step"] == after[0]["step"] == after[1]["step"]
@@ -781,44 +789,27 @@ def test_a_lost_ps_of_a_custom_run_resumes_its_adamw_state_from_the_checkpoint()
     """A user's model with AdamW on the PS: the PS host dies; the PS comes back from the newest
     checkpoint with the optimizer's state as it was written (moments and step count), not a
     fresh optimizer, and the run goes on to learn."""
-    with TransientCluster(workers=2, notice="1s", provisioning_delay=0) as cluster:
-        cluster.wait_for_workers(timeout=120)
-        run = train(
-            cluster,
-            model=_Net,
-            data=_regression(),
-            loss="mse",
-            optimizer=functools.partial(torch.optim.AdamW, lr=3e-3),
-            steps=600,
-            batch_size=16,
-            checkpoint_every=100,
-            eval_every=600,
-            emulate="t4=20",  # a rate given for this model: paced, ~2 s a stretch on any host
-        )
-        until(
-            lambda: (
-                not run.done
-                and run.checkpoint_step >= 200
-                and run._inflight is None
-                and run.step <= run._next_checkpoint - 25
-            ),
-            what="a stretch after a checkpoint",
-        )
-        ps_vm = next(vm for name, vm in cluster.workers.items() if name.startswith("ps-"))
-        trainer_vms = [vm for name, vm in cluster.workers.items() if name.startswith("w-")]
-        for vm in trainer_vms:
-            os.killpg(vm.pid, signal.SIGSTOP)
-        try:
-            os.killpg(ps_vm.pid, signal.SIGKILL)
+    with digits_run(
+        dict(workers=2, notice="1s", provisioning_delay=0),
+        model=_Net,
+        data=_regression(),
+        loss="mse",
+        optimizer=functools.partial(torch.optim.AdamW, lr=3e-3),
+        steps=600,
+        batch_size=16,
+        checkpoint_every=100,
+        eval_every=600,
+        emulate="t4=20",  # a rate given for this model: paced, ~2 s a stretch on any host
+    ) as (cluster, run):
+        past_a_checkpoint(run)
+        with frozen_trainers(cluster):
+            os.killpg(ps_vm_of(cluster).pid, signal.SIGKILL)
             until(lambda: kinds(run, "ps-recovered"), timeout=240, what="the PS recovered")
             recovered = kinds(run, "ps-recovered")[0]
             # The new PS, before any trainer pushed to it, against the checkpoint it came from
             # (read now: the run goes on later, and prunes old checkpoints).
             state = run._ps[0].get_state().result(timeout=30)
             ck = checkpoint.load_step(run.checkpoint_url, recovered["step"])
-        finally:
-            for vm in trainer_vms:
-                os.killpg(vm.pid, signal.SIGCONT)
         run.wait(timeout=400)
         summary = run.summary()
     assert recovered["source"] == "checkpoint"
@@ -835,29 +826,15 @@ def test_a_lost_ps_of_a_custom_run_resumes_its_adamw_state_from_the_checkpoint()
 
 
 def test_preempting_workers_of_a_custom_run_loses_at_most_the_killed_gradient():
-    with TransientCluster(workers=3, notice="2s", provisioning_delay=0) as cluster:
-        cluster.wait_for_workers(timeout=120)
-        run = train(
-            cluster,
-            model=_Net,
-            data=_regression(),
-            loss="mse",
-            optimizer=functools.partial(torch.optim.Adam, lr=1e-3),
-            steps=1500,
-            batch_size=16,
-            eval_every=1500,
-        )
-        until(lambda: len(run.status.get("active", [])) == 3, what="3 trainers pushing")
-        drained, killed = "w-0", "w-1"
-        cluster.preempt(drained, notice=True)
-        cluster.preempt(killed, notice=False)
-        run.wait(timeout=400)
-        status = run.status
-        events = run.events()
-    finished = kinds(run, "train-finished")[-1]
-    assert finished["reason"] == "steps" and finished["step"] >= 1500
-    assert drained in status["drained"]
-    lost = [e["worker"] for e in events if e["kind"] == "gradient-lost"]
-    assert set(lost) <= {killed} and len(lost) <= 1
-    assert finished["lost_in_flight"] == len(lost) and status["gaps"] == 0
-    assert sum(status["accepted"].values()) == status["step"]
+    with digits_run(
+        dict(workers=3, notice="2s", provisioning_delay=0),
+        model=_Net,
+        data=_regression(),
+        loss="mse",
+        optimizer=functools.partial(torch.optim.Adam, lr=1e-3),
+        steps=1500,
+        batch_size=16,
+        eval_every=1500,
+    ) as (cluster, run):
+        status, events = drain_one_and_kill_one(cluster, run, 3)
+    assert_at_most_the_killed_gradient_lost(run, status, events)

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 import torch
 
-from transient_nb.training.hparams import HParams
 from transient_nb.training.models import build_model
 from transient_nb.training.ps import ParameterServer, regroup, shard_bounds
 from transient_nb.training.trainer import (
@@ -26,6 +25,7 @@ from transient_nb.training.trainer import (
 
 from .doubles import TRAINER_HP as HP
 from .doubles import PSDouble, Published
+from .doubles import gatherer as _gatherer
 from .doubles import ps_double as _double
 from .doubles import trainer_on as _trainer
 
@@ -52,6 +52,15 @@ def _start(trainer):
     return thread, box
 
 
+def _started(loop, tmp_path, hp, **trainer_kwargs):
+    """A PS double with ``hp``, and a trainer of it training in a thread: the double, the
+    trainer, the thread and the box of :func:`_start`."""
+    double = _double(loop, tmp_path, hp=hp)
+    trainer = _trainer(Published(double), hp=hp, **trainer_kwargs)
+    thread, box = _start(trainer)
+    return double, trainer, thread, box
+
+
 def _until(predicate, timeout=60.0):
     deadline = time.monotonic() + timeout * PATIENCE
     while not predicate():
@@ -62,9 +71,7 @@ def _until(predicate, timeout=60.0):
 @pytest.mark.parametrize("pipeline", [False, True])
 def test_trains_until_the_run_has_its_steps(loop, tmp_path, pipeline):
     hp = HP.with_(pipeline=pipeline)
-    double = _double(loop, tmp_path, hp=hp)
-    trainer = _trainer(Published(double), hp=hp)
-    thread, box = _start(trainer)
+    double, trainer, thread, box = _started(loop, tmp_path, hp)
     thread.join(120 * PATIENCE)
     # Pipelined, the push in flight when the run got its steps still lands: one more.
     total = hp.steps + (1 if pipeline else 0)
@@ -80,9 +87,7 @@ def test_a_slow_ps_is_rejoined_not_abandoned(loop, tmp_path, pipeline):
     """A call slower than call_timeout_s makes the trainer rejoin the SAME generation and go on;
     while it is away the PS does not count it as active."""
     hp = HP.with_(steps=10_000, pipeline=pipeline)
-    double = _double(loop, tmp_path, hp=hp)
-    trainer = _trainer(Published(double), hp=hp)
-    thread, box = _start(trainer)
+    double, trainer, thread, box = _started(loop, tmp_path, hp)
     _until(lambda: double.ps.version >= 10)
     double.frozen.set()
     _until(lambda: trainer.ps_failures >= 1)  # the call timed out
@@ -186,20 +191,11 @@ def test_a_generation_with_more_shards_is_followed_with_the_vector_cut_anew(loop
     thread, _ = _start(trainer)
     _until(lambda: old.ps.version >= 3)
     state = asyncio.run_coroutine_threadsafe(old.ps.get_state(), loop).result(10)
-    seen: list[tuple[int, int]] = []
-
-    class Recording(PSDouble):
-        def __getattr__(self, name):
-            call = super().__getattr__(name)
-            if name != "push_pull":
-                return call
-            return lambda *a, **k: (seen.append((self.ps.shard, len(k["grad"]))), call(*a, **k))[1]
-
     model = build_model("resnet8", num_classes=10)
     mask = decay_mask(model)
     bounds = shard_bounds(n, 2)
     new = [
-        Recording(
+        PSDouble(
             ParameterServer(
                 "r",
                 i,
@@ -220,7 +216,8 @@ def test_a_generation_with_more_shards_is_followed_with_the_vector_cut_anew(loop
     published.generation, published.shards = 1, new
     _until(lambda: min(d.ps.accepted.get("w-0", 0) for d in new) >= 3)
     assert trainer.generation == 1 and trainer.bounds == bounds
-    assert sorted(set(seen)) == [(0, bounds[0][1]), (1, n - bounds[0][1])]
+    seen = {(shard, size) for shard, size, _ in _pushed(new)}
+    assert sorted(seen) == [(0, bounds[0][1]), (1, n - bounds[0][1])]
     assert new[0].ps.version == new[1].ps.version > state["step"]
     asyncio.run(trainer.stop())
     thread.join(30 * PATIENCE)
@@ -228,9 +225,7 @@ def test_a_generation_with_more_shards_is_followed_with_the_vector_cut_anew(loop
 
 def test_a_ps_that_never_answers_is_given_up_within_the_bound(loop, tmp_path):
     hp = HP.with_(steps=10_000)
-    double = _double(loop, tmp_path, hp=hp)
-    trainer = _trainer(Published(double), hp=hp)
-    thread, box = _start(trainer)
+    double, trainer, thread, box = _started(loop, tmp_path, hp)
     _until(lambda: double.ps.version >= 3)
     t0 = time.monotonic()
     double.error = OSError("Unable to contact Actor's worker")
@@ -244,9 +239,7 @@ def test_a_ps_that_never_answers_is_given_up_within_the_bound(loop, tmp_path):
 
 def test_stop_is_prompt_even_while_the_ps_is_away(loop, tmp_path):
     hp = HP.with_(steps=10_000, ps_lost_after_s=600.0)
-    double = _double(loop, tmp_path, hp=hp)
-    trainer = _trainer(Published(double), hp=hp)
-    thread, box = _start(trainer)
+    double, trainer, thread, box = _started(loop, tmp_path, hp)
     _until(lambda: double.ps.version >= 3)
     double.error = OSError("gone " + "and far " * 50)
     _until(lambda: trainer.state == "rejoining")
@@ -263,9 +256,7 @@ def test_stop_is_prompt_even_while_the_ps_is_away(loop, tmp_path):
 def test_a_notice_pushes_the_last_gradient_and_leaves(loop, tmp_path, pipeline):
     """Pipelined, the push in flight is taken in first; then the last one goes, alone."""
     hp = HP.with_(steps=10_000, pipeline=pipeline)
-    double = _double(loop, tmp_path, hp=hp)
-    trainer = _trainer(Published(double), hp=hp)
-    thread, box = _start(trainer)
+    double, trainer, thread, box = _started(loop, tmp_path, hp)
     _until(lambda: double.ps.version >= 5)
     asyncio.run(trainer._drain(time.time() + 30))
     thread.join(30 * PATIENCE)
@@ -284,9 +275,7 @@ def test_a_notice_pushes_the_last_gradient_and_leaves(loop, tmp_path, pipeline):
 def test_a_paced_trainer_runs_at_its_gpus_rate_divided_by_time_scale(loop, tmp_path):
     # K80 at 4.56 steps/s, time_scale 5: 22.8 steps/s (this host does a step in a few ms).
     hp = HP.with_(steps=50, emulate="paper,ps=none")
-    double = _double(loop, tmp_path, hp=hp)
-    trainer = _trainer(Published(double), hp=hp, gpu="k80", time_scale=5.0)
-    thread, box = _start(trainer)
+    double, trainer, thread, box = _started(loop, tmp_path, hp, gpu="k80", time_scale=5.0)
     thread.join(60 * PATIENCE)
     assert box["result"]["state"] == "finished"
     times = double.push_times[5:]  # after the first steps (data, model, join)
@@ -308,9 +297,7 @@ def test_a_paced_trainer_runs_at_its_gpus_rate_divided_by_time_scale(loop, tmp_p
 def test_an_impossible_pace_is_reported_not_hidden(loop, tmp_path, monkeypatch):
     monkeypatch.setattr("transient_nb.training.emulation.BEHIND_WINDOW_S", 0.3)
     hp = HP.with_(steps=80, emulate="k80=100000")  # 10 us a step: no host keeps that
-    double = _double(loop, tmp_path, hp=hp)
-    trainer = _trainer(Published(double), hp=hp, gpu="k80", time_scale=1.0)
-    thread, box = _start(trainer)
+    _, trainer, thread, box = _started(loop, tmp_path, hp, gpu="k80", time_scale=1.0)
     thread.join(60 * PATIENCE)
     assert box["result"]["state"] == "finished"
     behind = [e for e in trainer.posted if e["kind"] == "emulation-behind"]
@@ -415,9 +402,7 @@ def test_the_trainer_posts_its_metrics_with_the_run_and_its_device(loop, tmp_pat
 
     monkeypatch.setattr(trainer_module, "METRICS_EVERY_S", 0.0)
     hp = HP.with_(steps=5)
-    double = _double(loop, tmp_path, hp=hp)
-    trainer = _trainer(Published(double), hp=hp)
-    thread, box = _start(trainer)
+    _, trainer, thread, box = _started(loop, tmp_path, hp)
     thread.join(120 * PATIENCE)
     assert box["result"]["state"] == "finished"
     metrics = [e for e in trainer.posted if e["kind"] == "worker-metrics"]
@@ -429,32 +414,25 @@ def test_the_trainer_posts_its_metrics_with_the_run_and_its_device(loop, tmp_pat
     )
 
 
+def _pushed(doubles):
+    """Each push the PS doubles were sent: (its shard, the gradient's length, whether it carried
+    batch-norm statistics)."""
+    return [
+        (d.ps.shard, len(k["grad"]), k["bn_delta"] is not None)
+        for d in doubles
+        for name, _, k in list(d.arguments)
+        if name == "push_pull"
+    ]
+
+
 def test_two_shards_each_get_their_slice_and_only_the_first_the_statistics(loop, tmp_path):
     hp = HP.with_(steps=6, call_timeout_s=10.0 * PATIENCE)  # no call is meant to be slow here
     model = build_model("resnet8", num_classes=10)
     params, buffers = flat_layout(model)
     w, mask, n = get_flat(params), decay_mask(model), len(get_flat(params))
     bounds = [(0, n // 2), (n // 2, n)]
-    seen: list[tuple[int, int, bool]] = []
-
-    class Recording(PSDouble):
-        def __init__(self, ps, loop, shard):
-            super().__init__(ps, loop)
-            self.shard = shard
-
-        def __getattr__(self, name):
-            call = super().__getattr__(name)
-            if name != "push_pull":
-                return call
-
-            def push_pull(*a, **k):
-                seen.append((self.shard, len(k["grad"]), k["bn_delta"] is not None))
-                return call(*a, **k)
-
-            return push_pull
-
     doubles = [
-        Recording(
+        PSDouble(
             ParameterServer(
                 "r",
                 i,
@@ -466,7 +444,6 @@ def test_two_shards_each_get_their_slice_and_only_the_first_the_statistics(loop,
                 str(tmp_path),
             ),
             loop,
-            i,
         )
         for i, (a, b) in enumerate(bounds)
     ]
@@ -484,18 +461,10 @@ def test_two_shards_each_get_their_slice_and_only_the_first_the_statistics(loop,
     thread.join(120 * PATIENCE)
     assert box["result"]["state"] == "finished"
     assert [d.ps.version for d in doubles] == [6, 6]
-    assert sorted(set(seen)) == [(0, n // 2, True), (1, n - n // 2, False)]
+    assert sorted(set(_pushed(doubles))) == [(0, n // 2, True), (1, n - n // 2, False)]
 
 
 # -- the actor's own surface without a loop: its drain and its events --------------------------
-def _gatherer(generation=0, published=0, hp=None, locate=None):
-    hp = hp or HParams(steps=10, call_timeout_s=1.2)
-    published_gen = {"g": published}
-    trainer = _trainer(locate or (lambda timeout: (published_gen["g"], [])), hp=hp)
-    trainer.generation = generation
-    return trainer, published_gen
-
-
 def test_drain_stops_the_loop_for_its_last_push_and_waits_for_it_until_the_deadline():
     trainer, _ = _gatherer()
     # The loop finishes its last push: the drain returns as soon as it is done (it looks
@@ -883,9 +852,7 @@ def test_a_trainer_in_another_region_than_the_ps_is_paced_slower(monkeypatch, zo
 
 def test_two_slow_calls_are_two_failures_and_two_rejoins(loop, tmp_path):
     hp = HP.with_(steps=10_000)
-    double = _double(loop, tmp_path, hp=hp)
-    trainer = _trainer(Published(double), hp=hp)
-    thread, box = _start(trainer)
+    double, trainer, thread, box = _started(loop, tmp_path, hp)
     for n in (1, 2):
         _until(lambda n=n: double.ps.version >= 10 * n)
         double.frozen.set()
@@ -965,9 +932,7 @@ def test_a_trainer_built_in_a_worker_takes_its_name_hooks_its_drain_and_reads_th
 @pytest.mark.parametrize("pipeline", [False, True])
 def test_with_a_data_plane_the_gradients_bypass_the_actor(loop, tmp_path, pipeline):
     hp = HP.with_(pipeline=pipeline, data_plane="unix")
-    double = _double(loop, tmp_path, hp=hp)
-    trainer = _trainer(Published(double), hp=hp)
-    thread, box = _start(trainer)
+    double, trainer, thread, box = _started(loop, tmp_path, hp)
     thread.join(120 * PATIENCE)
     total = hp.steps + (1 if pipeline else 0)
     assert box["result"]["state"] == "finished" and box["result"]["accepted"] == total
@@ -989,9 +954,7 @@ def test_the_actor_carries_the_bytes_when_the_run_says_so(loop, tmp_path):
 
 def test_a_cut_data_plane_is_rejoined_and_training_goes_on(loop, tmp_path):
     hp = HP.with_(steps=40, data_plane="unix")
-    double = _double(loop, tmp_path, hp=hp)
-    trainer = _trainer(Published(double), hp=hp)
-    thread, box = _start(trainer)
+    double, trainer, thread, box = _started(loop, tmp_path, hp)
     _until(lambda: double.ps.version >= 10)
     assert double.ps._data_server.cut() == 1
     thread.join(120 * PATIENCE)
@@ -1003,9 +966,7 @@ def test_a_cut_data_plane_is_rejoined_and_training_goes_on(loop, tmp_path):
 
 def test_a_ps_loop_frozen_past_the_call_timeout_is_rejoined(loop, tmp_path):
     hp = HP.with_(steps=30, data_plane="unix")
-    double = _double(loop, tmp_path, hp=hp)
-    trainer = _trainer(Published(double), hp=hp)
-    thread, box = _start(trainer)
+    double, trainer, thread, box = _started(loop, tmp_path, hp)
     _until(lambda: double.ps.version >= 5)
     loop.call_soon_threadsafe(time.sleep, 3 * hp.call_timeout_s)  # the PS's loop stops
     thread.join(120 * PATIENCE)

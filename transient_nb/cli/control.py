@@ -56,6 +56,16 @@ def _connect(name: str) -> Any:
     return connect(name, prefer_local=False)
 
 
+def _ask(name: str, request: str, *args: Any, **kwargs: Any) -> None:
+    """Connect to the cluster ``name``, make one request of its owner (``request``: a method of
+    the handle) and close the handle."""
+    cluster = _connect(name)
+    try:
+        getattr(cluster, request)(*args, **kwargs)
+    finally:
+        cluster.close()
+
+
 def status(args: argparse.Namespace) -> int:
     """``status NAME``: workers, money and runs of a cluster."""
     cluster = _connect(args.name)
@@ -118,11 +128,7 @@ def attach(args: argparse.Namespace) -> int:
 def adapt(args: argparse.Namespace) -> int:
     """``adapt NAME GOAL``: start (``off``: stop) the policy of a running cluster."""
     goal, kwargs = _policy_kwargs(args, args.goal)
-    cluster = _connect(args.name)
-    try:
-        cluster.adapt(goal, **kwargs)
-    finally:
-        cluster.close()
+    _ask(args.name, "adapt", goal, **kwargs)
     state = "off" if goal is None else f"on, goal {args.goal}"
     print(f"Cluster {args.name}: policy {state}.")
     return 0
@@ -131,16 +137,12 @@ def adapt(args: argparse.Namespace) -> int:
 def scale(args: argparse.Namespace) -> int:
     """``scale NAME N [--gpu G] [--on-demand M]``: ask the owner to keep N workers (of type G),
     or a mix, M of them on demand."""
-    cluster = _connect(args.name)
-    try:
-        kwargs: dict[str, Any] = {}
-        if args.gpu is not None:
-            kwargs["gpu"] = args.gpu
-        if args.on_demand is not None:
-            kwargs["on_demand"] = args.on_demand
-        cluster.scale(args.n, **kwargs)
-    finally:
-        cluster.close()
+    kwargs: dict[str, Any] = {}
+    if args.gpu is not None:
+        kwargs["gpu"] = args.gpu
+    if args.on_demand is not None:
+        kwargs["on_demand"] = args.on_demand
+    _ask(args.name, "scale", args.n, **kwargs)
     what = format_mix(args.n) if isinstance(args.n, dict) else f"{args.n}"
     share = ""
     if args.on_demand is not None:
@@ -156,22 +158,14 @@ def scale(args: argparse.Namespace) -> int:
 
 def scale_ps(args: argparse.Namespace) -> int:
     """``scale-ps NAME N``: ask the owner to keep N PS hosts (a run without ``shards=`` follows)."""
-    cluster = _connect(args.name)
-    try:
-        cluster.scale_ps(args.n)
-    finally:
-        cluster.close()
+    _ask(args.name, "scale_ps", args.n)
     print(f"Cluster {args.name}: keeping {args.n} PS host(s), one PS shard each.")
     return 0
 
 
 def move_ps(args: argparse.Namespace) -> int:
     """``move-ps NAME ZONE``: ask the owner to move its PS hosts to ZONE (a run follows)."""
-    cluster = _connect(args.name)
-    try:
-        cluster.move_ps(args.zone, reason=args.reason)
-    finally:
-        cluster.close()
+    _ask(args.name, "move_ps", args.zone, reason=args.reason)
     print(f"Cluster {args.name}: moving the PS to {args.zone}.")
     return 0
 

@@ -25,16 +25,9 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from transient_nb.backends.gce import head as gce_head  # the head VM's metadata keys
 from transient_nb.backends.gce.api import ComputeAPI, GCEError
 from transient_nb.backends.gce.enroll import _request
-from transient_nb.backends.gce.head import (
-    CA_ATTRIBUTE,
-    CLIENT_CERT_ATTRIBUTE,
-    CLIENT_CSR_KEY,
-    ERROR_ATTRIBUTE,
-    HEAD_SPEC_KEY,
-    PORT_ATTRIBUTE,
-)
 from transient_nb.backends.tls import CLIENT_CN
 from transient_nb.deploy.head import prepare_process
 from transient_nb.worker.peers import ROLE_CLIENT
@@ -86,8 +79,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from transient_nb.deploy.head import Head
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    spec = json.loads(_metadata(f"instance/attributes/{HEAD_SPEC_KEY}"))
-    csr = _metadata(f"instance/attributes/{CLIENT_CSR_KEY}")
+    spec = json.loads(_metadata(f"instance/attributes/{gce_head.HEAD_SPEC_KEY}"))
+    csr = _metadata(f"instance/attributes/{gce_head.CLIENT_CSR_KEY}")
     instance = _metadata("instance/name")
     zone = _metadata("instance/zone").rsplit("/", 1)[-1]
     project = _metadata("project/project-id")
@@ -108,16 +101,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The client is waiting: it reads why, deletes this VM and raises it to the user.
         logger.exception("The cluster did not start")
         print(f"{ERROR_PREFIX}{e}", flush=True)
-        publish(ERROR_ATTRIBUTE, error_text(e))
+        publish(gce_head.ERROR_ATTRIBUTE, error_text(e))
         return 2
     backend = cluster.backend
     assert isinstance(backend, GCEBackend)  # ``head=True`` is an option of the GCE backend
     try:
         cert = backend.ca.sign_csr(csr, CLIENT_CN, role=ROLE_CLIENT)
-        publish(CA_ATTRIBUTE, backend.ca.cert_pem)
-        publish(PORT_ATTRIBUTE, str(cluster.scheduler_address.rsplit(":", 1)[-1]))
+        publish(gce_head.CA_ATTRIBUTE, backend.ca.cert_pem)
+        publish(gce_head.PORT_ATTRIBUTE, str(cluster.scheduler_address.rsplit(":", 1)[-1]))
         # Last: the client takes this one as the sign that it may connect.
-        publish(CLIENT_CERT_ATTRIBUTE, cert)
+        publish(gce_head.CLIENT_CERT_ATTRIBUTE, cert)
         logger.info("Head of cluster %s serving on %s", cluster.name, instance)
         Head(cluster).serve(stop)
     except Exception:

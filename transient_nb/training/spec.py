@@ -308,24 +308,10 @@ def reached(stop_at: Mapping[str, tuple[str, float]], values: Mapping[str, Any])
 
 
 # -- the arguments of train() that need no cluster -----------------------------------------------------
-def check_train_args(
-    *,
-    model: Any = "resnet32",
-    data: Any = "synthetic",
-    steps: int = HParams.steps,
-    shards: int = 1,
-    target_accuracy: float | None = None,
-    deadline: Any = None,
-    loss: Any = None,
-    metrics: Any = None,
-    optimizer: Any = None,
-    stop_at: Mapping[str, Any] | None = None,
-    collate_fn: Any = None,
-    num_workers: int | None = None,
-    **hparams: Any,
-) -> HParams:
-    """Check the arguments of :func:`~transient_nb.train` that need no cluster; returns the
-    :class:`HParams`. The model, data, loss, metrics and optimizer go through :func:`preflight`.
+def check_train_args(**train_args: Any) -> HParams:
+    """Check the arguments of :func:`~transient_nb.train` that need no cluster (the keyword
+    arguments of :func:`check_workload`); returns the :class:`HParams`. The model, data, loss,
+    metrics and optimizer go through :func:`preflight`.
 
     The ``%%transient_cluster`` cell magic and the CLI call it before they start anything.
 
@@ -338,21 +324,7 @@ def check_train_args(
     ...
     ValueError: eval_images=0 must be a whole number of at least 1.
     """
-    return check_workload(
-        model=model,
-        data=data,
-        steps=steps,
-        shards=shards,
-        target_accuracy=target_accuracy,
-        deadline=deadline,
-        loss=loss,
-        metrics=metrics,
-        optimizer=optimizer,
-        stop_at=stop_at,
-        collate_fn=collate_fn,
-        num_workers=num_workers,
-        **hparams,
-    )[0]
+    return check_workload(**train_args)[0]
 
 
 def check_workload(

@@ -21,17 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from transient_nb.training.wire import transport
-from transient_nb.training.wire.frame import (
-    ERROR,
-    PULL,
-    PUSH_PULL,
-    REPLY,
-    SETUP,
-    Buffers,
-    Channel,
-    FrameError,
-)
+from transient_nb.training.wire import frame, transport
 from transient_nb.training.wire.region import Region, aligned
 
 #: How long making a call may block on sending its request before it returns (seconds); the
@@ -148,10 +138,10 @@ class DataClient:
         if sock is None:
             raise LookupError(f"No data-plane transport to {endpoint!r} from this host.")
         self.transport: str = kind
-        self.channel = Channel(sock)
+        self.channel = frame.Channel(sock)
         self.broken = False
         self.busy: Call | None = None
-        self._buffers = Buffers()
+        self._buffers = frame.Buffers()
         #: On a Unix socket, the memory region shared with the PS (made at the first call).
         self.region: Region | None = None
         self._reply_bytes = 0  # room the last reply took: what the next one will need
@@ -184,10 +174,10 @@ class DataClient:
         yield from chan.send_frame(kind, meta, arrays, offsets)
         yield SENT  # the call's first slice ends here: the caller gets on with its step
         reply_kind, reply, out = yield from chan.recv_frame(self._buffers, region=self.region)
-        if reply_kind == ERROR:
+        if reply_kind == frame.ERROR:
             raise RemoteError(str(reply.get("error", "the PS refused the call")))
-        if reply_kind != REPLY or len(out) != 2:
-            raise FrameError(f"Unexpected reply frame (kind {reply_kind}).")
+        if reply_kind != frame.REPLY or len(out) != 2:
+            raise frame.FrameError(f"Unexpected reply frame (kind {reply_kind}).")
         self._reply_bytes = max(
             self._reply_bytes, sum(aligned(a.nbytes) for a in out if a is not None)
         )
@@ -205,7 +195,7 @@ class DataClient:
         if self.region is None or self.region.size < request + room:
             region = Region.create(request + room)
             try:
-                yield from self.channel.send_frame(SETUP, {}, [], fd=region.fd)
+                yield from self.channel.send_frame(frame.SETUP, {}, [], fd=region.fd)
             finally:
                 region.close()  # the PS has its own descriptor now; the mapping stays
             self.region = region
@@ -243,11 +233,11 @@ class DataClient:
             "images": int(images),
             "final": bool(final),
         }
-        return self._call(PUSH_PULL, meta, [np.ascontiguousarray(grad), bn_delta])
+        return self._call(frame.PUSH_PULL, meta, [np.ascontiguousarray(grad), bn_delta])
 
     def pull(self, trainer: str | None = None) -> Call:
         """The current weights, statistics and version (as the actor's ``pull``)."""
-        return self._call(PULL, {"trainer": trainer}, [])
+        return self._call(frame.PULL, {"trainer": trainer}, [])
 
 
 def connect_shards(

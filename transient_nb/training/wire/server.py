@@ -31,19 +31,8 @@ from collections.abc import Callable
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
-from transient_nb.training.wire import transport
+from transient_nb.training.wire import frame, transport
 from transient_nb.training.wire.codec import reply_into
-from transient_nb.training.wire.frame import (
-    ERROR,
-    PULL,
-    PUSH_PULL,
-    REPLY,
-    SETUP,
-    Buffers,
-    Channel,
-    FrameError,
-    drive,
-)
 from transient_nb.training.wire.region import Region, aligned
 
 logger = logging.getLogger(__name__)
@@ -115,7 +104,7 @@ class DataServer:
         self._tls = server_tls
         self._closed = threading.Event()
         self._lock = threading.Lock()
-        self._channels: set[Channel] = set()
+        self._channels: set[frame.Channel] = set()
         self._path: str | None = None
         self.endpoint: dict[str, Any] = {"host": transport.host_id()}
         if mode == "unix":
@@ -198,7 +187,7 @@ class DataServer:
             ).start()
 
     # -- one connection -------------------------------------------------------------------------
-    def _keep(self, chan: Channel) -> bool:
+    def _keep(self, chan: frame.Channel) -> bool:
         """Count ``chan`` among the open connections (:meth:`cut` and :meth:`close` drop them);
         False, and ``chan`` closed, when the server is closing."""
         with self._lock:
@@ -208,7 +197,7 @@ class DataServer:
             self._channels.add(chan)
         return True
 
-    def _forget(self, chan: Channel) -> None:
+    def _forget(self, chan: frame.Channel) -> None:
         """``chan`` is done: no longer an open connection, and closed."""
         with self._lock:
             self._channels.discard(chan)
@@ -237,26 +226,26 @@ class DataServer:
         sock = self._admit(raw)
         if sock is None:
             return
-        chan = Channel(sock)
+        chan = frame.Channel(sock)
         if not self._keep(chan):
             return
-        buffers, replies = Buffers(), Buffers()
+        buffers, replies = frame.Buffers(), frame.Buffers()
         region: Region | None = None
         try:
             while not self._closed.is_set():
                 # Idle until the peer sends (or goes); then the whole frame within stall_s.
                 step = chan.recv_frame(buffers, stall=self.stall_s, region=region)
-                kind, meta, arrays = drive(chan, step, None)
-                if kind == SETUP:
+                kind, meta, arrays = frame.drive(chan, step, None)
+                if kind == frame.SETUP:
                     region = _adopt(chan.take_fds())
                     continue
                 _close_fds(chan)
                 room = _room(region, meta, arrays, kind, replies)
                 reply, meta_out, out = self._call(kind, meta, arrays, room)
-                offsets = _place(region, meta, out) if reply == REPLY else []
-                drive(chan, chan.send_frame(reply, meta_out, out, offsets), self.stall_s)
+                offsets = _place(region, meta, out) if reply == frame.REPLY else []
+                frame.drive(chan, chan.send_frame(reply, meta_out, out, offsets), self.stall_s)
                 self.served += 1
-        except FrameError as e:
+        except frame.FrameError as e:
             self.refused += 1
             logger.info("Data plane %s dropped a peer: %r", self.name, e)
         except (ConnectionError, TimeoutError, OSError, ssl.SSLError):
@@ -267,31 +256,31 @@ class DataServer:
     async def _serve_on_loop(self, sock: socket.socket) -> None:
         """One Unix connection, served by the PS's loop (see :meth:`_accept_loop`)."""
         loop = asyncio.get_running_loop()
-        chan = Channel(sock)
+        chan = frame.Channel(sock)
         chan.set_nonblocking()
         if not self._keep(chan):
             return
         fd = sock.fileno()
         readable = asyncio.Event()
         loop.add_reader(fd, readable.set)
-        buffers, replies = Buffers(), Buffers()
+        buffers, replies = frame.Buffers(), frame.Buffers()
         region: Region | None = None
         try:
             while not self._closed.is_set():
                 chan.deadline = math.inf  # idle as long as the peer lives
                 step = chan.recv_frame(buffers, stall=self.stall_s, region=region)
                 kind, meta, arrays = await _pump(chan, step, readable)
-                if kind == SETUP:
+                if kind == frame.SETUP:
                     region = _adopt(chan.take_fds())
                     continue
                 _close_fds(chan)
                 room = _room(region, meta, arrays, kind, replies)
                 reply, meta_out, out = await self._call_here(kind, meta, arrays, room)
-                offsets = _place(region, meta, out) if reply == REPLY else []
+                offsets = _place(region, meta, out) if reply == frame.REPLY else []
                 chan.deadline = time.monotonic() + self.stall_s
                 await _pump_out(chan, chan.send_frame(reply, meta_out, out, offsets), loop, fd)
                 self.served += 1
-        except FrameError as e:
+        except frame.FrameError as e:
             self.refused += 1
             logger.info("Data plane %s dropped a peer: %r", self.name, e)
         except (ConnectionError, TimeoutError, OSError):
@@ -314,8 +303,8 @@ class DataServer:
             else:
                 weights, bn, version = await made
         except Exception as e:  # the PS refused the call: the trainer sees why
-            return ERROR, {"error": repr(e)[:500]}, []
-        return REPLY, {"version": int(version)}, [weights, bn]
+            return frame.ERROR, {"error": repr(e)[:500]}, []
+        return frame.REPLY, {"version": int(version)}, [weights, bn]
 
     def _request(self, kind: int, meta: dict[str, Any], arrays: list[Any]) -> Any:
         """The PS's coroutine for a request, or an error reply frame for a bad one."""
@@ -323,7 +312,7 @@ class DataServer:
         if target is None:
             raise ConnectionError("The parameter server is gone.")
         try:
-            if kind == PUSH_PULL:
+            if kind == frame.PUSH_PULL:
                 return target.push_pull(
                     trainer=str(meta["trainer"]),
                     grad=arrays[0],
@@ -334,11 +323,11 @@ class DataServer:
                     bn_delta=arrays[1] if len(arrays) > 1 else None,
                     final=bool(meta.get("final", False)),
                 )
-            if kind == PULL:
+            if kind == frame.PULL:
                 return target.pull(meta.get("trainer"))
         except (KeyError, ValueError, TypeError, IndexError) as e:
-            return ERROR, {"error": f"bad request: {e!r}"[:500]}, []
-        raise FrameError(f"Frame kind {kind} is not a request.")
+            return frame.ERROR, {"error": f"bad request: {e!r}"[:500]}, []
+        raise frame.FrameError(f"Frame kind {kind} is not a request.")
 
     def _call(
         self, kind: int, meta: dict[str, Any], arrays: list[Any], room: Any = None
@@ -365,11 +354,11 @@ class DataServer:
                     future.cancel()
                     raise ConnectionError("closing") from None
             except Exception as e:  # the PS refused the call: the trainer sees why
-                return ERROR, {"error": repr(e)[:500]}, []
-        return REPLY, {"version": int(version)}, [weights, bn]
+                return frame.ERROR, {"error": repr(e)[:500]}, []
+        return frame.REPLY, {"version": int(version)}, [weights, bn]
 
 
-async def _pump(chan: Channel, step: Any, readable: asyncio.Event) -> Any:
+async def _pump(chan: frame.Channel, step: Any, readable: asyncio.Event) -> Any:
     """Drive a receiving step of a non-blocking channel from the loop: on until the socket has
     nothing more, then wait for it to be readable (until the channel's deadline)."""
     while True:
@@ -387,7 +376,9 @@ async def _pump(chan: Channel, step: Any, readable: asyncio.Event) -> Any:
         await asyncio.wait_for(readable.wait(), left)
 
 
-async def _pump_out(chan: Channel, step: Any, loop: asyncio.AbstractEventLoop, fd: int) -> None:
+async def _pump_out(
+    chan: frame.Channel, step: Any, loop: asyncio.AbstractEventLoop, fd: int
+) -> None:
     """Drive a sending step of a non-blocking channel: a frame head goes at once; more waits
     for the socket to be writable (until the channel's deadline)."""
     writable: asyncio.Event | None = None
@@ -410,7 +401,7 @@ async def _pump_out(chan: Channel, step: Any, loop: asyncio.AbstractEventLoop, f
             loop.remove_writer(fd)
 
 
-def _close_fds(chan: Channel) -> None:
+def _close_fds(chan: frame.Channel) -> None:
     """Close the descriptors that came with a frame other than a setup frame's."""
     for fd in chan.take_fds():
         os.close(fd)
@@ -419,25 +410,25 @@ def _close_fds(chan: Channel) -> None:
 def _adopt(fds: list[int]) -> Region:
     """The shared region a setup frame handed over (mapped; its descriptor closed)."""
     if not fds:
-        raise FrameError("A setup frame without a region.")
+        raise frame.FrameError("A setup frame without a region.")
     for fd in fds[1:]:
         os.close(fd)
     try:
         region = Region.adopt(fds[0])
     except (ValueError, OSError) as e:
-        raise FrameError(f"Bad shared region: {e}") from None
+        raise frame.FrameError(f"Bad shared region: {e}") from None
     region.close()  # mapped: the descriptor is no longer needed
     return region
 
 
 def _room(
-    region: Region | None, meta: dict[str, Any], arrays: list[Any], kind: int, spare: Buffers
+    region: Region | None, meta: dict[str, Any], arrays: list[Any], kind: int, spare: frame.Buffers
 ) -> Any:
     """Where a push's new weights may be written: an array of the gradient's dtype and size (a
     push's reply is the same size as its gradient) at the start of the room the request left in
     the shared region, else in a buffer this connection keeps for its replies (a reply is sent
     before the next request is read, so the buffer is free again by then); None for a pull."""
-    if kind != PUSH_PULL or not arrays or arrays[0] is None:
+    if kind != frame.PUSH_PULL or not arrays or arrays[0] is None:
         return None
     grad = arrays[0]
     if region is None:
