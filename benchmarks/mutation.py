@@ -35,7 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 #: Module (path under transient_nb/, no .py) -> the unit tests that exercise it. Fast tests only:
 #: mutmut runs them once per mutant.
 MODULES: dict[str, list[str]] = {
-    "eventlog/bill": ["tests/eventlog/test_bill.py"],
+    # The bill folds the log for the views too (ClusterState feeds it): their tests count.
+    "eventlog/bill": ["tests/eventlog/test_bill.py", "tests/eventlog/test_folds.py"],
     "catalog/prices": ["tests/catalog/test_prices.py"],
     "policy/placement": ["tests/policy/test_placement.py"],
     "catalog/lifetimes": ["tests/catalog/test_lifetimes.py"],
