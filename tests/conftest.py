@@ -33,6 +33,23 @@ import transient_nb  # noqa: F401  (registers the ``transient`` config defaults)
 # the worker processes it starts (they inherit the environment): a test then fails.
 os.environ.setdefault("TRANSIENT_NB_STRICT_EVENTS", "1")
 
+
+@pytest.fixture(scope="session", autouse=True)
+def _dask_callback_thread() -> None:
+    """Dask runs ``Future.add_done_callback`` callbacks in one thread it keeps for the life of
+    the process, made on first use (the training driver wakes its loop through one). Made here
+    first, so that the leak check of Dask's ``cleanup`` fixture does not blame whichever test
+    happens to use it first."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from distributed.client import Future
+
+    if Future._cb_executor is None or Future._cb_executor_pid != os.getpid():
+        Future._cb_executor = ThreadPoolExecutor(1, thread_name_prefix="Dask-Callback-Thread")
+        Future._cb_executor_pid = os.getpid()
+        Future._cb_executor.submit(lambda: None).result()  # its thread started now
+
+
 #: Poll interval of the wait helpers (seconds).
 POLL_S = 0.05
 #: The benchmark scripts (``benchmarks/``): see :func:`benchmark`.
