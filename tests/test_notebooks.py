@@ -331,6 +331,9 @@ def test_gce(tmp_path: Path, kernel_env: dict[str, str]) -> None:
             # GCE's default is a detached cluster whose head is a VM: the client (this kernel)
             # reaches the head's scheduler through a firewall rule open to its own address.
             "DASK_TRANSIENT__GCE__CLIENT_CIDR": "127.0.0.1/32",
+            # Every "VM" is a process of this machine: the notebook's local bucket folder is a
+            # share every host mounts at the same path (else refused as host-local storage).
+            "DASK_TRANSIENT__SHARED_PATHS": json.dumps([str(tmp_path / "bucket")]),
         }
         nb = execute("gce.ipynb", tmp_path, env)
         no_errors(nb)

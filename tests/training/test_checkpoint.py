@@ -377,6 +377,28 @@ def test_a_host_local_url_is_refused_on_a_cloud_backend_whatever_its_spelling(ur
     checkpoint.check_checkpoint_url(url, "local")  # the local backend: the host is the cluster
 
 
+def test_a_local_path_under_a_share_every_host_mounts_is_shared_storage(tmp_path, monkeypatch):
+    """An NFS or Filestore share mounted at the same path on every host
+    (``transient.shared-paths``): a local URL under it passes the form and is probed; a path
+    beside it, or one that climbs out of it, is still refused."""
+    import dask.config
+
+    probed: list[str] = []
+    monkeypatch.setattr(checkpoint, "probe_checkpoint_url", probed.append)
+    share = tmp_path / "share"
+    with dask.config.set({"transient.shared-paths": [str(share)]}):
+        checkpoint.check_checkpoint_url(f"file://{share}/runs", "gce")
+        checkpoint.check_checkpoint_url(f"local://{share}", "gce")
+        for outside in (f"file://{tmp_path}/other", f"{share}/../escape"):
+            with pytest.raises(ValueError, match="on this host alone"):
+                checkpoint.check_checkpoint_url(outside, "gce")
+        with pytest.raises(ValueError, match="MemoryFileSystem"):
+            checkpoint.check_checkpoint_url("memory://share", "gce")
+    assert probed == [f"file://{share}/runs", f"local://{share}"]
+    with pytest.raises(ValueError, match="transient.shared-paths"):
+        checkpoint.check_checkpoint_url(f"file://{share}/runs", "gce")  # not declared: refused
+
+
 def test_shared_storage_passes_the_form_and_is_probed(monkeypatch):
     import fsspec
     from fsspec.spec import AbstractFileSystem

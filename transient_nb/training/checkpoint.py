@@ -41,6 +41,7 @@ import numpy as np
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
+from transient_nb import config
 from transient_nb.training.optim import META_KEY, STATE_PREFIX
 
 #: Bumped when the layout changes; 1 was a pickle per shard (refused now).
@@ -454,6 +455,16 @@ def host_local(url: str) -> str | None:
     return None
 
 
+def _under_shared_path(url: str) -> bool:
+    """Whether ``url``'s local path is under a folder of ``transient.shared-paths``."""
+    path = os.path.realpath(fsspec.core.url_to_fs(url)[1])
+    for folder in config.get("shared-paths") or []:
+        root = os.path.realpath(os.path.expanduser(str(folder)))
+        if os.path.commonpath([path, root]) == root:
+            return True
+    return False
+
+
 def check_checkpoint_url(checkpoint_url: str | None, backend: str) -> None:
     """On a non-local ``backend``: refuse a missing or host-local ``checkpoint_url``, then probe it
     with a write (:func:`probe_checkpoint_url`). Nothing to check on the local backend.
@@ -465,13 +476,16 @@ def check_checkpoint_url(checkpoint_url: str | None, backend: str) -> None:
     if backend == "local":
         return
     local = None if checkpoint_url is None else host_local(checkpoint_url)
+    if local == "LocalFileSystem" and _under_shared_path(str(checkpoint_url)):
+        local = None  # a share every host mounts at the same path (transient.shared-paths)
     if checkpoint_url is None or local is not None:
         where = f" (this one is a {local}, on this host alone)" if local else ""
         raise ValueError(
             f"checkpoint_url={checkpoint_url!r}: on the {backend} backend the PS checkpoints must "
             f"live on storage that outlives the PS host and that every host can reach{where}; "
             "pass a bucket URL, checkpoint_url='gs://BUCKET/PREFIX' (any fsspec URL of shared "
-            "storage). Each run writes under PREFIX/<run id>/, so runs may share one."
+            "storage), or a local path under a share every host mounts (transient.shared-paths). "
+            "Each run writes under PREFIX/<run id>/, so runs may share one."
         )
     probe_checkpoint_url(checkpoint_url)
 
