@@ -517,6 +517,10 @@ def test_two_runs_on_one_checkpoint_url_each_prune_their_own_and_each_resumes(tm
         "eval_every": 10**6,
         "eval_images": 40,
         "checkpoint_url": shared,
+        # Paced (10 steps/s on the cluster's T4): a checkpoint a second, however fast the host,
+        # so that each run writes more than it keeps (an unpaced run may outrun its driver's
+        # checkpoints on an idle host, or be held on a loaded one).
+        "emulate": "t4=10",
     }
     with TransientCluster(workers=1, provisioning_delay=0, preemption="none") as cluster:
         cluster.wait_for_workers(timeout=120)
