@@ -395,7 +395,7 @@ def test_a_local_path_under_a_share_every_host_mounts_is_shared_storage(tmp_path
         with pytest.raises(ValueError, match="MemoryFileSystem"):
             checkpoint.check_checkpoint_url("memory://share", "gce")
     assert probed == [f"file://{share}/runs", f"local://{share}"]
-    with pytest.raises(ValueError, match="transient.shared-paths"):
+    with pytest.raises(ValueError, match=r"transient\.shared-paths"):
         checkpoint.check_checkpoint_url(f"file://{share}/runs", "gce")  # not declared: refused
 
 

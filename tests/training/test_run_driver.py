@@ -263,8 +263,9 @@ def test_a_cloud_run_needs_shared_checkpoint_storage_that_can_be_written(tmp_pat
         assert str(info.value) == (
             f"checkpoint_url={bad!r}: on the gce backend the PS checkpoints must live on storage "
             f"that outlives the PS host and that every host can reach{where}; pass a bucket "
-            "URL, checkpoint_url='gs://BUCKET/PREFIX' (any fsspec URL of shared storage). Each "
-            "run writes under PREFIX/<run id>/, so runs may share one."
+            "URL, checkpoint_url='gs://BUCKET/PREFIX' (any fsspec URL of shared storage), or a "
+            "local path under a share every host mounts (transient.shared-paths). Each run "
+            "writes under PREFIX/<run id>/, so runs may share one."
         )
     probe_checkpoint_url("memory://bucket/runs")  # written, read back, deleted
     import fsspec
