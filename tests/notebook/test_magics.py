@@ -252,8 +252,10 @@ def test_train_takes_the_notebooks_names_and_save_writes_the_weights(
         magic(ip, "up --workers 1 --provisioning-delay 0s --preemption none --name own-demo")
         run = magic(
             ip,
+            # Steps enough that only the stop condition ends it, however fast the host trains
+            # (200 were done before the first evaluation on a loaded machine).
             "train --model small_net --data pair --loss mse --metrics mae,mse --stop-at mae=50 "
-            "--steps 200 --batch-size 16 --eval-every 10 --wait --as run",
+            "--steps 100000 --batch-size 16 --eval-every 10 --wait --as run",
         )
     assert ip.user_ns["run"] is run and run.reason == "metric" and run.stopped_by == "mae<=50"
     assert set(run.summary()["metrics"]) == {"mae", "mse"}
