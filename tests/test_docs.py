@@ -8,8 +8,7 @@
   IPython shell (as a notebook runs them), in a subprocess of their own whose files and clusters
   stay in a temporary folder, against the local backend. A block marked
   ``{.no-run reason="..."}`` is not run (it needs a cloud project, installs packages, or runs for
-  minutes), and says why; a page whose front matter says ``examples-need: MODULE`` is skipped,
-  saying so, where the package has no such module yet.
+  minutes), and says why.
 - The fast tests check the pages' blocks (each runs or says why; each compiles) and the pieces of
   the docs' own Sphinx extension.
 
@@ -19,7 +18,6 @@ Run a page's examples by hand with ``python -m tests.test_docs docs/how-to/cli.m
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import re
@@ -33,7 +31,6 @@ from pathlib import Path
 import psutil
 import pytest
 import sphobjinv as soi
-import yaml
 from IPython.core.inputtransformer2 import TransformerManager
 from IPython.core.interactiveshell import InteractiveShell
 from markdown_it.renderer import RendererHTML
@@ -73,7 +70,6 @@ class Block:
 class Page:
     path: Path
     blocks: list[Block] = field(default_factory=list)
-    needs: str | None = None  # a module the examples need (front matter ``examples-need``)
 
     @property
     def name(self) -> str:
@@ -87,8 +83,6 @@ def read_page(path: Path) -> Page:
     md = create_md_parser(config, RendererHTML)
     page = Page(path)
     for token in md.parse(path.read_text()):
-        if token.type == "front_matter":
-            page.needs = (yaml.safe_load(token.content) or {}).get("examples-need")
         if token.type != "fence" or token.info.startswith("{"):
             continue
         language = token.info.split()[0] if token.info.strip() else ""
@@ -146,11 +140,9 @@ def test_every_python_block_compiles() -> None:
 def test_the_no_run_marks_are_seen(tmp_path: Path) -> None:
     page = tmp_path / "page.md"
     page.write_text(
-        '---\nexamples-need: some.module\n---\n# P\n\n{.no-run reason="needs a cloud"}\n'
-        "```python\nprint(1)\n```\n\n```bash\nls\n```\n"
+        '# P\n\n{.no-run reason="needs a cloud"}\n```python\nprint(1)\n```\n\n```bash\nls\n```\n'
     )
     read = read_page(page)
-    assert read.needs == "some.module"
     assert [(b.language, b.reason, b.code) for b in read.blocks] == [
         ("python", "needs a cloud", "print(1)\n"),
         ("bash", None, "ls\n"),
@@ -321,8 +313,6 @@ def test_the_site_builds(tmp_path: Path) -> None:
 @pytest.mark.timeout(PAGE_TIMEOUT_S + 60)
 @pytest.mark.parametrize("page", runnable_pages(), ids=lambda p: p.name)
 def test_page_examples(page: Page, tmp_path: Path) -> None:
-    if page.needs and importlib.util.find_spec(page.needs) is None:
-        pytest.skip(f"{page.name}'s examples need {page.needs}, which this package has not yet")
     env = dict(os.environ)
     env.update(
         {

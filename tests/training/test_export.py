@@ -17,6 +17,7 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
+from tests.conftest import wait_for_sync
 from transient_nb import TransientCluster, load_model, load_state_dict, train
 from transient_nb.training import checkpoint, export
 from transient_nb.training.export import assemble, layout, state_bytes, state_of
@@ -189,10 +190,9 @@ def test_a_runs_weights_come_home_exactly(tmp_path):
         run = train(
             cluster, model=Net, data=_data(), loss="mse", steps=100_000, batch_size=32, lr=0.01
         )
+        wait_for_sync(lambda: run.step >= 100 or run.done, timeout=300)
+        assert not run.done, "the run ended before it trained 100 steps"
         deadline = time.monotonic() + 300
-        while run.step < 100:
-            assert time.monotonic() < deadline and not run.done, "the run did not train"
-            time.sleep(0.1)
         trainers = [vm for name, vm in cluster.workers.items() if name.startswith("w-")]
         for vm in trainers:  # frozen: the PS's weights hold still
             os.killpg(vm.pid, signal.SIGSTOP)
