@@ -32,7 +32,9 @@ def on_demand_held(cluster: TransientCluster) -> list[str]:
     if df.empty:
         return []
     df = df[(df["role"] == "worker") & ~df["state"].isin(["preempted", "deleted"])]
-    return [str(n) for n in df.index if not cluster.workers[str(n)].spec.spot]
+    # From the log's own spot flag: SpecCluster lists a worker in ``cluster.workers`` only once
+    # it has started, and the log names it from the moment it is requested.
+    return [str(n) for n, spot in df["spot"].items() if spot is not None and not spot]
 
 
 # -- mixed GPU types: asked for, scaled per type, replaced by type, billed per type --------------
