@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -54,8 +55,36 @@ def assert_positive(rows: list[dict[str, str]], *columns: str) -> None:
             assert float(row[c]) > 0, f"{c} = {row[c]!r} in {row}"
 
 
-def test_ps_throughput():
-    header, rows = run_tiny("ps_throughput.py")
+def test_worker_efficiency():
+    header, rows = run_tiny("worker_efficiency.py")
+    assert header[:5] == ["device", "model", "batch", "threads", "pipeline"]
+    assert len(rows) == 1 and rows[0]["device"] == "cpu" and rows[0]["pipeline"] == "off"
+    assert_positive(rows, "plain steps/s", "ps steps/s", "efficiency")
+
+
+@pytest.fixture(scope="module")
+def gpu_suite(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The GPU suite's --tiny form, run once for the module: its steps run the data plane's
+    benchmarks (``ps_throughput.py`` on both paths, ``dataplane_candidates.py``) in their tiny
+    configuration, so their own tests read its tables rather than run them a second time."""
+    out = tmp_path_factory.mktemp("gpu-suite")
+    proc = subprocess.run(
+        ["bash", str(BENCHMARKS / "gpu_suite.sh"), str(out), "--tiny"],
+        capture_output=True,
+        text=True,
+        timeout=840,
+        env={**os.environ, "PYTHON": sys.executable},
+    )
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    steps: dict[str, Any] = json.loads((out / "suite.json").read_text())["steps"]
+    for name, step in steps.items():
+        step["header"], _ = first_table((out / f"{name}.md").read_text(), name)
+    return steps
+
+
+@pytest.mark.timeout(900)
+def test_ps_throughput(gpu_suite: dict[str, Any]) -> None:
+    """``ps_throughput.py --tiny`` (the suite's ``dataplane`` step) and its cross-host path."""
     numbers = [
         "dask steps/s",
         "dask ms/step",
@@ -67,16 +96,25 @@ def test_ps_throughput():
         "dask/rpc",
         "dask/45",
     ]
-    assert header == benchmark("ps_throughput").COLUMNS
-    assert [(r["model"], r["shards"], r["wire"], r["trainers"]) for r in rows] == [
-        ("resnet32", "1", "float32", "1"),
-        ("resnet32", "2", "float16", "1"),
-    ]
-    assert_positive(rows, *numbers)
+    for name, path in (
+        ("dataplane", "default (unix)"),
+        ("dataplane-cross-host", "cross-host (tls)"),
+    ):
+        step = gpu_suite[name]
+        assert step["header"] == benchmark("ps_throughput").COLUMNS
+        rows = step["rows"]
+        assert [(r["model"], r["shards"], r["wire"], r["trainers"]) for r in rows] == [
+            ("resnet32", "1", "float32", "1"),
+            ("resnet32", "2", "float16", "1"),
+        ]
+        assert_positive(rows, *numbers)
+        assert any(f"data-plane path {path}" in note for note in step["notes"])
 
 
-def test_dataplane_candidates():
-    header, rows = run_tiny("dataplane_candidates.py")
+@pytest.mark.timeout(900)
+def test_dataplane_candidates(gpu_suite: dict[str, Any]) -> None:
+    """``dataplane_candidates.py --tiny`` (the suite's ``carriers`` step)."""
+    header = gpu_suite["carriers"]["header"]
     assert header == [
         "carrier",
         "round trips/s",
@@ -84,31 +122,17 @@ def test_dataplane_candidates():
         "client CPU ms",
         "server / update",
     ]
+    rows = gpu_suite["carriers"]["rows"]
     assert [r["carrier"] for r in rows] == ["unix", "tls"]
     assert_positive(rows, *header[1:])
 
 
-def test_worker_efficiency():
-    header, rows = run_tiny("worker_efficiency.py")
-    assert header[:5] == ["device", "model", "batch", "threads", "pipeline"]
-    assert len(rows) == 1 and rows[0]["device"] == "cpu" and rows[0]["pipeline"] == "off"
-    assert_positive(rows, "plain steps/s", "ps steps/s", "efficiency")
-
-
 @pytest.mark.timeout(900)
-def test_gpu_suite_runs_on_cpu(tmp_path):
+def test_gpu_suite_runs_on_cpu(gpu_suite: dict[str, Any]) -> None:
     """The GPU suite's --tiny form: pipelined worker efficiency, scaling, the device check and the
     data plane (both paths against the peer, and its carriers), with every table in
     suite.json."""
-    proc = subprocess.run(
-        ["bash", str(BENCHMARKS / "gpu_suite.sh"), str(tmp_path), "--tiny"],
-        capture_output=True,
-        text=True,
-        timeout=840,
-        env={**os.environ, "PYTHON": sys.executable},
-    )
-    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    suite = json.loads((tmp_path / "suite.json").read_text())["steps"]
+    suite = gpu_suite
     assert set(suite) == {
         "efficiency-pipelined",
         "scaling",
@@ -128,17 +152,6 @@ def test_gpu_suite_runs_on_cpu(tmp_path):
     assert [(r["worker"], r["device"]) for r in devices] == [("w-0", "cpu"), ("w-1", "cpu")]
     assert any("check: cpu run" in note for note in suite["devices"]["notes"])
     assert "data plane of the trainers: unix" in suite["devices"]["notes"]
-    # The data plane against the peer, on both paths, and its carriers.
-    for name, path in (
-        ("dataplane", "default (unix)"),
-        ("dataplane-cross-host", "cross-host (tls)"),
-    ):
-        assert len(suite[name]["rows"]) == 2
-        assert_positive(suite[name]["rows"], "dask steps/s", "rpc steps/s", "dask PS cpu ms/step")
-        assert any(f"data-plane path {path}" in note for note in suite[name]["notes"])
-    carriers = suite["carriers"]["rows"]
-    assert [r["carrier"] for r in carriers] == ["unix", "tls"]
-    assert_positive(carriers, "round trips/s", "server CPU ms", "client CPU ms")
 
 
 def test_recovery():
