@@ -550,3 +550,17 @@ def add(parser: argparse.ArgumentParser, *option_names: str) -> None:
 def default(name: str, surface: Surface) -> Any:
     """The option ``name``'s default on ``surface``."""
     return spec(name, surface)[1]["default"]
+
+
+def dests(*option_names: str) -> tuple[str, ...]:
+    """The attributes the options ``option_names`` set on the parsed namespace, in order, each
+    once (``--spot`` and ``--on-demand`` both set ``spot``): the keyword arguments they pass on.
+
+    >>> dests("spot", "on_demand", "cluster_seed")
+    ('spot', 'seed')
+    """
+    out: dict[str, None] = {}
+    for name in option_names:
+        option = OPTIONS[name]
+        out[option.kwargs.get("dest") or option.flags[0].lstrip("-").replace("-", "_")] = None
+    return tuple(out)
