@@ -454,9 +454,6 @@ OPTIONS: dict[str, Option] = {
         "--batch-size", type=whole("items", 1), default=128, help="items per worker step"
     ),
     "estimate_shards": _o("--shards", type=whole("PS shards", 1), default=1, help="PS shards"),
-    "estimate_prices": _o(
-        "--prices", metavar="CATALOG", help="price catalog: gce-2025, paper-2019 or a YAML path"
-    ),
     "measured": _o(
         "--measured",
         metavar="TYPE=STEPS_PER_S,...",
@@ -518,7 +515,7 @@ ESTIMATE = (
     "estimate_steps",
     "estimate_batch_size",
     "estimate_shards",
-    "estimate_prices",
+    "prices",
     "measured",
 )
 
