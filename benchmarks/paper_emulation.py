@@ -135,64 +135,67 @@ def main(argv: list[str] | None = None) -> int:
             f"rates estimated (transient_nb.training.emulation). Seed {args.seed}, {time.time() - t0:.0f} s."
         )
         print()
-    prices = "gce-2025" if args.today else "paper-2019"
-    # Today's GPUs have no lifetime study: every Spot worker gets the paper's K80 curve, as in
-    # the --today table; the paper's own GPUs get their own curves.
-    lifetimes = "paper:k80" if args.today else "paper"
     if args.mixed or both or args.today:
-        t0 = time.time()
         setups_ = today_mixed if args.today else mixed_setups
-        mixed = reproduce.mixed_table(
-            setups_,
-            steps_per_worker=args.steps_per_worker,
-            wall_pace=args.wall_pace,
-            seed=args.seed,
-            prices=prices,
-            lifetimes=lifetimes,
-        )
-        _print_frame(mixed)
+        _, took = _setups_table(reproduce.mixed_table, setups_, args.wall_pace, args)
         paper = reproduce.PAPER_MIXED
         print(
-            f"Mixed ({prices}): 'faster than first' is time saved against {setups_[0].label}, "
-            f"'cheaper than last' money saved against {setups_[-1].label}"
-            + (
-                f" (paper: mixed up to {paper['faster than 4 K80']:.0%} faster than 4 K80, or "
-                f"{paper['cheaper than 4 V100']:.0%} cheaper than 4 V100)"
-                if not args.today
-                else ""
+            f"Mixed ({_prices(args.today)}): 'faster than first' is time saved against "
+            f"{setups_[0].label}, 'cheaper than last' money saved against {setups_[-1].label}"
+            + _paper_says(
+                args.today,
+                f"mixed up to {paper['faster than 4 K80']:.0%} faster than 4 K80, or "
+                f"{paper['cheaper than 4 V100']:.0%} cheaper than 4 V100",
             )
-            + f". Lifetimes: {_lifetimes(args.today)}. Seed {args.seed}, "
-            f"{time.time() - t0:.0f} s."
+            + f". Lifetimes: {_lifetimes(args.today)}. Seed {args.seed}, {took:.0f} s."
         )
         print()
     if args.dynamic or both or args.today:
-        t0 = time.time()
         setups_ = today_dynamic if args.today else dynamic_setups
-        dynamic = reproduce.dynamic_table(
-            setups_,
-            steps_per_worker=args.steps_per_worker,
-            wall_pace=args.dynamic_pace,
-            seed=args.seed,
-            prices=prices,
-            lifetimes=lifetimes,
-        )
-        _print_frame(dynamic)
+        dynamic, took = _setups_table(reproduce.dynamic_table, setups_, args.dynamic_pace, args)
         paper = reproduce.PAPER_DYNAMIC
         print(
-            f"Dynamic ({prices}): one worker more at each quarter of the run, LR scaled by the "
-            f"active workers; 'faster/cheaper than first' against {setups_[0].label} (PS billed)"
-            + (
-                f" (paper: {paper['faster than static']:.1%} faster, "
-                f"{paper['cheaper than static']:.1%} cheaper than static)"
-                if not args.today
-                else ""
+            f"Dynamic ({_prices(args.today)}): one worker more at each quarter of the run, LR "
+            f"scaled by the active workers; 'faster/cheaper than first' against "
+            f"{setups_[0].label} (PS billed)"
+            + _paper_says(
+                args.today,
+                f"{paper['faster than static']:.1%} faster, "
+                f"{paper['cheaper than static']:.1%} cheaper than static",
             )
             + f". Lifetimes: {_lifetimes(args.today)}. 'join s': simulated seconds from each scale-up to the new trainer's first "
             f"step (paper: 81-98 s boot + 79 s cold restart). Wall pace {args.dynamic_pace}, "
-            f"seed {args.seed}, {time.time() - t0:.0f} s."
+            f"seed {args.seed}, {took:.0f} s."
         )
         _warn_if_behind(dynamic)
     return 0
+
+
+def _setups_table(table: Any, setups: Any, wall_pace: float, args: Any) -> tuple[Any, float]:
+    """``table`` (mixed or dynamic) of ``setups`` at the prices and lifetimes of ``--today`` or
+    of the paper, printed; with the seconds it took."""
+    t0 = time.time()
+    # Today's GPUs have no lifetime study: every Spot worker gets the paper's K80 curve, as in
+    # the --today table; the paper's own GPUs get their own curves.
+    frame = table(
+        setups,
+        steps_per_worker=args.steps_per_worker,
+        wall_pace=wall_pace,
+        seed=args.seed,
+        prices=_prices(args.today),
+        lifetimes="paper:k80" if args.today else "paper",
+    )
+    _print_frame(frame)
+    return frame, time.time() - t0
+
+
+def _paper_says(today: bool, what: str) -> str:
+    """`` (paper: WHAT)``, beside a table of the paper's setups (none for ``--today``'s)."""
+    return "" if today else f" (paper: {what})"
+
+
+def _prices(today: bool) -> str:
+    return "gce-2025" if today else "paper-2019"
 
 
 def _lifetimes(today: bool) -> str:

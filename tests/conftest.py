@@ -201,6 +201,23 @@ def alive(pids: Iterable[int]) -> set[int]:
     return out
 
 
+def end_processes(procs: list[psutil.Process], timeout: float = 15) -> None:
+    """End these processes (each by its pid, started by the test): terminate them, then kill
+    those still there after ``timeout`` seconds."""
+    for p in procs:
+        try:
+            p.terminate()
+        except psutil.Error:
+            pass
+    _, left = psutil.wait_procs(procs, timeout=timeout)
+    for p in left:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(left, timeout=5)
+
+
 def vm_pids(cluster: Any) -> set[int]:
     """The processes of every VM of a local cluster now: each VM's top process and descendants."""
     pids: set[int] = set()

@@ -39,6 +39,7 @@ from myst_parser.parsers.mdit import create_md_parser
 
 import transient_nb
 import transient_nb.eventlog.vocabulary as vocabulary
+from tests.conftest import end_processes
 from transient_nb import config
 from transient_nb.cli.parser import _parser
 from transient_nb.notebook.magic_parsers import SUBCOMMANDS
@@ -367,13 +368,7 @@ def _end_heads(registry: Path) -> None:
             continue
         if "transient_nb" not in " ".join(head.cmdline()):
             continue  # not a head this test started
-        procs = [head, *head.children(recursive=True)]
-        for p in procs:
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
-        psutil.wait_procs(procs, timeout=30)
+        end_processes([head, *head.children(recursive=True)])
 
 
 def run_page(path: Path) -> None:

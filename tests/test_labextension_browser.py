@@ -31,7 +31,12 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.conftest import require, require_module, wait_for_sync  # tests/conftest.py
+from tests.conftest import (
+    end_processes,
+    require,
+    require_module,
+    wait_for_sync,
+)  # tests/conftest.py
 from transient_nb import connect, train
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -77,22 +82,6 @@ def _descendants(pid: int) -> list[psutil.Process]:
         return psutil.Process(pid).children(recursive=True)
     except psutil.NoSuchProcess:
         return []
-
-
-def _end(procs: list[psutil.Process], timeout: float = 15) -> None:
-    """Terminate these processes (by PID), then kill those still there."""
-    for p in procs:
-        try:
-            p.terminate()
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=timeout)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(alive, timeout=5)
 
 
 def _isolated_env(root: Path) -> dict[str, str]:
@@ -182,7 +171,7 @@ def lab(tmp_path: Path) -> Iterator[Lab]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=10)
-        _end([p for p in children if p.is_running()])
+        end_processes([p for p in children if p.is_running()])
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         shutil.copy(log, ARTIFACTS / "jupyterlab.log")
 
@@ -212,8 +201,8 @@ def kernel_cluster(lab: Lab, tmp_path: Path) -> Iterator[Any]:
         children += [p for p in _descendants(pid) if p not in children]
         kc.stop_channels()
         km.shutdown_kernel(now=True)
-        _end([psutil.Process(pid)] if psutil.pid_exists(pid) else [])
-        _end([p for p in children if p.is_running()])
+        end_processes([psutil.Process(pid)] if psutil.pid_exists(pid) else [])
+        end_processes([p for p in children if p.is_running()])
 
 
 def test_panel_shows_preempts_connects_stops_and_creates(lab: Lab, kernel_cluster: Any) -> None:

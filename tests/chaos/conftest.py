@@ -158,12 +158,19 @@ def replacement_trains(
     return t_back, run_to_the_end(run, steps, lost_at_most)
 
 
-def freeze_ps_past_the_call_timeout(
-    cluster: TransientCluster, run: TrainingRun, sigcont: list[Any]
-) -> tuple[float, float, float]:
+def frozen_ps_is_kept(
+    cluster: TransientCluster,
+    run: TrainingRun,
+    steps: int,
+    sigcont: list[Any],
+    record: FaultRecord,
+    fault: str,
+    outcome: str,
+) -> float:
     """Freeze the PS host (SIGSTOP) until both trainers notice, and a call timeout more (short of
-    ``ps_lost_after_s``), then resume it and wait for both trainers to rejoin. How long the
-    trainers took to notice, and the wall times of the resume and of the last rejoin."""
+    ``ps_lost_after_s``), then resume it: both trainers rejoin the same PS and the run reaches
+    ``steps``. Records the fault (``outcome`` after the steps) and returns how long the trainers
+    took to notice."""
     ps = ps_vm(cluster)
     signal_vm(ps, signal.SIGSTOP)
     sigcont.append(ps)
@@ -175,7 +182,17 @@ def freeze_ps_past_the_call_timeout(
     signal_vm(ps, signal.SIGCONT)
     until(lambda: len(kinds(run, "ps-rejoined")) >= 2, 120, "both trainers back")
     t_back = max(e["time"] for e in kinds(run, "ps-rejoined"))
-    return noticed_s, t_resume, t_back
+    finished = run_to_the_end(run, steps, lost_at_most=0)
+    record.add(fault, f"{finished['step']} steps; {outcome}", finished, recover_s=t_back - t_resume)
+    # Slow is not dead: the same PS goes on, no recovery, nothing thrown away.
+    assert kinds(run, "ps-lost") == [] and kinds(run, "ps-recovered") == []
+    assert_story(
+        run,
+        ("trainer-ps-lost", {}),
+        ("ps-rejoined", {}),
+        ("train-finished", {"reason": "steps"}),
+    )
+    return noticed_s
 
 
 def assert_nothing_left(cluster: TransientCluster, run: TrainingRun) -> None:
@@ -232,6 +249,24 @@ class FaultRecord(dict):
             gradients_lost=finished["lost_in_flight"] if finished else 0,
             recover_s=recover_s,
             **extra,
+        )
+
+    def add_ps_recovery(
+        self,
+        fault: str,
+        finished: dict[str, Any],
+        recovered: dict[str, Any],
+        t_fault: float,
+        also: str = "",
+    ) -> None:
+        """The row of a PS recovered from a checkpoint: its ``ps-recovered`` event says from
+        which step, how many steps were lost, and when (against the fault's wall time)."""
+        self.add(
+            fault,
+            f"{finished['step']} steps; PS from step {recovered['step']}{also}",
+            finished,
+            steps_lost=recovered["steps_lost"],
+            recover_s=recovered["time"] - t_fault,
         )
 
 

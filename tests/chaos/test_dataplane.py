@@ -19,7 +19,7 @@ from .conftest import (
     assert_nothing_left,
     assert_story,
     chaos_cluster,
-    freeze_ps_past_the_call_timeout,
+    frozen_ps_is_kept,
     kinds,
     ps_vm,
     run_to_the_end,
@@ -124,12 +124,8 @@ def test_ps_host_killed_in_the_middle_of_a_reply(record):
         finished = run_to_the_end(run, 600, lost_at_most=0)
         (recovered,) = kinds(run, "ps-recovered")
         assert recovered["source"] == "checkpoint" and recovered["step"] >= 100
-        record.add(
-            "PS host SIGKILLed mid-reply (data plane)",
-            f"{finished['step']} steps; PS from step {recovered['step']}",
-            finished,
-            steps_lost=recovered["steps_lost"],
-            recover_s=recovered["time"] - t_fault,
+        record.add_ps_recovery(
+            "PS host SIGKILLed mid-reply (data plane)", finished, recovered, t_fault
         )
         # Every trainer saw its call fail (a cut reply is an error at once, not a slow PS) and
         # followed the new generation.
@@ -151,22 +147,16 @@ def test_ps_frozen_on_the_cross_host_path_then_resumed(sigcont, record):
     with chaos_cluster(workers=2) as cluster:
         run = start(cluster, steps=600, data_plane="tls")
         until(lambda: run.step >= 100, what="step 100")
-        noticed_s, t_resume, t_back = freeze_ps_past_the_call_timeout(cluster, run, sigcont)
+        noticed_s = frozen_ps_is_kept(
+            cluster,
+            run,
+            600,
+            sigcont,
+            record,
+            "PS host SIGSTOPped on the cross-host (TLS) data plane, resumed",
+            "same PS kept, trainers rejoined over TLS",
+        )
         # Noticed within the call timeout (plus a wait slice and the machine's load).
         assert noticed_s < CALL_TIMEOUT_S + 10
-        finished = run_to_the_end(run, 600, lost_at_most=0)
-        record.add(
-            "PS host SIGSTOPped on the cross-host (TLS) data plane, resumed",
-            f"{finished['step']} steps; same PS kept, trainers rejoined over TLS",
-            finished,
-            recover_s=t_back - t_resume,
-        )
-        assert kinds(run, "ps-lost") == [] and kinds(run, "ps-recovered") == []
         assert _transports(run) == {"tls"}
-        assert_story(
-            run,
-            ("trainer-ps-lost", {}),
-            ("ps-rejoined", {}),
-            ("train-finished", {"reason": "steps"}),
-        )
         assert_nothing_left(cluster, run)

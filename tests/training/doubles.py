@@ -67,15 +67,11 @@ class PSDouble:
         return lambda *a, **k: Future(asyncio.run_coroutine_threadsafe(call(*a, **k), self.loop))
 
 
-#: The trainer tests' hyperparameters: short bounds, so that a slow or lost PS shows in seconds.
-TRAINER_HP = HParams(
-    steps=60,
-    batch_size=16,
-    warmup_steps=0,
-    call_timeout_s=0.5,
-    ps_lost_after_s=3.0,
-    metrics_interval_s=0.2,
-)
+#: Short bounds and small steps, so that a slow or lost PS shows in seconds: the hyperparameters
+#: every test of a trainer or a driver starts from.
+SHORT = dict(batch_size=16, warmup_steps=0, call_timeout_s=0.5, ps_lost_after_s=3.0)
+#: The trainer tests' hyperparameters.
+TRAINER_HP = HParams(steps=60, metrics_interval_s=0.2, **SHORT)
 
 
 def ps_double(loop, tmp_path, generation=0, hp=TRAINER_HP):

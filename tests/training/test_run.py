@@ -646,6 +646,14 @@ TWO_REGIONS = {
 }
 
 
+def _paced_run(cluster, steps):
+    """resnet8 on digits, each trainer paced as the paper's GPU in its zone (the PS not paced):
+    how far a trainer is from the PS shows in its pace."""
+    return train(
+        cluster, model="resnet8", data="digits", steps=steps, batch_size=32, emulate="paper,ps=none"
+    )
+
+
 def test_the_ps_moves_to_another_region_mid_run_and_the_trainers_follow():
     """``move_ps``: one K80 worker in us-central1-a with the PS, one in us-east1-c (paced 1.48x
     slower for the distance). Mid-run the PS moves to us-east1-c from its own state: the run
@@ -663,14 +671,7 @@ def test_the_ps_moves_to_another_region_mid_run_and_the_trainers_follow():
         ):
             with pytest.raises(ValueError, match=words):
                 cluster.move_ps(bad)
-        run = train(
-            cluster,
-            model="resnet8",
-            data="digits",
-            steps=600,
-            batch_size=32,
-            emulate="paper,ps=none",
-        )
+        run = _paced_run(cluster, steps=600)
         until(lambda: run.step >= 150, what="150 steps before the move")
         cluster.move_ps("us-east1-c", reason="both workers' region")
         with pytest.raises(ValueError, match="being moved to us-east1-c already"):
@@ -721,14 +722,7 @@ def test_a_new_ps_host_lost_before_the_run_moved_fails_the_move_and_a_second_one
     succeeds."""
     with TransientCluster(**TWO_REGIONS) as cluster:
         cluster.wait_for_workers(1, timeout=120)
-        run = train(
-            cluster,
-            model="resnet8",
-            data="digits",
-            steps=500,
-            batch_size=32,
-            emulate="paper,ps=none",
-        )
+        run = _paced_run(cluster, steps=500)
         until(lambda: run.step >= 100, what="100 steps before the move")
         cluster.move_ps("us-east1-c", reason="first try")
 
@@ -789,20 +783,31 @@ def _regression() -> tuple[TensorDataset, TensorDataset]:
     return TensorDataset(x[:500], y[:500]), TensorDataset(x[500:], y[500:])
 
 
+def _custom_run(cluster_kwargs, optimizer, steps, **train_kwargs):
+    """:func:`digits_run` of the small MLP on the regression set (mse) with ``optimizer`` on the
+    PS: ``steps`` steps of 16 items, evaluated once at the end."""
+    return digits_run(
+        cluster_kwargs,
+        model=_Net,
+        data=_regression(),
+        loss="mse",
+        optimizer=optimizer,
+        steps=steps,
+        batch_size=16,
+        eval_every=steps,
+        **train_kwargs,
+    )
+
+
 def test_a_lost_ps_of_a_custom_run_resumes_its_adamw_state_from_the_checkpoint():
     """A user's model with AdamW on the PS: the PS host dies; the PS comes back from the newest
     checkpoint with the optimizer's state as it was written (moments and step count), not a
     fresh optimizer, and the run goes on to learn."""
-    with digits_run(
+    with _custom_run(
         dict(workers=2, notice="1s", provisioning_delay=0),
-        model=_Net,
-        data=_regression(),
-        loss="mse",
-        optimizer=functools.partial(torch.optim.AdamW, lr=3e-3),
+        functools.partial(torch.optim.AdamW, lr=3e-3),
         steps=600,
-        batch_size=16,
         checkpoint_every=100,
-        eval_every=600,
         emulate="t4=20",  # a rate given for this model: paced, ~2 s a stretch on any host
     ) as (cluster, run):
         past_a_checkpoint(run)
@@ -830,15 +835,10 @@ def test_a_lost_ps_of_a_custom_run_resumes_its_adamw_state_from_the_checkpoint()
 
 
 def test_preempting_workers_of_a_custom_run_loses_at_most_the_killed_gradient():
-    with digits_run(
+    with _custom_run(
         dict(workers=3, notice="2s", provisioning_delay=0),
-        model=_Net,
-        data=_regression(),
-        loss="mse",
-        optimizer=functools.partial(torch.optim.Adam, lr=1e-3),
+        functools.partial(torch.optim.Adam, lr=1e-3),
         steps=1500,
-        batch_size=16,
-        eval_every=1500,
     ) as (cluster, run):
         status, events = drain_one_and_kill_one(cluster, run, 3)
     assert_at_most_the_killed_gradient_lost(run, status, events)

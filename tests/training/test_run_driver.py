@@ -37,18 +37,15 @@ from transient_nb.training.run import (
 )
 from transient_nb.training.trainer import Trainer, flat_layout, get_flat
 
-from .doubles import PSDouble
+from .doubles import SHORT, PSDouble
 
 HP = HParams(
     steps=1000,
-    batch_size=16,
-    warmup_steps=0,
-    call_timeout_s=0.5,
-    ps_lost_after_s=3.0,
     checkpoint_every=100,
     eval_every=100,
     eval_images=40,
     trainer_restarts=2,
+    **SHORT,
 )
 
 

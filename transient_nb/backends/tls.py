@@ -58,18 +58,13 @@ def tls_lifetime_s(seconds: float | None = None) -> float:
     >>> tls_lifetime_s(3600.0), tls_lifetime_s() == 30 * 24 * 3600
     (3600.0, True)
     """
-    from dask.utils import parse_timedelta
-
-    from transient_nb import config
+    from transient_nb import config, limits
 
     value = config.get("tls-lifetime", override_with=seconds)
-    try:
-        lifetime = parse_timedelta(value, default="seconds")
-    except (ValueError, TypeError, KeyError):
-        lifetime = None
-    if lifetime is None or not lifetime > 0:
-        raise ValueError(f"tls-lifetime={value!r} must be a positive duration such as '30 days'.")
-    return float(lifetime)
+    lifetime = limits.duration(value, "tls-lifetime", "30 days")
+    if lifetime is None:  # a null in the configuration: certificates need a lifetime
+        raise ValueError("tls-lifetime=None must be a positive duration such as '30 days'.")
+    return lifetime
 
 
 @dataclass(frozen=True)

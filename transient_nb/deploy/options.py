@@ -454,9 +454,6 @@ OPTIONS: dict[str, Option] = {
         "--batch-size", type=whole("items", 1), default=128, help="items per worker step"
     ),
     "estimate_shards": _o("--shards", type=whole("PS shards", 1), default=1, help="PS shards"),
-    "estimate_prices": _o(
-        "--prices", metavar="CATALOG", help="price catalog: gce-2025, paper-2019 or a YAML path"
-    ),
     "measured": _o(
         "--measured",
         metavar="TYPE=STEPS_PER_S,...",
@@ -518,7 +515,7 @@ ESTIMATE = (
     "estimate_steps",
     "estimate_batch_size",
     "estimate_shards",
-    "estimate_prices",
+    "prices",
     "measured",
 )
 
@@ -550,3 +547,17 @@ def add(parser: argparse.ArgumentParser, *option_names: str) -> None:
 def default(name: str, surface: Surface) -> Any:
     """The option ``name``'s default on ``surface``."""
     return spec(name, surface)[1]["default"]
+
+
+def dests(*option_names: str) -> tuple[str, ...]:
+    """The attributes the options ``option_names`` set on the parsed namespace, in order, each
+    once (``--spot`` and ``--on-demand`` both set ``spot``): the keyword arguments they pass on.
+
+    >>> dests("spot", "on_demand", "cluster_seed")
+    ('spot', 'seed')
+    """
+    out: dict[str, None] = {}
+    for name in option_names:
+        option = OPTIONS[name]
+        out[option.kwargs.get("dest") or option.flags[0].lstrip("-").replace("-", "_")] = None
+    return tuple(out)

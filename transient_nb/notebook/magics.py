@@ -22,7 +22,7 @@ from IPython.display import display
 
 from transient_nb import config
 from transient_nb.catalog.mix import format_mix
-from transient_nb.deploy import registry
+from transient_nb.deploy import options, registry
 from transient_nb.notebook.magic_cell import BACKEND_OPTIONS as BACKEND_OPTIONS
 from transient_nb.notebook.magic_cell import cell_spec, check_train
 from transient_nb.notebook.magic_parsers import (
@@ -161,28 +161,7 @@ class TransientMagics(Magics):
     def _do_up(self, args: argparse.Namespace) -> Any:
         from transient_nb.deploy.cluster import TransientCluster
 
-        kwargs = _kwargs(
-            args,
-            (
-                "workers",
-                "gpu",
-                "spot",
-                "zone",
-                "preemption",
-                "name",
-                "backend",
-                "time_scale",
-                "provisioning_delay",
-                "notice",
-                "prices",
-                "fallback_zones",
-                "fallback_gpus",
-                "seed",
-                "max_workers",
-                "max_hourly_cost",
-                "ps_hosts",
-            ),
-        )
+        kwargs = _kwargs(args, options.dests(*options.CLUSTER))
         if args.detach:
             kwargs["detached"] = True
         with _usage_errors("%transient_cluster up: "):
@@ -257,31 +236,9 @@ class TransientMagics(Magics):
                 f"Cluster {self.cluster.name!r} belongs to another kernel: train from that kernel "
                 "(connect gives control and views, not training)."
             )
-        kwargs = _kwargs(
-            args,
-            (
-                "model",
-                "data",
-                "steps",
-                "batch_size",
-                "lr",
-                "shards",
-                "target_accuracy",
-                "budget",
-                "deadline",
-                "eval_every",
-                "eval_images",
-                "checkpoint_every",
-                "checkpoint_url",
-                "seed",
-                "loss",
-                "metrics",
-                "optimizer",
-                "stop_at",
-                "collate_fn",
-                "num_workers",
-            ),
-        )
+        # The table's options, and the magic's own (its decorators in magic_parsers._train).
+        own = ("eval_every", "checkpoint_every", "checkpoint_url")
+        kwargs = _kwargs(args, (*options.dests(*options.TRAIN, "seed"), *own))
         kwargs = self._named(kwargs)
         return self._start_run(kwargs, args.var, not args.no_dashboard, args.wait)
 

@@ -336,6 +336,43 @@ class _Window:
     work_s: float = 0.0
 
 
+class _Judge:
+    """The judging windows of one pacer: whether its host's own work per step kept the pace,
+    window by window, and the figures of a window that did not (at most every
+    :data:`BEHIND_REPEAT_S`)."""
+
+    def __init__(self, now: float):
+        self.window = _Window(now)
+        self._last_post = -math.inf
+
+    def add(self, work_s: float) -> None:
+        """One step (or push) of ``work_s`` seconds of the host's own work."""
+        self.window.steps += 1
+        self.window.work_s += work_s
+
+    def judge(
+        self, now: float, target_s: float, final: bool = False
+    ) -> tuple[bool, dict[str, float] | None]:
+        """Once a window is over (or, ``final``, the window so far): whether it fell behind
+        ``target_s`` a step, and the figures to post (None: none due)."""
+        win = self.window
+        span = now - win.t0
+        if (span < BEHIND_WINDOW_S and not final) or win.steps < 3:
+            return False, None
+        self.window = _Window(now)
+        work = win.work_s / win.steps
+        if work <= target_s * BEHIND_TOLERANCE:
+            return False, None
+        if now - self._last_post < BEHIND_REPEAT_S:
+            return True, None
+        self._last_post = now
+        return True, {
+            "target_steps_per_s": 1.0 / target_s,
+            "achieved_steps_per_s": 1.0 / work,
+            "window_s": span,
+        }
+
+
 class StepPacer:
     """Stretches a trainer's steps to ``step_s`` wall seconds each, and says when it cannot.
 
@@ -361,8 +398,7 @@ class StepPacer:
         self._clock = clock
         self._t0 = clock()
         self._work = 0.0
-        self._window = _Window(clock())
-        self._last_post = -math.inf
+        self._judge = _Judge(clock())
         self.steps = 0
         self.behind_windows = 0
 
@@ -382,8 +418,7 @@ class StepPacer:
         """
         self.steps += 1
         elapsed = self._clock() - self._t0
-        self._window.steps += 1
-        self._window.work_s += elapsed if self.count_reply else self._work
+        self._judge.add(elapsed if self.count_reply else self._work)
         pause = self.step_s - elapsed
         if pause <= 0:
             return 0.0
@@ -401,24 +436,10 @@ class StepPacer:
         :data:`BEHIND_REPEAT_S`. ``final`` judges the window so far (the trainer stops), so
         that a run shorter than a window is judged too.
         """
-        now = self._clock()
-        win = self._window
-        span = now - win.t0
-        if (span < BEHIND_WINDOW_S and not final) or win.steps < 3:
-            return None
-        self._window = _Window(now)
-        work = win.work_s / win.steps
-        if work <= self.step_s * BEHIND_TOLERANCE:
-            return None
-        self.behind_windows += 1
-        if now - self._last_post < BEHIND_REPEAT_S:
-            return None
-        self._last_post = now
-        return {
-            "target_steps_per_s": 1.0 / self.step_s,
-            "achieved_steps_per_s": 1.0 / work,
-            "window_s": span,
-        }
+        behind, figures = self._judge.judge(self._clock(), self.step_s, final)
+        if behind:
+            self.behind_windows += 1
+        return figures
 
 
 class ServicePacer:
@@ -445,8 +466,7 @@ class ServicePacer:
         self.service_s = float(service_s)
         self._clock = clock
         self._free = -math.inf
-        self._window = _Window(clock())
-        self._last_post = -math.inf
+        self._judge = _Judge(clock())
 
     async def serve(self) -> None:
         """Wait until this push's service slot is over (the emulated PS has served it)."""
@@ -458,23 +478,8 @@ class ServicePacer:
 
     def worked(self, seconds: float) -> None:
         """The real work of one push took ``seconds``."""
-        self._window.steps += 1
-        self._window.work_s += seconds
+        self._judge.add(seconds)
 
     def behind(self) -> dict[str, float] | None:
         """As :meth:`StepPacer.behind`, for the PS's capacity."""
-        now = self._clock()
-        win = self._window
-        span = now - win.t0
-        if span < BEHIND_WINDOW_S or win.steps < 3:
-            return None
-        self._window = _Window(now)
-        work = win.work_s / win.steps
-        if work <= self.service_s * BEHIND_TOLERANCE or now - self._last_post < BEHIND_REPEAT_S:
-            return None
-        self._last_post = now
-        return {
-            "target_steps_per_s": 1.0 / self.service_s,
-            "achieved_steps_per_s": 1.0 / work,
-            "window_s": span,
-        }
+        return self._judge.judge(self._clock(), self.service_s)[1]

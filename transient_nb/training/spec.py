@@ -14,7 +14,7 @@ anything starts.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from torch import nn
@@ -73,28 +73,16 @@ def resolve(
         for v, what in ((loss, "loss"), (optimizer, "optimizer"), (collate_fn, "collate_fn"))
     )
     loss = "cross_entropy" if loss is None else loss
-    if isinstance(loss, str) and loss not in LOSSES:
-        raise ValueError(
-            f"Unknown loss {loss!r}: use {' or '.join(map(repr, LOSSES))}, or a callable "
-            "(output, target) -> scalar tensor."
-        )
-    if not isinstance(loss, str) and not callable(loss):
-        raise ValueError(
-            f"loss={loss!r} is neither a name nor a callable: use 'cross_entropy', 'mse' or "
-            "(output, target) -> scalar tensor."
-        )
+    _check_named_or_callable(loss, "loss", LOSSES, "a callable (output, target) -> scalar tensor")
     metrics = _metrics(metrics, loss)
     optimizer = "sgd" if optimizer is None else optimizer
-    if isinstance(optimizer, str) and optimizer != "sgd":
-        raise ValueError(
-            f"Unknown optimizer {optimizer!r}: use 'sgd' (the paper's momentum SGD and schedule) "
-            "or a torch.optim class or factory, e.g. functools.partial(torch.optim.AdamW, lr=1e-3)."
-        )
-    if not isinstance(optimizer, str) and not callable(optimizer):
-        raise ValueError(
-            f"optimizer={optimizer!r} is not callable: give a torch.optim class or factory, e.g. "
-            "functools.partial(torch.optim.AdamW, lr=1e-3)."
-        )
+    _check_named_or_callable(
+        optimizer,
+        "optimizer",
+        ("sgd",),
+        "a torch.optim class or factory instead of the paper's momentum SGD and schedule, e.g. "
+        "functools.partial(torch.optim.AdamW, lr=1e-3)",
+    )
     if collate_fn is not None and not callable(collate_fn):
         raise ValueError(f"collate_fn={collate_fn!r} is not callable: give a function or None.")
     workers = 0 if num_workers is None else num_workers
@@ -106,6 +94,18 @@ def resolve(
             "set with its own batches: drop them, or pass your own (train, test) Datasets."
         )
     return Workload(model, data, loss, metrics, optimizer, collate_fn, workers)
+
+
+def _check_named_or_callable(value: Any, what: str, names: Sequence[str], own: str) -> None:
+    """``value`` is one of the built-in ``names`` of a ``what``, or a callable (``own`` says
+    which)."""
+    named = " or ".join(map(repr, names))
+    if isinstance(value, str) and value not in names:
+        raise ValueError(f"Unknown {what} {value!r}: use {named}, or {own}.")
+    if not isinstance(value, str) and not callable(value):
+        raise ValueError(
+            f"{what}={value!r} is neither a name nor a callable: use {named}, or {own}."
+        )
 
 
 def _check_model_form(model: Any) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -10,13 +9,6 @@ import pytest
 from tests.backends.gce.fake_gce import FakeGCE
 from tests.backends.gce.gce_helpers import PROJECT, new_fake, vm_body
 from transient_nb.backends.gce.api import ComputeAPI, GCEError
-
-
-@pytest.fixture
-def fake(tmp_path: Path) -> Iterator[FakeGCE]:
-    f = new_fake(tmp_path)
-    yield f
-    f.close()
 
 
 def test_the_fake_pages_lists_and_operations_take_several_polls(fake: FakeGCE) -> None:

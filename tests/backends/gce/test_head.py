@@ -68,13 +68,6 @@ def head_options(fake: FakeGCE, **kw: Any) -> dict[str, Any]:
 
 
 @pytest.fixture
-def fake(tmp_path: Path) -> Iterator[FakeGCE]:
-    f = new_fake(tmp_path)
-    yield f
-    f.close()
-
-
-@pytest.fixture
 def running_fake(tmp_path: Path) -> Iterator[FakeGCE]:
     f = new_fake(tmp_path, run_vms=True, notice_s=2.0)
     yield f

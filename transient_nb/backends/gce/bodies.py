@@ -95,23 +95,8 @@ class GCEBodies(GCEOptions):
         if self.head:
             # The scheduler runs on the head VM (one of the tagged VMs): the workers dial it.
             ports.append(str(self.scheduler_port))
-        body: dict[str, Any] = {
-            "name": f"{self.cluster_name}-dask",
-            "description": firewall_description(
-                self.cluster_name,
-                this_host(),
-                os.getpid(),
-                self.cluster_id,
-                owner=self.owner,
-                lease=lease_until(self.lease_duration_s),
-            ),
-            "network": self._network_url(),
-            "direction": "INGRESS",
-            "priority": 1000,
-            "targetTags": [self.tag],
-            "sourceTags": [self.tag],
-            "allowed": [{"IPProtocol": "tcp", "ports": ports}],
-        }
+        body = self._firewall_body(f"{self.cluster_name}-dask", self.tag, ports)
+        body["sourceTags"] = [self.tag]
         if sources:
             body["sourceRanges"] = sources
         return body
@@ -119,23 +104,36 @@ class GCEBodies(GCEOptions):
     def client_firewall_body(self) -> dict[str, Any]:
         """The rule that lets the client (``client_cidr`` only) reach the head's scheduler."""
         assert self.client_cidr is not None
+        body = self._firewall_body(
+            f"{self.cluster_name}-dask-client",
+            self.head_tag,
+            [str(self.scheduler_port)],
+            what="the head's scheduler port, from the client's address only",
+        )
+        body["sourceRanges"] = [self.client_cidr]
+        return body
+
+    def _firewall_body(
+        self, name: str, target_tag: str, ports: list[str], **description: Any
+    ) -> dict[str, Any]:
+        """A rule of this cluster (its description says whose, and until when) that lets TCP
+        into the VMs tagged ``target_tag`` on ``ports``; the caller says from where."""
         return {
-            "name": f"{self.cluster_name}-dask-client",
+            "name": name,
             "description": firewall_description(
                 self.cluster_name,
                 this_host(),
                 os.getpid(),
                 self.cluster_id,
-                what="the head's scheduler port, from the client's address only",
                 owner=self.owner,
                 lease=lease_until(self.lease_duration_s),
+                **description,
             ),
             "network": self._network_url(),
             "direction": "INGRESS",
             "priority": 1000,
-            "targetTags": [self.head_tag],
-            "sourceRanges": [self.client_cidr],
-            "allowed": [{"IPProtocol": "tcp", "ports": [str(self.scheduler_port)]}],
+            "targetTags": [target_tag],
+            "allowed": [{"IPProtocol": "tcp", "ports": ports}],
         }
 
     # -- the request body --------------------------------------------------------------------------

@@ -159,6 +159,18 @@ class AccuracyLoss(Component):
             self._stream(self.loss, loss, ("loss", "step"))
 
 
+#: The cost figure's three lines, by legend label: what happens is solid, the on-demand
+#: counterfactual dashed, the policy's expectation dotted.
+_COST_LINES: dict[str, dict[str, Any]] = {
+    label: {"line_width": 2, "color": color, "line_dash": dash, "legend_label": label}
+    for label, color, dash in (
+        ("on demand", "#7f7f7f", "dashed"),
+        ("actual", "#d62728", "solid"),
+        ("policy expects", "#9467bd", "dotted"),
+    )
+}
+
+
 class Cost(Component):
     """Cumulative dollars: actual (Spot) against the on-demand counterfactual, and, while a
     transient-aware policy is on, what its latest decision expects: a dotted line from the
@@ -178,33 +190,13 @@ class Cost(Component):
         self.bill = Bill(minimum_s)
         self.source = ColumnDataSource({"time": [], "cost": [], "on_demand": []}, name="cost")
         fig = time_figure("Cost (USD)", height, width)
-        on_demand = fig.line(
-            "time",
-            "on_demand",
-            source=self.source,
-            line_width=2,
-            color="#7f7f7f",
-            line_dash="dashed",
-            legend_label="on demand",
-        )
-        actual = fig.line(
-            "time", "cost", source=self.source, line_width=2, color="#d62728", legend_label="actual"
-        )
+        on_demand = fig.line("time", "on_demand", source=self.source, **_COST_LINES["on demand"])
+        actual = fig.line("time", "cost", source=self.source, **_COST_LINES["actual"])
         # The policy's latest expectation only (rollover 1): next to what actually happens.
         self.projection = ColumnDataSource(
             {"x0": [], "y0": [], "x1": [], "y1": [], "reason": []}, name="policy-projection"
         )
-        fig.segment(
-            "x0",
-            "y0",
-            "x1",
-            "y1",
-            source=self.projection,
-            line_width=2,
-            color="#9467bd",
-            line_dash="dotted",
-            legend_label="policy expects",
-        )
+        fig.segment("x0", "y0", "x1", "y1", source=self.projection, **_COST_LINES["policy expects"])
         end = fig.scatter(
             "x1", "y1", source=self.projection, marker="diamond", size=10, color="#9467bd"
         )
