@@ -117,7 +117,7 @@ def policy_text(policy: Mapping[str, Any] | None) -> str:
         what = goal
     remembered = policy.get("remembered_h")
     if remembered:
-        # What it starts from beside the paper's priors (the policy's history file).
+        # What it starts from beside the paper's priors (the policy's memory file).
         what += f", from {remembered:.1f} h of earlier runs"
     decision = policy.get("decision")
     if not decision:
