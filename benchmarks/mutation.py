@@ -70,18 +70,18 @@ MODULES: dict[str, list[str]] = {
     # Its one real-cluster run (minutes a mutant) left out: the synthetic streams test each rule.
     "policy/adaptive": [
         "tests/policy/test_adaptive.py",
-        "tests/policy/test_history.py",
+        "tests/policy/test_memory.py",
         "-m",
         "not slow",
     ],
     "policy/learning": [
         "tests/policy/test_learning.py",
-        "tests/policy/test_history.py",
+        "tests/policy/test_memory.py",
         "-m",
         "not slow",
     ],
     "policy/goals": ["tests/policy/test_goals.py"],
-    "policy/history": ["tests/policy/test_history.py"],
+    "policy/memory": ["tests/policy/test_memory.py"],
 }
 DEFAULT = ["eventlog/bill", "catalog/prices", "policy/placement", "catalog/lifetimes"]
 

@@ -28,6 +28,8 @@ from _common import fmt, log, md_table, quiet
 
 
 def main(argv: list[str] | None = None) -> int:
+    from transient_nb.deploy.options import Renamed
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tiny", action="store_true", help="seconds-long smoke configuration")
     parser.add_argument("--traces", nargs="+", default=["calm", "paper", "storm"])
@@ -67,11 +69,13 @@ def main(argv: list[str] | None = None) -> int:
         "add a PS shard",
     )
     parser.add_argument(
-        "--history",
+        "--memory",
         default=None,
-        help="the policy's history file: it plans its first configuration and its rounds from "
+        help="the policy's memory file: it plans its first configuration and its rounds from "
         "what earlier runs (of this script or any other) saw, and adds what it sees",
     )
+    # --memory's old name, for one release.
+    parser.add_argument("--history", dest="memory", action=Renamed, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     quiet()
     os.environ.setdefault("TRANSIENT_NB_STRICT_EVENTS", "1")
@@ -89,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         # real (it runs a deadline): every goal has a real run in CI.
         static, reactive, goals = static[1:2], (), goals[1:]
     trials = evaluation.trials(
-        args.traces, static=static, reactive=reactive, policy_goals=goals, history=args.history
+        args.traces, static=static, reactive=reactive, policy_goals=goals, memory=args.memory
     )
     if args.dynamic:
         trials = evaluation.dynamic_trials()

@@ -1,4 +1,5 @@
-"""Module paths of the flat layout (before 0.2), kept working for one release.
+"""Module paths of the flat layout (before 0.2), and names renamed since, kept working for one
+release.
 
 ``import transient_nb.cluster`` (or ``from transient_nb import cost``) still works, with a
 ``DeprecationWarning`` that names the module's new place; the old name and the new one are the
@@ -12,6 +13,7 @@ import importlib.abc
 import importlib.util
 import sys
 import warnings
+from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Any
 
@@ -35,11 +37,13 @@ MOVED: dict[str, str] = {
     "evaluation": "experiments.evaluation",
     "events": "eventlog.vocabulary",
     "head": "deploy.head",
-    "history": "policy.history",
+    "history": "policy.memory",
     "magics": "notebook.magics",
     "mix": "catalog.mix",
     "monitor": "deploy.monitor",
     "planner": "policy.planner",
+    # The policy's memory of earlier runs was its "history" (a run's curve is that, alone).
+    "policy.history": "policy.memory",
     "preemption": "catalog.lifetimes",
     "prices": "catalog.prices",
     "registry": "deploy.registry",
@@ -60,6 +64,28 @@ def warn(old: str, new: str, stacklevel: int = 3) -> None:
         DeprecationWarning,
         stacklevel=stacklevel,
     )
+
+
+def renamed(module: str, names: Mapping[str, str]) -> Callable[[str], Any]:
+    """A module's ``__getattr__`` that still finds its old ``names`` (old -> new name in the
+    same module), with a ``DeprecationWarning`` that names the new one, for one release.
+
+    ``__getattr__ = renamed(__name__, {"history": "training_curve"})`` at the end of the module.
+    """
+
+    def __getattr__(name: str) -> Any:
+        new = names.get(name)
+        if new is None:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        warnings.warn(
+            f"{module}.{name} is now {module}.{new}; use that name (the old one goes in the "
+            "next release).",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(sys.modules[module], new)
+
+    return __getattr__
 
 
 def forward(package: str, module: str, name: str) -> Any:

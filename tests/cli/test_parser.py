@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
+
 import pytest
 
 from transient_nb.cli import commands
@@ -82,11 +85,27 @@ def test_spot_only_keeps_the_policy_from_on_demand_workers():
         goal, kwargs = _policy_kwargs(args, args.goal if argv[0] == "adapt" else args.adapt)
         assert goal in ("deadline", "cost-per-step")
         assert {k: v for k, v in kwargs.items() if k == "on_demand"} == on_demand
-    # A history file from the adapt and run commands (default: the configuration's).
-    for argv in (["adapt", "c", "deadline:1h", "--history", "h.json"],
-                 ["run", "--adapt", "cost-per-step", "--history", "h.json"]):  # fmt: skip
+    # The policy's memory file from the adapt and run commands (default: the configuration's).
+    for argv in (["adapt", "c", "deadline:1h", "--memory", "h.json"],
+                 ["run", "--adapt", "cost-per-step", "--memory", "h.json"]):  # fmt: skip
         args = _parser().parse_args(argv)
         _, kwargs = _policy_kwargs(args, args.goal if argv[0] == "adapt" else args.adapt)
-        assert kwargs["history"] == "h.json"
-    _, kwargs = _policy_kwargs(_parser().parse_args(["adapt", "c", "off", "--history", "h"]), "off")
-    assert "history" not in kwargs
+        assert kwargs["memory"] == "h.json"
+    _, kwargs = _policy_kwargs(_parser().parse_args(["adapt", "c", "off", "--memory", "h"]), "off")
+    assert "memory" not in kwargs
+
+
+def test_the_old_history_flag_is_memory_with_a_warning() -> None:
+    """--history was --memory's name before 0.2: it still works for one release, warns naming
+    --memory, and is left out of the help."""
+    from transient_nb.cli.parser import _policy_kwargs
+
+    for argv in (["adapt", "c", "deadline:1h", "--history", "h.json"],
+                 ["run", "--adapt", "cost-per-step", "--history", "h.json"]):  # fmt: skip
+        with pytest.warns(DeprecationWarning, match="--history is now --memory"):
+            args = _parser().parse_args(argv)
+        _, kwargs = _policy_kwargs(args, args.goal if argv[0] == "adapt" else args.adapt)
+        assert kwargs == {**kwargs, "memory": "h.json"} and "history" not in kwargs
+    with pytest.raises(SystemExit), contextlib.redirect_stdout(io.StringIO()) as out:
+        _parser().parse_args(["adapt", "--help"])
+    assert "--memory" in out.getvalue() and "--history" not in out.getvalue()

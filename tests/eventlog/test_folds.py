@@ -19,8 +19,8 @@ from transient_nb.eventlog.folds import (
     Bill,
     ClusterState,
     RunTracker,
-    history,
     summarize,
+    training_curve,
     vm_states,
 )
 from transient_nb.eventlog.format import policy_text
@@ -131,7 +131,7 @@ def test_the_policy_on_its_last_decision_and_off() -> None:
     assert state.policy is None
 
 
-# -- one fold for the run: its progress, summary and history ----------------------------------
+# -- one fold for the run: its progress, summary and curve ------------------------------------
 def test_folding_keeps_no_copy_of_the_log(log: list[dict[str, Any]]) -> None:
     # Incremental: what a state holds grows with the VMs and the rare events, not the metrics.
     many = [*log[:-1]]
@@ -242,12 +242,12 @@ def _own_run_log() -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
-def test_every_metric_is_a_column_of_the_history_and_in_the_summary_and_progress() -> None:
-    from transient_nb.eventlog.folds import HISTORY_COLUMNS, eval_metrics
+def test_every_metric_is_a_column_of_the_curve_and_in_the_summary_and_progress() -> None:
+    from transient_nb.eventlog.folds import CURVE_COLUMNS, eval_metrics
 
     log = _own_run_log()
-    h = history(log, t0=0.0)
-    assert list(h.columns) == [*HISTORY_COLUMNS, "mae", "mse"]
+    h = training_curve(log, t0=0.0)
+    assert list(h.columns) == [*CURVE_COLUMNS, "mae", "mse"]
     assert h["mae"].isna().tolist() == [True, False, False]  # before the first evaluation
     assert h["mae"].tolist()[1:] == [0.9, 0.5] and h["accuracy"].isna().all()
     s = summarize(log)
@@ -258,6 +258,6 @@ def test_every_metric_is_a_column_of_the_history_and_in_the_summary_and_progress
     assert tracker.progress is not None
     assert tracker.progress.metrics == {"mae": 0.5, "mse": 0.6}
     assert tracker.progress.parameters == 385
-    # A built-in run's evaluation has accuracy alone, and its history no further column.
+    # A built-in run's evaluation has accuracy alone, and its curve no further column.
     assert eval_metrics({"kind": "eval", "accuracy": 0.9}) == {"accuracy": 0.9}
-    assert list(history([], t0=0.0).columns) == HISTORY_COLUMNS
+    assert list(training_curve([], t0=0.0).columns) == CURVE_COLUMNS

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import math
 
-from transient_nb.eventlog.format import duration, money, policy_text
+from transient_nb.eventlog.format import (
+    cost_text,
+    duration,
+    money,
+    percent,
+    policy_text,
+    rate,
+    training_text,
+)
 
 
 def test_money_and_its_unknowns():
@@ -36,3 +44,27 @@ def test_the_policy_line_for_each_goal_and_its_odds():
     )
     no_odds = {"goal": "budget", "budget": 7.5, "decision": {"reason": "r", "p_lose_1h": []}}
     assert policy_text(no_odds) == "Policy: budget $7.50 · r"
+
+
+def test_rates_shares_and_a_bills_figures():
+    assert rate(0.1234) == "$0.123/h" and rate(None) == "–"
+    assert percent(0.4213) == "42%" and percent(0.4213, 1) == "42.1%" and percent(math.nan) == "–"
+    bill = {"cost": 1.5, "saved": 0.5, "saved_fraction": 0.25, "rate_per_hour": 2.0, "x": None}
+    assert cost_text(bill) == {
+        "cost": "$1.5000",
+        "saved": "$0.5000",
+        "saved_fraction": "25%",
+        "rate_per_hour": "$2.000/h",
+        "x": "–",
+    }
+
+
+def test_the_training_line():
+    assert training_text(None) == ""
+    running = {"model": "Net", "parameters": 385, "step": 50, "steps": 100, "eta_s": 42,
+               "metrics": {"mae": 0.3}, "accuracy": None, "finished": False}  # fmt: skip
+    assert training_text(running) == (
+        "Training: Net (385 parameters) · step 50/100 · mae 0.3 · ETA 42 s"
+    )
+    finished = {**running, "model": None, "metrics": {}, "accuracy": 0.9, "finished": True}
+    assert training_text(finished) == "Training: step 50/100 · accuracy 90.0% · finished (done)"

@@ -1,4 +1,4 @@
-"""Tests for transient_nb.eventlog.summary: a run's summary and its history, from its event log.
+"""Tests for transient_nb.eventlog.summary: a run's summary and its training curve, from its event log.
 
 A run record of a real run (``data/run-record.jsonl``: 2 workers, 21 preemptions and replacements,
 400 steps of ResNet-8 on digits, 10x time compression) is the input of the first ones.
@@ -15,7 +15,7 @@ import pytest
 from transient_nb.eventlog.bill import compute_costs
 from transient_nb.eventlog.folds import ClusterState
 from transient_nb.eventlog.records import read_run_record
-from transient_nb.eventlog.summary import history, summarize
+from transient_nb.eventlog.summary import summarize, training_curve
 from transient_nb.eventlog.vocabulary import make_event
 
 RECORD = Path(__file__).parents[1] / "data" / "run-record.jsonl"
@@ -44,9 +44,9 @@ def test_summary_is_the_runs(log: list[dict[str, Any]]) -> None:
     assert state.summary() == s
 
 
-def test_history_prices_each_row_like_a_fresh_bill(log: list[dict[str, Any]]) -> None:
+def test_training_curve_prices_each_row_like_a_fresh_bill(log: list[dict[str, Any]]) -> None:
     t0 = next(e["time"] for e in log if e["kind"] == "train-started")
-    h = history(log, t0=t0, minimum_s=60)
+    h = training_curve(log, t0=t0, minimum_s=60)
     metrics = [(i, e) for i, e in enumerate(log) if e["kind"] == "metrics"]
     assert len(h) == len(metrics) and list(h["step"]) == [e["step"] for _, e in metrics]
     for row, (i, e) in zip(h.itertuples(), metrics, strict=True):

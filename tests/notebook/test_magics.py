@@ -543,11 +543,15 @@ def test_adapt_turns_the_policy_on_and_off_and_refuses_bad_goals(
         ]
         printed(ip, "adapt cost-per-step --gpus t4 --spot-only")
         assert [(k.gpu, k.spot) for k in cluster._policy.planner.kinds] == [("t4", True)]
-        assert cluster._policy.history is None  # none configured
-        history = tmp_path / "history.json"
-        printed(ip, f"adapt cost-per-step --gpus t4 --history {history}")
-        assert cluster._policy.history.path == history
-        assert cluster._policy.history.scope == "local"
+        assert cluster._policy.memory is None  # none configured
+        memory = tmp_path / "memory.json"
+        printed(ip, f"adapt cost-per-step --gpus t4 --memory {memory}")
+        assert cluster._policy.memory.path == memory
+        assert cluster._policy.memory.scope == "local"
+        # --memory's old flag, for one release: it warns, and names the new one.
+        with pytest.warns(DeprecationWarning, match="--history is now --memory"):
+            printed(ip, f"adapt cost-per-step --gpus t4 --history {memory}")
+        assert cluster._policy.memory.path == memory
         out = printed(ip, "adapt off")
         assert "policy off" in out and cluster._policy is None
     finally:

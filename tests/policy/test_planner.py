@@ -8,7 +8,7 @@ import pytest
 
 from tests.policy.policy_helpers import K80, K80_OD, P100, P100_OD, PS, V100, V100_OD
 from transient_nb.catalog.prices import PriceCatalog
-from transient_nb.policy.history import Observations
+from transient_nb.policy.memory import Observations
 from transient_nb.policy.planner import (
     NEAR_EQUAL,
     PRIOR_HOURS,

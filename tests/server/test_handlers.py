@@ -365,7 +365,7 @@ async def test_a_policy_is_turned_on_and_off_and_shown(jp_fetch: Fetch) -> None:
             "goal": "budget",
             "deadline_s": None,
             "budget": 20.0,
-            "remembered_h": 0.0,  # no history file
+            "remembered_h": 0.0,  # no memory file
             "decision": None,
         }
         code, answer = await call(

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from transient_nb.eventlog import format
 from transient_nb.eventlog.vocabulary import make_event
 from transient_nb.server.model import MAX_GONE_ROWS, fingerprint, make_cluster_model
 
@@ -65,6 +66,16 @@ def test_workers_counts_costs_and_preemptions() -> None:
     assert cost["cost"] < cost["cost_on_demand"]
     assert cost["saved"] == pytest.approx(cost["cost_on_demand"] - cost["cost"])
     assert cost["rate_per_hour"] == pytest.approx(0.57 + 0.22 + 0.22)  # ps-0, w-1, w-2 run now
+    # Each figure written by the one formatter every surface uses: the panel shows these strings.
+    assert cost["text"] == {
+        "cost": format.money(cost["cost"]),
+        "cost_on_demand": format.money(cost["cost_on_demand"]),
+        "saved": format.money(cost["saved"]),
+        "saved_fraction": format.percent(cost["saved_fraction"]),
+        "rate_per_hour": format.rate(cost["rate_per_hour"]),
+        "rate_on_demand_per_hour": format.rate(cost["rate_on_demand_per_hour"]),
+    }
+    assert cost["text"]["rate_per_hour"] == "$1.010/h"
     assert m["training"] is None
     assert m["status"] == "running"
 
@@ -81,10 +92,15 @@ def test_training_step_accuracy_and_eta() -> None:
     assert t["accuracy"] == 0.42
     assert t["eta_s"] == pytest.approx(80.0)  # 800 steps left at 10 steps/s
     assert t["finished"] is False
+    assert t["text"] == format.training_text(t)
+    assert t["text"] == (
+        f"Training: resnet32 · step 200/1,000 · accuracy 42.0% · ETA {format.duration(80.0)}"
+    )
 
     events.append(event("train-finished", 40.0, run="r1", reason="steps", step=1000, accuracy=0.9))
     t = make_cluster_model(ENTRY, events, now=41.0)["training"]
     assert t["finished"] and t["eta_s"] == 0 and t["accuracy"] == 0.9 and t["step"] == 1000
+    assert t["text"].endswith("· finished (steps)")
 
 
 def test_training_shows_the_model_its_size_and_each_metric() -> None:
@@ -95,6 +111,10 @@ def test_training_shows_the_model_its_size_and_each_metric() -> None:
     t = make_cluster_model(ENTRY, events, now=31.0)["training"]
     assert (t["model"], t["parameters"]) == ("Net", 385)
     assert t["metrics"] == {"mae": 0.3, "mse": 0.2} and t["accuracy"] is None
+    assert t["text"].startswith(
+        f"Training: {format.model_text('Net', 385)} · step 0/100 · "
+        f"{format.metrics_text({'mae': 0.3, 'mse': 0.2})}"
+    )
 
 
 def test_gone_vms_are_bounded() -> None:
@@ -111,6 +131,7 @@ def test_gone_vms_are_bounded() -> None:
     assert m["gone"]["preempted"] == 3 * MAX_GONE_ROWS and m["gone"]["given_back"] == 0
     assert m["gone"]["cost"] > spent > 0
     assert m["gone"]["text"] == f"{3 * MAX_GONE_ROWS} preempted, ${m['gone']['cost']:,.3f}"
+    assert m["gone"]["text"] == format.gone_text(m["gone"])
     assert make_cluster_model(ENTRY, run(), now=100.0)["gone"] is None
 
 
@@ -168,7 +189,11 @@ def test_a_mixed_cluster_shows_its_mix_each_workers_type_and_cost_per_type() -> 
         "w-2": "v100",
     }
     by_gpu = m["cost_by_gpu"]
-    assert by_gpu["k80"] == {"vms": 2, "cost": pytest.approx(2 * 0.256)}
+    assert by_gpu["k80"] == {
+        "vms": 2,
+        "cost": pytest.approx(2 * 0.256),
+        "text": format.money(by_gpu["k80"]["cost"]),
+    }
     assert by_gpu["v100"]["cost"] == pytest.approx(0.861)
     assert sum(r["cost"] for r in by_gpu.values()) == pytest.approx(m["cost"]["cost"])
     # A record from before mixes: its one type and count.

@@ -20,7 +20,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from transient_nb import TransientCluster, train
-from transient_nb.eventlog.folds import HISTORY_COLUMNS
+from transient_nb.eventlog.folds import CURVE_COLUMNS
 from transient_nb.training import checkpoint
 from transient_nb.training.data import write_cifar10_files
 
@@ -376,7 +376,7 @@ def test_stop_conditions_and_the_run_record_alone_rebuild_the_summary():
     assert by_budget.reason == "budget"
     assert by_budget.cluster.cost().total >= spent + 0.002
     history = by_accuracy.history
-    assert list(history.columns) == HISTORY_COLUMNS
+    assert list(history.columns) == CURVE_COLUMNS
     assert len(history) >= 1 and history["step"].is_monotonic_increasing
     assert (history["cost"] <= history["cost_on_demand"]).all()
     # The run record on disk holds everything the summary is computed from.

@@ -54,7 +54,7 @@ def _add_goal_options(r: argparse.ArgumentParser, flag: str, help: str) -> None:
         metavar="N",
         help="largest cluster the policy asks for",
     )
-    options.add(r, "spot_only", "history")
+    options.add(r, "spot_only", "memory", "history")
 
 
 def _policy_kwargs(args: argparse.Namespace, goal_text: str) -> tuple[str | None, dict[str, Any]]:
@@ -67,8 +67,8 @@ def _policy_kwargs(args: argparse.Namespace, goal_text: str) -> tuple[str | None
         kwargs["max_workers"] = args.policy_max_workers
     if getattr(args, "spot_only", False) and goal is not None:
         kwargs["on_demand"] = False
-    if getattr(args, "history", None) and goal is not None:
-        kwargs["history"] = args.history
+    if getattr(args, "memory", None) and goal is not None:
+        kwargs["memory"] = args.memory
     return goal, kwargs
 
 

@@ -16,6 +16,7 @@ time); the text typed is kept, so what the surfaces pass on is what the user typ
 from __future__ import annotations
 
 import argparse
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -136,6 +137,20 @@ def fraction(text: str) -> float:
 def names(text: str) -> list[str]:
     """Comma-separated names, such as ``t4,v100``."""
     return [t.strip() for t in text.split(",") if t.strip()]
+
+
+class Renamed(argparse.Action):
+    """An option's old flag, for one release: it stores its value under the new option's
+    ``dest``, with a ``DeprecationWarning`` naming the new flag (``--history`` is ``--memory``)."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
+        new = "--" + self.dest.replace("_", "-")
+        warnings.warn(
+            f"{option_string} is now {new}; type {new} (the old flag goes in the next release).",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        setattr(namespace, self.dest, values)
 
 
 # -- the table ---------------------------------------------------------------------------------------
@@ -384,11 +399,15 @@ OPTIONS: dict[str, Option] = {
         help="the policy keeps every worker Spot (by default it may run some on demand where its "
         "goal needs them, e.g. a deadline a storm of revocations makes Spot miss)",
     ),
-    "history": _o(
-        "--history",
+    "memory": _o(
+        "--memory",
         metavar="PATH",
-        help="the policy plans from what earlier runs saw, kept in PATH (this run added); "
-        "default: the configuration's policy.history",
+        help="the policy's memory: it plans from what earlier runs saw, kept in PATH (this run "
+        "added); default: the configuration's policy.memory",
+    ),
+    # --memory's old flag (its help hidden), for one release.
+    "history": _o(
+        "--history", dest="memory", action=Renamed, metavar="PATH", help=argparse.SUPPRESS
     ),
     "goal": _o(
         "goal",
@@ -503,7 +522,7 @@ TRAIN = (
     "eval_images",
 )
 #: The policy's options beside its goal.
-POLICY = ("gpus", "spot_only", "history")
+POLICY = ("gpus", "spot_only", "memory", "history")
 #: ``scale``'s.
 SCALE = ("n", "scale_gpu", "scale_on_demand")
 #: ``estimate``'s.

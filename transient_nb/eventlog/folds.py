@@ -5,7 +5,7 @@ panel, the JupyterLab panel, the CLI, the HTML report and remote handles all sho
 figures, so they all compute them here, with one set of constants (:data:`MAX_GONE_ROWS`,
 :data:`PACE_WINDOW_S`).
 
-The run's progress (:mod:`transient_nb.eventlog.progress`) and its summary and history
+The run's progress (:mod:`transient_nb.eventlog.progress`) and its summary and training curve
 (:mod:`transient_nb.eventlog.summary`) are folds of their own, which :class:`ClusterState` keeps
 and this module still names.
 
@@ -32,6 +32,7 @@ from typing import Any
 
 import pandas as pd
 
+from transient_nb._moved import renamed
 from transient_nb.catalog.prices import BILLING_MINIMUM_S
 from transient_nb.eventlog.bill import Bill as Bill
 from transient_nb.eventlog.bill import CostReport
@@ -39,10 +40,10 @@ from transient_nb.eventlog.progress import PACE_WINDOW_S as PACE_WINDOW_S
 from transient_nb.eventlog.progress import RunProgress, RunTracker
 from transient_nb.eventlog.progress import eval_metrics as eval_metrics
 from transient_nb.eventlog.progress import int_or_none as _int_or_none
-from transient_nb.eventlog.summary import HISTORY_COLUMNS as HISTORY_COLUMNS
+from transient_nb.eventlog.summary import CURVE_COLUMNS as CURVE_COLUMNS
 from transient_nb.eventlog.summary import RunSummary
-from transient_nb.eventlog.summary import history as history
 from transient_nb.eventlog.summary import summarize as summarize
+from transient_nb.eventlog.summary import training_curve as training_curve
 from transient_nb.eventlog.vocabulary import BILLING_ENDS, LIFECYCLE
 
 Event = Mapping[str, Any]
@@ -376,3 +377,7 @@ def is_closed(cluster: Any, events: Sequence[Event]) -> bool:
 def minimum_s_of(cluster: Any) -> float:
     """Minimum billed seconds of ``cluster``'s price catalog (60 without one)."""
     return float(getattr(getattr(cluster, "catalog", None), "minimum_s", BILLING_MINIMUM_S))
+
+
+# The names before 0.2 of training_curve and CURVE_COLUMNS, for one release.
+__getattr__ = renamed(__name__, {"history": "training_curve", "HISTORY_COLUMNS": "CURVE_COLUMNS"})

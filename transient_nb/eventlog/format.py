@@ -1,5 +1,9 @@
 """How every surface writes money, durations and a policy's decision (one place: the notebook
-views, the JupyterLab panel through its server, the CLI and the report write them alike)."""
+views, the JupyterLab panel through its server, the CLI and the report write them alike).
+
+The JupyterLab panel has no copy of these rules: its server sends each figure already written
+(:mod:`transient_nb.server.model`), and the panel shows the strings.
+"""
 
 from __future__ import annotations
 
@@ -37,6 +41,49 @@ def duration(seconds: float | None) -> str:
     return f"{seconds // 3600:.0f} h {seconds % 3600 // 60:02.0f} min"
 
 
+def rate(per_hour: float | None, digits: int = 3) -> str:
+    """Dollars per hour: ``$0.123/h``; a dash when unknown.
+
+    Examples
+    --------
+    >>> rate(0.1234), rate(None)
+    ('$0.123/h', '–')
+    """
+    text = money(per_hour, digits)
+    return text if text == "–" else f"{text}/h"
+
+
+def percent(fraction: float | None, digits: int = 0) -> str:
+    """A fraction as a percentage: ``42%``; a dash when unknown.
+
+    Examples
+    --------
+    >>> percent(0.4213), percent(0.4213, 1), percent(None)
+    ('42%', '42.1%', '–')
+    """
+    if fraction is None or not math.isfinite(fraction):
+        return "–"
+    return f"{fraction:.{digits}%}"
+
+
+def cost_text(cost: Mapping[str, Any]) -> dict[str, str]:
+    """Each figure of a bill's totals (:meth:`ClusterState.cost_totals
+    <transient_nb.eventlog.folds.ClusterState.cost_totals>`) as people read it, under the same
+    keys: dollars, dollars per hour, the share saved.
+
+    Examples
+    --------
+    >>> cost_text({"cost": 0.5, "saved": 1.25, "saved_fraction": 0.714, "rate_per_hour": 0.66})
+    {'cost': '$0.5000', 'saved': '$1.2500', 'saved_fraction': '71%', 'rate_per_hour': '$0.660/h'}
+    """
+    writers = {"saved_fraction": percent, "rate_per_hour": rate, "rate_on_demand_per_hour": rate}
+    return {k: writers.get(k, money)(_number(v)) for k, v in cost.items()}
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
 def policy_text(policy: Mapping[str, Any] | None) -> str:
     """One line on the transient-aware policy that is on (empty when none is).
 
@@ -70,7 +117,7 @@ def policy_text(policy: Mapping[str, Any] | None) -> str:
         what = goal
     remembered = policy.get("remembered_h")
     if remembered:
-        # What it starts from beside the paper's priors (the policy's history file).
+        # What it starts from beside the paper's priors (the policy's memory file).
         what += f", from {remembered:.1f} h of earlier runs"
     decision = policy.get("decision")
     if not decision:
@@ -128,6 +175,39 @@ def model_text(model: Any, parameters: Any = None) -> str:
     """
     name = str(model or "?")
     return f"{name} ({parameters:,} parameters)" if isinstance(parameters, int) else name
+
+
+def training_text(training: Mapping[str, Any] | None) -> str:
+    """A training run's line: its model and size, step of the target, every metric of the last
+    evaluation (:func:`metrics_text`), and its ETA or how it finished. Empty without a run.
+
+    ``training`` has the keys of the JupyterLab panel's training model
+    (:func:`transient_nb.server.model.training_model`).
+
+    Examples
+    --------
+    >>> training_text({"model": "resnet8", "parameters": 78042, "step": 1200, "steps": 5000,
+    ...     "metrics": {"accuracy": 0.4213}, "finished": False, "eta_s": 185})
+    'Training: resnet8 (78,042 parameters) · step 1,200/5,000 · accuracy 42.1% · ETA 3 min 05 s'
+    >>> training_text({"step": 10, "accuracy": None, "finished": True, "reason": "stopped"})
+    'Training: step 10 · finished (stopped)'
+    """
+    if not training:
+        return ""
+    model = training.get("model")
+    step, steps = int(training.get("step") or 0), training.get("steps")
+    if training.get("finished"):
+        end = f"finished ({training.get('reason') or 'done'})"
+    else:
+        eta = training.get("eta_s")
+        end = f"ETA {duration(eta)}" if eta is not None else ""
+    parts = [
+        model_text(model, training.get("parameters")) if model else "",
+        f"step {step:,}" + (f"/{int(steps):,}" if steps else ""),
+        metrics_text(training.get("metrics"), training.get("accuracy")),
+        end,
+    ]
+    return "Training: " + " · ".join(p for p in parts if p)
 
 
 def gone_text(gone: Mapping[str, Any] | None) -> str:

@@ -1,7 +1,9 @@
-"""The summary and the history of a training run, folded from its event log.
+"""The summary and the training curve of a run, folded from its event log.
 
 :func:`summarize` (a :class:`RunSummary` fed event by event) is the table every surface shows at
-a run's end; :func:`history` is its training curve, with the money spent at each point.
+a run's end; :func:`training_curve` is its training curve, with the money spent at each point
+(what ``run.history`` shows). Before 0.2 they were ``history`` and ``HISTORY_COLUMNS``; those
+names still work for one release, with a ``DeprecationWarning``.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from transient_nb._moved import renamed
 from transient_nb.catalog.prices import BILLING_MINIMUM_S
 from transient_nb.eventlog.bill import Bill
 from transient_nb.eventlog.progress import eval_metrics
@@ -230,8 +233,8 @@ def summarize(events: Iterable[Event], minimum_s: float = BILLING_MINIMUM_S) -> 
     return fold.result()
 
 
-#: Columns of :func:`history`.
-HISTORY_COLUMNS = [
+#: Columns of :func:`training_curve` (and so of ``run.history``).
+CURVE_COLUMNS = [
     "step",
     "time",
     "loss",
@@ -245,7 +248,7 @@ HISTORY_COLUMNS = [
 ]
 
 
-def history(
+def training_curve(
     events: Iterable[Event], t0: float, minimum_s: float = BILLING_MINIMUM_S
 ) -> pd.DataFrame:
     """One row per ``metrics`` event: the training curve with the money spent at each point.
@@ -261,7 +264,7 @@ def history(
 
     Returns
     -------
-    A DataFrame with :data:`HISTORY_COLUMNS`: step, time (s since ``t0``), loss, test accuracy
+    A DataFrame with :data:`CURVE_COLUMNS`: step, time (s since ``t0``), loss, test accuracy
     (last evaluation), active workers, staleness, img/s, lr, cost and on-demand cost so far;
     then one column per further metric of the run (a user's ``metrics=``: its last
     evaluation's value, empty before the first). Linear in the number of events (the bill is
@@ -269,7 +272,7 @@ def history(
 
     Examples
     --------
-    >>> history([], t0=0.0).empty
+    >>> training_curve([], t0=0.0).empty
     True
     """
     bill_ = Bill(minimum_s)
@@ -300,4 +303,9 @@ def history(
                 "cost_on_demand": total_od,
             }
         )
-    return pd.DataFrame(rows, columns=[*HISTORY_COLUMNS, *more])
+    return pd.DataFrame(rows, columns=[*CURVE_COLUMNS, *more])
+
+
+# The names before 0.2, for one release ("history" is a run's curve as users see it, run.history,
+# and the policy's memory was a history too).
+__getattr__ = renamed(__name__, {"history": "training_curve", "HISTORY_COLUMNS": "CURVE_COLUMNS"})

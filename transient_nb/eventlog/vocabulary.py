@@ -124,8 +124,11 @@ EVENTS: dict[str, tuple[str, ...]] = {
     # ``spot``: False for an on-demand worker swapped for a Spot one (scale's ``on_demand``).
     "give-back": ("worker", "gpu", "working", "p_revoked_1h", "spot"),
     # A transient-aware policy was turned on with a goal, or off (goal None).
-    # history: the file of what earlier runs saw (None: none); remembered_h: the hours of Spot
-    # workers' places it holds (aged), what the policy starts from beside the paper's priors.
+    # history: the policy's memory file, what earlier runs saw (None: none); remembered_h: the
+    # hours of Spot workers' places it holds (aged), what the policy starts from beside the
+    # paper's priors. The field keeps its name "history" although the policy now calls the file
+    # its memory (transient_nb.policy.memory): events are persisted, their vocabulary does not
+    # change.
     "policy": ("goal", "deadline_s", "budget", "history", "remembered_h"),
     # The transient-aware policy (transient_nb.policy.adaptive) chose a mix, acted on it or not, and why.
     "policy-decision": (

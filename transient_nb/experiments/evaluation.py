@@ -34,6 +34,7 @@ time at the scaled clock), which replacements pay and the paper's did not.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,7 +42,7 @@ from typing import Any
 import pandas as pd
 
 from transient_nb.experiments.reproduce import PAPER_STEPS, Setup, format_types, run_setup
-from transient_nb.policy.history import Observations, PolicyHistory
+from transient_nb.policy.memory import Observations, PolicyMemory
 from transient_nb.policy.planner import Planner, kinds_from_catalog
 
 #: Preemption traces: name -> lifetime model (:func:`~transient_nb.catalog.lifetimes.parse_preemption`).
@@ -90,7 +91,7 @@ class Trial:
     goal: dict[str, Any] = field(default_factory=dict)
     gpus: tuple[str, ...] = GPUS  # what the policy may buy
     max_workers: int = 8
-    history: str | None = None  # the policy's history file (what earlier runs saw)
+    memory: str | None = None  # the policy's memory file (what earlier runs saw)
 
     @property
     def label(self) -> str:
@@ -120,7 +121,7 @@ def first_choice(
     the policy's margin kept in reserve (as its own first round plans; without it, the budget
     policy gave back a K80 it had just booted at once), on up to ``max_shards`` PS shards
     (default: as many as the policy may grow to); from what earlier runs saw, ``past``, where
-    the policy keeps a history."""
+    the policy keeps a memory."""
     from transient_nb.policy.goals import check_goal
     from transient_nb.policy.learning import DEFAULT_MARGIN, DEFAULT_MAX_SHARDS
 
@@ -157,11 +158,22 @@ def trials(
     static: Sequence[Setup] = STATIC,
     reactive: Sequence[Setup] = (REACTIVE,),
     policy_goals: Sequence[Mapping[str, Any]] | None = None,
+    memory: str | None = None,
     history: str | None = None,
 ) -> list[Trial]:
-    """Every run of the evaluation, trace by trace; ``history``: the policy's history file
-    (its first configuration planned from it too, as it stands now)."""
+    """Every run of the evaluation, trace by trace; ``memory``: the policy's memory file (its
+    first configuration planned from it too, as it stands now). ``history`` is ``memory``'s
+    old name (deprecated)."""
     from transient_nb.catalog.lifetimes import parse_preemption
+
+    if history is not None:
+        warnings.warn(
+            "trials(history=) is now trials(memory=); pass memory= (history= goes in the next "
+            "release).",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        memory = memory or history
 
     out = []
     traces = list(traces)
@@ -172,10 +184,10 @@ def trials(
     for trace in traces:
         out += [Trial(trace, "static", s) for s in static]
         out += [Trial(trace, "reactive", s) for s in reactive]
-        past = PolicyHistory(history, "local").load() if history else None
+        past = PolicyMemory(memory, "local").load() if memory else None
         for goal in goals() if policy_goals is None else policy_goals:
             start = first_choice(goal, past=past)
-            out.append(Trial(trace, "policy", start, dict(goal), history=history))
+            out.append(Trial(trace, "policy", start, dict(goal), memory=memory))
     return out
 
 
@@ -226,8 +238,8 @@ def run_trial(
             "gpus": list(trial.gpus),
             "max_workers": trial.max_workers,
             "interval": interval,
-            # None: the configured policy.history; a trial without one keeps none.
-            "history": trial.history or False,
+            # None: the configured policy.memory; a trial without one keeps none.
+            "memory": trial.memory or False,
         }
     row: dict[str, Any] = {"trace": trial.trace, "strategy": trial.strategy, "run": trial.label}
     try:

@@ -96,7 +96,7 @@ def _move_ps() -> None:
 @_options("goal", "gpus")
 @argument("--max-workers", type=whole("workers", 1), metavar="N", help="largest cluster")
 @argument("--interval", metavar="DURATION", help="how often it decides (default 30s)")
-@_options("spot_only", "history")
+@_options("spot_only", "memory", "history")
 def _adapt() -> None:
     """Let the transient-aware policy choose the GPU mix for a goal (``off`` stops it); its
     decisions, with their reasons, are ``policy-decision`` events."""

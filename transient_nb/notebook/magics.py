@@ -176,8 +176,8 @@ class TransientMagics(Magics):
             kwargs.update(_kwargs(args, ("gpus", "max_workers", "interval")))
             if args.spot_only and goal is not None:
                 kwargs["on_demand"] = False
-            if args.history and goal is not None:
-                kwargs["history"] = args.history
+            if args.memory and goal is not None:
+                kwargs["memory"] = args.memory
             self.cluster.adapt(goal, **kwargs)
         if goal is None:
             print(f"{self.cluster.name}: policy off; the cluster keeps its workers.")

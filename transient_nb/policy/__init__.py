@@ -1,5 +1,5 @@
 """What the cluster decides: where workers go (placement, spares), and the transient-aware policy
-with its planner and history.
+with its planner and its memory of earlier runs.
 
 Before 0.2 ``transient_nb.policy`` was the policy's module; its names (``TransientPolicy``,
 ``check_goal`` ...) are still found here for one release, with a ``DeprecationWarning``: import

@@ -322,7 +322,7 @@ class TransientPolicy(PolicyLearning):
     async def adapt(self) -> Plan | None:
         """One round: read the log, decide, and change the cluster when it is worth it."""
         self.observe(list(event_log(self.cluster)))
-        self.save_history()
+        self.save_memory()
         plan = self.recommend()
         if plan is None:
             return None
@@ -384,7 +384,9 @@ class TransientPolicy(PolicyLearning):
                 goal=goal,
                 deadline_s=self.deadline_s if goal else None,
                 budget=self.budget if goal else None,
-                history=str(self.history.path) if goal and self.history else None,
+                # The event's field keeps its name "history" (events are persisted, and their
+                # vocabulary does not change): it holds the policy's memory file.
+                history=str(self.memory.path) if goal and self.memory else None,
                 remembered_h=round(self.remembered_h, 3) if goal else None,
             )
         except Exception:  # the scheduler may be closing with the cluster
@@ -402,7 +404,7 @@ class TransientPolicy(PolicyLearning):
         """Stop deciding (the cluster keeps its current mix); ``announce`` it in the event log."""
         task = self._task
         if task is not None:
-            self.save_history()
+            self.save_memory()
             self.cluster.loop.add_callback(task.cancel)
             self._task = None
             if announce:

@@ -4,7 +4,7 @@ and the PS's capacity, from priors and what the cluster observed.
 Priors come from the paper (its step rates, the first hour of its lifetime curves, its boot and
 warm restart, its PS plateau) or a user's model (:meth:`PlannerKnowledge.use_model`); what the
 workers and the PS are seen to do, and what earlier runs saw
-(:class:`~transient_nb.policy.history.Observations`), take over. :class:`PlannerKnowledge` is the
+(:class:`~transient_nb.policy.memory.Observations`), take over. :class:`PlannerKnowledge` is the
 part of :class:`~transient_nb.policy.planner.Planner` that keeps them: the planner adds what a
 configuration is expected to deliver, and which one meets a goal.
 """
@@ -15,7 +15,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 from transient_nb.catalog.lifetimes import PAPER_STARTUP_S, paper_curve
-from transient_nb.policy.history import Observations
+from transient_nb.policy.memory import Observations
 from transient_nb.policy.plans import Kind
 from transient_nb.training.emulation import (
     CROSS_REGION_SLOWDOWN,
@@ -133,7 +133,7 @@ class PlannerKnowledge:
         self.prior_rates = {k.lower(): float(v) for k, v in (rates or {}).items()}
 
     def remember(self, past: Observations) -> None:
-        """Start from what earlier runs saw (:class:`~transient_nb.policy.history.PolicyHistory`):
+        """Start from what earlier runs saw (:class:`~transient_nb.policy.memory.PolicyMemory`):
         their revocations and hours add to this run's for the hazards, their places' hours to
         the availability, and their start-ups stand until a worker asked for in this run
         trains (before this run's first workers, whose cold start says less of a change)."""

@@ -21,15 +21,17 @@ import logging
 import math
 import os
 import time
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import dask.config
 from dask.utils import parse_timedelta
 
 from transient_nb import config
 from transient_nb.catalog.lifetimes import HOUR
 from transient_nb.policy.goals import check_goal
-from transient_nb.policy.history import Observations, PolicyHistory
+from transient_nb.policy.memory import Observations, PolicyMemory
 from transient_nb.policy.planner import (
     SATURATED,
     Plan,
@@ -42,8 +44,14 @@ DEFAULT_MAX_SHARDS = 2
 
 #: Fraction of the time or money left that a deadline or a budget keeps in reserve.
 DEFAULT_MARGIN = 0.1
-#: The history file of ``history=True`` where the configuration names none.
-DEFAULT_HISTORY = "~/.transient_nb/policy-history.json"
+#: The memory file of ``memory=True`` where the configuration names none. Its name is that of
+#: the files earlier versions wrote (when the policy's memory was called its "history"): a
+#: user's existing file is still found.
+DEFAULT_MEMORY = "~/.transient_nb/policy-history.json"
+#: The shipped defaults of the configuration keys that were ``policy.history`` and
+#: ``policy.history-half-life``: a user's dask config folder may hold a copy of them, which is
+#: not a choice of theirs.
+_OLD_DEFAULTS = {"history": None, "history-half-life": "1 day"}
 
 #: Start-ups after a PS move before the policy weighs another: the workers already asked for
 #: land where they were asked for, and their successors go near the new PS, within about one;
@@ -69,24 +77,50 @@ PENDING_RATES = 500
 logger = logging.getLogger(__name__)
 
 
-def _history(cluster: Any, history: str | os.PathLike[str] | bool | None) -> PolicyHistory | None:
-    """The policy's history file: ``history`` (a path; True: the configured one, else
-    ``~/.transient_nb/policy-history.json``; False: none), else ``policy.history`` from the
-    configuration (null: none), kept for the cluster's backend."""
-    if history is None:
-        history = config.get("policy.history")
-    if history is None or history is False:
+def _configured(key: str) -> Any:
+    """``policy.<key>`` of the configuration; where only the key's old name (``memory`` was
+    ``history``) was set, that one's value, with a ``DeprecationWarning`` naming the new key."""
+    value = config.get(f"policy.{key}")
+    old = key.replace("memory", "history")
+    was = dask.config.get(f"transient.policy.{old}", None)
+    if was is None or was == _OLD_DEFAULTS[old]:
+        return value
+    warnings.warn(
+        f"The configuration key transient.policy.{old} is now transient.policy.{key}; set that "
+        "one (the old key is read for one more release).",
+        DeprecationWarning,
+        stacklevel=5,
+    )
+    return value if value != config.defaults["transient"]["policy"][key] else was
+
+
+def _memory(cluster: Any, memory: str | os.PathLike[str] | bool | None) -> PolicyMemory | None:
+    """The policy's memory file: ``memory`` (a path; True: the configured one, else
+    :data:`DEFAULT_MEMORY`; False: none), else ``policy.memory`` from the configuration (null:
+    none), kept for the cluster's backend."""
+    configured = _configured("memory")
+    if memory is None:
+        memory = configured
+    if memory is None or memory is False:
         return None
-    if history is True:
-        history = config.get("policy.history") or DEFAULT_HISTORY
-    if not isinstance(history, (str, os.PathLike)) or not os.fspath(history).strip():
+    if memory is True:
+        memory = configured or DEFAULT_MEMORY
+    if not isinstance(memory, (str, os.PathLike)) or not os.fspath(memory).strip():
         raise ValueError(
-            f"history={history!r}: give the path of a history file, True for "
-            f"{DEFAULT_HISTORY}, or False for none."
+            f"memory={memory!r}: give the path of the policy's memory file, True for "
+            f"{DEFAULT_MEMORY}, or False for none."
         )
-    half_life = parse_timedelta(config.get("policy.history-half-life"), default="seconds")
+    half_life = parse_timedelta(_configured("memory-half-life"), default="seconds")
     backend = getattr(getattr(cluster, "backend", None), "name", None) or "local"
-    return PolicyHistory(history, str(backend), float(half_life or 86400.0))
+    return PolicyMemory(memory, str(backend), float(half_life or 86400.0))
+
+
+def _renamed(old: str, new: str) -> None:
+    warnings.warn(
+        f"A policy's {old} is now its {new}; use that name (the old one goes in the next release).",
+        DeprecationWarning,
+        stacklevel=3,
+    )
 
 
 def _add_place(
@@ -138,8 +172,20 @@ class PolicyLearning:
         margin: float = DEFAULT_MARGIN,
         on_demand: bool = True,
         planner: Planner | None = None,
+        memory: str | os.PathLike[str] | bool | None = None,
         history: str | os.PathLike[str] | bool | None = None,
     ):
+        if history is not None:
+            # The keyword's name before 0.2, for one release.
+            warnings.warn(
+                "history= is now memory= (the file of what earlier runs saw); pass memory= "
+                "(history= goes in the next release).",
+                DeprecationWarning,
+                stacklevel=3,
+            )
+            if memory is not None:
+                raise ValueError("Give memory= alone (history= is its old name).")
+            memory = history
         self.deadline_s, budget = check_goal(goal, deadline, budget)
         self.cluster = cluster
         self.goal = goal
@@ -197,10 +243,10 @@ class PolicyLearning:
             )
             planner = Planner(kinds, ps_hourly, ps_zone=cluster.zone)
         self.planner = planner
-        # What earlier runs saw, read (and a file that is not a history refused) before the
+        # What earlier runs saw, read (and a file that is not a policy memory refused) before the
         # policy changes anything.
-        self.history = _history(cluster, history)
-        self._remembered = Observations() if self.history is None else self.history.load()
+        self.memory = _memory(cluster, memory)
+        self._remembered = Observations() if self.memory is None else self.memory.load()
         self.planner.remember(self._remembered)
         self.started_at = time.time()
         self.last: Plan | None = None
@@ -492,7 +538,7 @@ class PolicyLearning:
 
     @property
     def remembered_h(self) -> float:
-        """Hours of Spot workers' places the history gave the planner (aged): 0 without one."""
+        """Hours of Spot workers' places the memory gave the planner (aged): 0 without one."""
         return float(sum(r[2] for r in self._remembered.kinds.values()))
 
     def observations(self, now: float | None = None) -> Observations:
@@ -509,13 +555,25 @@ class PolicyLearning:
                 hours[key] = hours.get(key, 0.0) + max(0.0, now - since) * self.time_scale / HOUR
         return seen + Observations({k: (0.0, h, 0.0, 0.0) for k, h in hours.items()})
 
-    def save_history(self, now: float | None = None) -> None:
-        """Keep what this run saw in the policy's history file (when it has one)."""
-        if self.history is None:
+    def save_memory(self, now: float | None = None) -> None:
+        """Keep what this run saw in the policy's memory file (when it has one)."""
+        if self.memory is None:
             return
         seen = self.observations(now)
         if seen:
             try:
-                self.history.save(seen, now)
+                self.memory.save(seen, now)
             except OSError:  # a full disk must not stop the policy: the next round tries again
-                logger.warning("Could not save the policy's history to %s", self.history.path)
+                logger.warning("Could not save the policy's memory to %s", self.memory.path)
+
+    # The names of memory and save_memory before 0.2, for one release.
+    @property
+    def history(self) -> PolicyMemory | None:
+        """Deprecated: :attr:`memory`."""
+        _renamed("history", "memory")
+        return self.memory
+
+    def save_history(self, now: float | None = None) -> None:
+        """Deprecated: :meth:`save_memory`."""
+        _renamed("save_history()", "save_memory()")
+        self.save_memory(now)

@@ -18,7 +18,7 @@ from typing import Any
 
 from transient_nb.catalog.prices import BILLING_MINIMUM_S, PriceCatalog
 from transient_nb.eventlog.folds import GONE_STATES, MAX_GONE_ROWS, ClusterState, RunProgress
-from transient_nb.eventlog.format import gone_text, policy_text
+from transient_nb.eventlog.format import cost_text, gone_text, money, policy_text, training_text
 from transient_nb.eventlog.vocabulary import ClusterStart
 
 __all__ = ["MAX_GONE_ROWS", "connect_code", "fingerprint", "make_cluster_model", "training_model"]
@@ -60,11 +60,12 @@ def connect_code(name: str, scheduler_address: str | None = None) -> str:
 
 
 def training_model(p: RunProgress | None) -> dict[str, Any] | None:
-    """Step, accuracy and ETA of a run's progress (from :mod:`transient_nb.eventlog.folds`); None without
-    one."""
+    """Step, accuracy and ETA of a run's progress (from :mod:`transient_nb.eventlog.folds`), and
+    its line as the panel shows it (``text``, :func:`~transient_nb.eventlog.format.training_text`);
+    None without one."""
     if p is None:
         return None
-    return {
+    model = {
         "run": _plain(p.run),
         "model": _plain(p.model),
         "parameters": _plain(p.parameters),
@@ -82,6 +83,7 @@ def training_model(p: RunProgress | None) -> dict[str, Any] | None:
         "preemptions": p.preemptions,
         "updated": _plain(p.updated),
     }
+    return {**model, "text": training_text(model)}
 
 
 def make_cluster_model(
@@ -122,8 +124,11 @@ def make_cluster_model(
     -------
     A dict of plain JSON values: identity and links, ``workers`` (one row per VM, the gone ones
     last and at most :data:`MAX_GONE_ROWS` of them), ``counts`` (GPU workers per lifecycle state),
-    ``cost`` (spent, on-demand counterfactual, saved, $/h now), ``preemptions``, ``training``
-    (None without a training run) and ``connect_code``.
+    ``cost`` (spent, on-demand counterfactual, saved, $/h now; ``cost["text"]`` has each written
+    by :func:`~transient_nb.eventlog.format.cost_text`), ``preemptions``, ``training`` (None
+    without a training run; its line in ``training["text"]``) and ``connect_code``. The panel
+    shows the ``text`` strings as they are: money, durations and shares are written in one place,
+    :mod:`transient_nb.eventlog.format`.
 
     Examples
     --------
@@ -178,7 +183,8 @@ def make_cluster_model(
         "gone": _gone(state, now),
         "cost_by_gpu": _cost_by_gpu(state, now),
         "counts": counts,
-        "cost": {k: _plain(v) for k, v in cost.items()},
+        # The figures, and each written as people read it (the panel has no formatting of its own).
+        "cost": {**{k: _plain(v) for k, v in cost.items()}, "text": cost_text(cost)},
         "preemptions": state.preemptions,
         "training": training_model(state.progress),
         "last_control": (
@@ -208,7 +214,10 @@ def _gone(state: ClusterState, now: float) -> dict[str, Any] | None:
 def _cost_by_gpu(state: ClusterState, now: float) -> dict[str, dict[str, Any]]:
     """Dollars per GPU type (the PS host as ``"ps"``), for a mixed cluster's panel."""
     frame = state.cost(now).by_gpu
-    return {str(g): {"vms": int(r["vms"]), "cost": _plain(r["cost"])} for g, r in frame.iterrows()}
+    return {
+        str(g): {"vms": int(r["vms"]), "cost": _plain(r["cost"]), "text": money(_plain(r["cost"]))}
+        for g, r in frame.iterrows()
+    }
 
 
 def fingerprint(models: Sequence[Mapping[str, Any]]) -> str:

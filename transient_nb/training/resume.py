@@ -23,7 +23,7 @@ import pandas as pd
 
 from transient_nb import config
 from transient_nb.catalog.prices import BILLING_MINIMUM_S
-from transient_nb.eventlog.folds import Event, history, summarize
+from transient_nb.eventlog.folds import Event, summarize, training_curve
 from transient_nb.eventlog.records import read_run_record
 from transient_nb.training import checkpoint
 from transient_nb.training.hparams import HParams
@@ -259,11 +259,12 @@ def summarize_run(events: Sequence[Event], minimum_s: float = BILLING_MINIMUM_S)
 def run_history(
     events: Sequence[Event], t0: float, minimum_s: float = BILLING_MINIMUM_S
 ) -> pd.DataFrame:
-    """:func:`~transient_nb.eventlog.folds.history`, with the earlier attempts' rows first.
+    """:func:`~transient_nb.eventlog.folds.training_curve`, with the earlier attempts' rows first
+    (``run.history``).
 
     Time and money go on from where the earlier attempt's rows end.
     """
-    later = history(events, t0=t0, minimum_s=minimum_s)
+    later = training_curve(events, t0=t0, minimum_s=minimum_s)
     started = _started(events)
     earlier = earlier_events(started) if started.get("resumed_from") else []
     if not earlier:

@@ -20,7 +20,7 @@ from typing import Any
 from torch import nn
 
 from transient_nb import limits
-from transient_nb.eventlog.folds import HISTORY_COLUMNS
+from transient_nb.eventlog.folds import CURVE_COLUMNS
 from transient_nb.training.data import check_data_spec
 from transient_nb.training.hparams import HParams
 from transient_nb.training.models import MODELS
@@ -35,7 +35,7 @@ from transient_nb.training.workload import (
 )
 
 #: Names a metric may not have: they are columns of ``run.history`` already.
-RESERVED_METRIC_NAMES = (*(c for c in HISTORY_COLUMNS if c != "accuracy"), "test_loss")
+RESERVED_METRIC_NAMES = (*(c for c in CURVE_COLUMNS if c != "accuracy"), "test_loss")
 
 
 # -- resolving what was given -----------------------------------------------------------------------

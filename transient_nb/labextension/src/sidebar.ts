@@ -8,14 +8,7 @@ import { Poll } from '@lumino/polling';
 import { Widget } from '@lumino/widgets';
 
 import { button, el } from './dom';
-import {
-  dollars,
-  messageOf,
-  percent,
-  placementText,
-  rate,
-  trainingText
-} from './format';
+import { messageOf, placementText } from './format';
 import { NewClusterForm, ScaleForm } from './forms';
 import { requestAPI } from './handler';
 import { ICluster, IClusterList, IOptions, IWorker } from './types';
@@ -234,17 +227,15 @@ export class TransientSidebar extends Widget {
     card.appendChild(el('div', 'tnb-Placement', placementText(c)));
 
     const money = el('div', 'tnb-Cost');
+    money.appendChild(el('span', 'tnb-Spent', `${c.cost.text.cost} so far`));
     money.appendChild(
-      el('span', 'tnb-Spent', `${dollars(c.cost.cost)} so far`)
-    );
-    money.appendChild(
-      el('span', 'tnb-Rate', `${rate(c.cost.rate_per_hour)} now`)
+      el('span', 'tnb-Rate', `${c.cost.text.rate_per_hour} now`)
     );
     money.appendChild(
       el(
         'span',
         'tnb-Saved',
-        `saved ${dollars(c.cost.saved)} (${percent(c.cost.saved_fraction)}) vs on-demand`
+        `saved ${c.cost.text.saved} (${c.cost.text.saved_fraction}) vs on-demand`
       )
     );
     card.appendChild(money);
@@ -259,7 +250,7 @@ export class TransientSidebar extends Widget {
             types
               .map(
                 ([g, r]) =>
-                  `${g} ${r.vms} VM${r.vms === 1 ? '' : 's'} ${dollars(r.cost)}`
+                  `${g} ${r.vms} VM${r.vms === 1 ? '' : 's'} ${r.text}`
               )
               .join(', ')
         )
@@ -278,7 +269,7 @@ export class TransientSidebar extends Widget {
     );
 
     if (c.training) {
-      card.appendChild(el('div', 'tnb-Training', trainingText(c.training)));
+      card.appendChild(el('div', 'tnb-Training', c.training.text));
     }
 
     if (c.policy) {

@@ -25,6 +25,16 @@ export interface ICost {
   saved_fraction: number;
   rate_per_hour: number;
   rate_on_demand_per_hour: number;
+  /** Each figure above as people read it, written by the server (`eventlog.format.cost_text`):
+   * the panel shows these, it formats no money of its own. */
+  text: {
+    cost: string;
+    cost_on_demand: string;
+    saved: string;
+    saved_fraction: string;
+    rate_per_hour: string;
+    rate_on_demand_per_hour: string;
+  };
 }
 
 export interface ITraining {
@@ -41,6 +51,9 @@ export interface ITraining {
   eta_s: number | null;
   finished: boolean;
   reason: string | null;
+  /** The run's line (model, step, metrics, ETA), written by the server
+   * (`eventlog.format.training_text`). */
+  text: string;
 }
 
 export interface ICluster {
@@ -72,8 +85,8 @@ export interface ICluster {
     cost: number;
     text: string;
   } | null;
-  /** Dollars per GPU type (the PS host as "ps"). */
-  cost_by_gpu: { [gpu: string]: { vms: number; cost: number } };
+  /** Dollars per GPU type (the PS host as "ps"), and written (`text`) by the server. */
+  cost_by_gpu: { [gpu: string]: { vms: number; cost: number; text: string } };
   counts: { [state: string]: number };
   cost: ICost;
   preemptions: number;

@@ -9,7 +9,7 @@ from typing import Any
 from transient_nb.catalog.prices import BILLING_MINIMUM_S
 from transient_nb.eventlog.bill import CostReport
 from transient_nb.eventlog.folds import ClusterState
-from transient_nb.eventlog.format import duration, gone_text, money
+from transient_nb.eventlog.format import duration, gone_text, money, percent, rate
 
 Event = Mapping[str, Any]
 
@@ -134,9 +134,9 @@ def totals_html(cost: CostReport) -> str:
     """Dollars per hour now, dollars so far, the on-demand counterfactual and the saving; for a
     mixed cluster (more than one GPU type), what each type cost."""
     text = (
-        f"<b>{money(cost.rate, 3)}/h</b> now &middot; <b>{money(cost.total)}</b> so far "
+        f"<b>{rate(cost.rate)}</b> now &middot; <b>{money(cost.total)}</b> so far "
         f"&middot; on demand {money(cost.total_on_demand)} &middot; "
-        f"saved <b>{cost.saved_fraction:.0%}</b>"
+        f"saved <b>{percent(cost.saved_fraction)}</b>"
     )
     by_gpu = cost.by_gpu
     if len(by_gpu.index.difference(["ps"])) > 1:

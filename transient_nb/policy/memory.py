@@ -1,4 +1,9 @@
-"""What earlier runs saw of each Spot kind, kept on disk for the transient-aware policy.
+"""The policy's memory: what earlier runs saw of each Spot kind, kept on disk for the
+transient-aware policy.
+
+(Before 0.2 this was ``transient_nb.policy.history`` and :class:`PolicyMemory` was
+``PolicyHistory``: both old names still work for one release, with a ``DeprecationWarning``.
+"History" is a run's training curve alone, ``run.history``.)
 
 A policy that starts from the paper's calm priors learns a storm by losing workers to it: under
 a storm whose lifetimes are about a start-up long, most of a 0.6 h deadline was gone by the time
@@ -33,6 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from filelock import FileLock
+
+from transient_nb._moved import renamed
 
 VERSION = 1
 #: Start-ups kept (the newest): enough for a median, few enough that old ones drop out.
@@ -80,8 +87,9 @@ class Observations:
         )
 
 
-class PolicyHistory:
-    """The observations of earlier runs in a JSON file, for one backend.
+class PolicyMemory:
+    """The observations of earlier runs in a JSON file, for one backend: what the policy
+    remembers.
 
     Parameters
     ----------
@@ -95,12 +103,12 @@ class PolicyHistory:
     Examples
     --------
     >>> import tempfile, os
-    >>> path = os.path.join(tempfile.mkdtemp(), "history.json")
-    >>> h = PolicyHistory(path, "local", half_life=3600)
-    >>> h.load(now=0.0)
+    >>> path = os.path.join(tempfile.mkdtemp(), "memory.json")
+    >>> m = PolicyMemory(path, "local", half_life=3600)
+    >>> m.load(now=0.0)
     Observations(kinds={}, startups=(), loads=())
-    >>> h.save(Observations({("p100", "us-central1-a"): (4.0, 2.0, 3.0, 1.5)}, (200.0,)), now=0.0)
-    >>> PolicyHistory(path, "local", half_life=3600).load(now=3600.0).kinds
+    >>> m.save(Observations({("p100", "us-central1-a"): (4.0, 2.0, 3.0, 1.5)}, (200.0,)), now=0.0)
+    >>> PolicyMemory(path, "local", half_life=3600).load(now=3600.0).kinds
     {('p100', 'us-central1-a'): (2.0, 1.0, 1.5, 0.75)}
     """
 
@@ -117,7 +125,7 @@ class PolicyHistory:
 
     def load(self, now: float | None = None) -> Observations:
         """The earlier runs' observations of this scope, each weighed by its age at ``now``;
-        nothing when the file does not exist yet. A file that is not a history is refused (with
+        nothing when the file does not exist yet. A file that is not a policy memory is refused (with
         its path) rather than overwritten."""
         now = time.time() if now is None else now
         total = Observations()
@@ -144,8 +152,8 @@ class PolicyHistory:
             }
             runs[self.run_id] = (now, run)
             data[self.scope] = {"runs": {k: _record(*r) for k, r in runs.items()}}
-            # Whole or not at all: a kernel killed mid-write leaves the last history.
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".history-", suffix=".json")
+            # Whole or not at all: a kernel killed mid-write leaves the last memory.
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".memory-", suffix=".json")
             try:
                 with os.fdopen(fd, "w") as f:
                     json.dump({"version": VERSION, "scopes": data}, f, indent=1)
@@ -163,7 +171,7 @@ class PolicyHistory:
             }
         except (AttributeError, KeyError, TypeError, ValueError) as e:
             raise ValueError(
-                f"{self.path}: its {self.scope!r} observations are not a policy history ({e}); "
+                f"{self.path}: its {self.scope!r} observations are not a policy memory ({e}); "
                 "delete the file or give another path."
             ) from None
 
@@ -180,7 +188,7 @@ class PolicyHistory:
                 raise ValueError(f"version {data.get('version')!r}")
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise ValueError(
-                f"{self.path} is not a policy history ({e}); delete it or give another path."
+                f"{self.path} is not a policy memory ({e}); delete it or give another path."
             ) from None
         return dict(scopes)
 
@@ -227,3 +235,7 @@ def _kind_values(key: str, record: Any) -> tuple[float, float, float, float]:
             f"bad record {key!r}: {record!r} (give {', '.join(KIND_FIELDS)}, each 0 or more)"
         )
     return values  # type: ignore[return-value]
+
+
+# PolicyMemory's name before 0.2, for one release.
+__getattr__ = renamed(__name__, {"PolicyHistory": "PolicyMemory"})
