@@ -7,7 +7,10 @@ PS's ``push_pull`` (or ``pull``) awaited in place, as atomic as when Dask calls 
 head written, with no thread in between. Over TLS the arrays themselves travel and are encrypted,
 so each connection has a thread of its own: it reads a request into buffers it keeps, hands the
 call to the PS's loop, and encrypts and sends the reply beside it (the update releases the GIL in
-torch's kernels, the TLS in OpenSSL).
+torch's kernels, the AEAD in ``cryptography``). A trainer's TLS connection first agrees on the
+keys of a sealed stream inside TLS (a ``SEAL`` frame each way) and then moves its frames in that
+stream's 1 MiB AES-128-GCM records rather than TLS's 16 KiB ones (:mod:`.sealed`); a peer that
+does not ask is served over TLS itself.
 
 Bounds (chaos suite): a request or a reply that stalls for ``stall_s`` in the middle drops the
 connection (the trainer has given up and rejoins by then); an idle connection lives as long as
@@ -31,7 +34,8 @@ from collections.abc import Callable
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
-from transient_nb.training.wire import frame, transport
+from transient_nb.training.wire import frame, sealed, transport
+from transient_nb.training.wire.client import key_share
 from transient_nb.training.wire.codec import reply_into
 from transient_nb.training.wire.region import Region, aligned
 
@@ -239,6 +243,9 @@ class DataServer:
                 if kind == frame.SETUP:
                     region = _adopt(chan.take_fds())
                     continue
+                if kind == frame.SEAL:
+                    _seal(chan, meta, self.stall_s)
+                    continue
                 _close_fds(chan)
                 room = _room(region, meta, arrays, kind, replies)
                 reply, meta_out, out = self._call(kind, meta, arrays, room)
@@ -399,6 +406,18 @@ async def _pump_out(
     finally:
         if writable is not None:
             loop.remove_writer(fd)
+
+
+def _seal(chan: frame.Channel, meta: dict[str, Any], timeout: float) -> None:
+    """Answer a trainer's key share with ours inside the TLS session, then leave TLS for the
+    sealed stream (:mod:`.sealed`); once per connection, over TLS only."""
+    if not isinstance(chan.sock, ssl.SSLSocket):
+        raise frame.FrameError("A key exchange outside TLS, or a second one.")
+    theirs, mine = key_share(meta), sealed.contribution()
+    to_server, to_client = sealed.derive(theirs, mine)
+    frame.drive(chan, chan.send_frame(frame.SEAL, {"share": mine.hex()}, []), timeout)
+    chan.sock.settimeout(timeout)
+    chan.sock = sealed.SealedSocket(chan.sock.unwrap(), to_client, to_server)
 
 
 def _close_fds(chan: frame.Channel) -> None:
