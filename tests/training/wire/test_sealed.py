@@ -6,12 +6,14 @@ import socket
 import ssl
 import threading
 import time
+from typing import Any
 
 import numpy as np
 import pytest
 
 from transient_nb.training.wire import frame, sealed
 from transient_nb.training.wire.client import DataClient
+from transient_nb.training.wire.codec import to_wire
 from transient_nb.training.wire.server import DataServer
 from transient_nb.training.wire.transport import tls_contexts
 
@@ -150,3 +152,47 @@ def test_a_tls_trainer_seals_its_connection_and_a_plain_tls_peer_still_gets_answ
     finally:
         client.close()
         server.close()
+
+
+class _Counting:
+    """A PS whose every entry is its version after each update; its reply is ``to_wire`` of its
+    weights, as the real PS's."""
+
+    def __init__(self, n: int):
+        self.w = np.zeros(n, np.float32)
+        self.version = 0
+
+    async def push_pull(self, *, grad: Any, **_: Any) -> Any:
+        self.w += 1
+        self.version += 1
+        return to_wire(self.w, "float32"), None, self.version
+
+    async def pull(self, trainer: Any = None) -> Any:
+        return to_wire(self.w, "float32"), None, self.version
+
+
+def test_a_reply_sealed_from_the_live_weights_is_the_weights_of_its_version(loop, certs):
+    """The float32 reply is encrypted from the PS's own weights (no copy) on the PS's loop:
+    with trainers pushing at once, every reply still holds exactly its version's weights."""
+    ps = _Counting(3 * sealed.RECORD // 4)  # 3 records: a reply takes a while to seal
+    server = DataServer(ps, loop, "tls", "live", server_tls=tls_contexts(certs["ps"])[0])
+    bad: list[str] = []
+
+    def trainer(name: str) -> None:
+        client = DataClient(server.endpoint, tls_contexts(certs["trainer"])[1])
+        grad = np.zeros_like(ps.w)
+        for step in range(1, 16):
+            w, _, version = client.push_pull(
+                trainer=name, grad=grad, base_version=0, local_step=step
+            ).result(30)
+            if not (w.min() == w.max() == version):
+                bad.append(f"{name}: version {version}, weights {w.min()}..{w.max()}")
+        client.close()
+
+    threads = [threading.Thread(target=trainer, args=(f"w-{i}",)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    server.close()
+    assert ps.version == 45 and not bad, bad

@@ -251,6 +251,20 @@ class Channel:
             head = head[1:]
         yield from self.send_all([head, *inline])
 
+    def seal_frame(
+        self, kind: int, meta: dict[str, Any], arrays: Sequence[np.ndarray | None]
+    ) -> memoryview:
+        """A frame sealed now (a sealed stream's only, :mod:`.sealed`), to send later with
+        :meth:`send_sealed`: the arrays may change once this returns."""
+        head = encode_head(kind, meta, arrays)
+        inline = [a for a in arrays if a is not None and a.nbytes]
+        sealed: memoryview = self.sock.seal([head, *inline])
+        return sealed
+
+    def send_sealed(self, data: memoryview) -> Step:
+        """Send a frame :meth:`seal_frame` made."""
+        yield from self._move(data, self.sock.sock.send, self._arm())
+
     def recv_frame(
         self, buffers: Buffers, stall: float | None = None, region: Any = None
     ) -> Generator[None, None, tuple[int, dict[str, Any], list[np.ndarray | None]]]:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import secrets
 import socket
 import struct
+from collections.abc import Sequence
 from typing import Any
 
 from cryptography.exceptions import InvalidTag
@@ -128,6 +129,7 @@ class SealedSocket:
         self._wbuf = bytearray(HEAD.size + RECORD + TAG)
         self._pending: memoryview | None = None
         self._pending_n = 0
+        self._sealed = bytearray(0)  # whole frames sealed ahead (:meth:`seal`)
         # Receiving: the record being read, and plaintext left over from the last one.
         self._head = bytearray(HEAD.size)
         self._head_at = 0
@@ -178,6 +180,31 @@ class SealedSocket:
             self._pending = pending
         self._pending = None
         return self._pending_n
+
+    def seal(self, parts: Sequence[Any]) -> memoryview:
+        """Seal ``parts`` (a frame's head and arrays, in order) into records now, the same
+        records :meth:`send` would make of them; the ciphertext, for the caller to send on
+        :attr:`sock` as it is. Valid until the next call."""
+        if self._pending is not None:
+            raise RuntimeError("A sealed record is still being sent.")
+        views = [memoryview(p).cast("B") for p in parts]
+        views = [v for v in views if len(v)]
+        size = sum(len(v) + -(-len(v) // RECORD) * (HEAD.size + TAG) for v in views)
+        if len(self._sealed) < size:
+            self._sealed = bytearray(size)
+        out = memoryview(self._sealed)
+        at = 0
+        for view in views:
+            for start in range(0, len(view), RECORD):
+                chunk = view[start : start + RECORD]
+                n = len(chunk)
+                aead, nonce = self._out.next()
+                head = HEAD.pack(n)
+                out[at : at + HEAD.size] = head
+                at += HEAD.size
+                aead.encrypt_into(nonce, chunk, head, out[at : at + n + TAG])
+                at += n + TAG
+        return out[:at]
 
     def sendall(self, data: Any) -> None:
         view = memoryview(data).cast("B")

@@ -36,7 +36,7 @@ from typing import Any
 
 from transient_nb.training.wire import frame, sealed, transport
 from transient_nb.training.wire.client import key_share
-from transient_nb.training.wire.codec import reply_into
+from transient_nb.training.wire.codec import reply_into, reply_live
 from transient_nb.training.wire.region import Region, aligned
 
 logger = logging.getLogger(__name__)
@@ -247,8 +247,16 @@ class DataServer:
                     _seal(chan, meta, self.stall_s)
                     continue
                 _close_fds(chan)
-                room = _room(region, meta, arrays, kind, replies)
-                reply, meta_out, out = self._call(kind, meta, arrays, room)
+                if isinstance(chan.sock, sealed.SealedSocket):
+                    # The reply is sealed on the PS's loop from its live weights (no copy).
+                    reply, meta_out, out = self._call(kind, meta, arrays, seal_on=chan)
+                    if reply == frame.REPLY:
+                        frame.drive(chan, chan.send_sealed(out), self.stall_s)
+                        self.served += 1
+                        continue
+                else:
+                    room = _room(region, meta, arrays, kind, replies)
+                    reply, meta_out, out = self._call(kind, meta, arrays, room)
                 offsets = _place(region, meta, out) if reply == frame.REPLY else []
                 frame.drive(chan, chan.send_frame(reply, meta_out, out, offsets), self.stall_s)
                 self.served += 1
@@ -337,16 +345,25 @@ class DataServer:
         raise frame.FrameError(f"Frame kind {kind} is not a request.")
 
     def _call(
-        self, kind: int, meta: dict[str, Any], arrays: list[Any], room: Any = None
+        self,
+        kind: int,
+        meta: dict[str, Any],
+        arrays: list[Any],
+        room: Any = None,
+        seal_on: frame.Channel | None = None,
     ) -> tuple[Any, ...]:
         """Run the request on the PS's event loop; the reply frame ``(kind, meta, arrays)``.
 
         ``room``: where in the shared region the reply's weights may be written directly
-        (:func:`~transient_nb.training.wire.codec.reply_into`).
+        (:func:`~transient_nb.training.wire.codec.reply_into`). ``seal_on``: a sealed channel;
+        the reply is then sealed on the loop (:func:`_sealed_reply`) and its arrays are the
+        sealed frame (an error reply is a frame as always).
         """
         coro = self._request(kind, meta, arrays)
         if isinstance(coro, tuple):
             return coro
+        if seal_on is not None:
+            coro = _sealed_reply(coro, seal_on)
         if room is not None:
             with reply_into(room):  # the task made now inherits this context
                 future = asyncio.run_coroutine_threadsafe(coro, self._loop)
@@ -354,7 +371,7 @@ class DataServer:
             future = asyncio.run_coroutine_threadsafe(coro, self._loop)
         while True:
             try:
-                weights, bn, version = future.result(timeout=CHECK_S)
+                result = future.result(timeout=CHECK_S)
                 break
             except FutureTimeout:
                 if self._closed.is_set():
@@ -362,7 +379,20 @@ class DataServer:
                     raise ConnectionError("closing") from None
             except Exception as e:  # the PS refused the call: the trainer sees why
                 return frame.ERROR, {"error": repr(e)[:500]}, []
+        if seal_on is not None:
+            return frame.REPLY, {}, result
+        weights, bn, version = result
         return frame.REPLY, {"version": int(version)}, [weights, bn]
+
+
+async def _sealed_reply(call: Any, chan: frame.Channel) -> memoryview:
+    """Await the PS's ``call`` with its float32 reply live (its own weights, not a copy:
+    :func:`~transient_nb.training.wire.codec.reply_live`) and seal the reply frame at once, on
+    the loop: there is no ``await`` in between, so no other update touches the weights before
+    they are encrypted. The connection's thread sends the sealed frame."""
+    with reply_live():
+        weights, bn, version = await call
+    return chan.seal_frame(frame.REPLY, {"version": int(version)}, [weights, bn])
 
 
 async def _pump(chan: frame.Channel, step: Any, readable: asyncio.Event) -> Any:
