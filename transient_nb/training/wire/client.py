@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from transient_nb.training.wire import frame, transport
+from transient_nb.training.wire import frame, sealed, transport
 from transient_nb.training.wire.region import Region, aligned
 
 #: How long making a call may block on sending its request before it returns (seconds); the
@@ -139,12 +139,31 @@ class DataClient:
             raise LookupError(f"No data-plane transport to {endpoint!r} from this host.")
         self.transport: str = kind
         self.channel = frame.Channel(sock)
+        if kind == "tls":
+            try:
+                self._seal(timeout)
+            except BaseException:
+                self.channel.close()
+                raise
         self.broken = False
         self.busy: Call | None = None
         self._buffers = frame.Buffers()
         #: On a Unix socket, the memory region shared with the PS (made at the first call).
         self.region: Region | None = None
         self._reply_bytes = 0  # room the last reply took: what the next one will need
+
+    def _seal(self, timeout: float) -> None:
+        """Agree on the sealed stream's keys inside the TLS session (a ``SEAL`` frame each way),
+        then leave TLS for that stream (:mod:`.sealed`)."""
+        chan = self.channel
+        mine = sealed.contribution()
+        frame.drive(chan, chan.send_frame(frame.SEAL, {"share": mine.hex()}, []), timeout)
+        kind, meta, _ = frame.drive(chan, chan.recv_frame(frame.Buffers()), timeout)
+        if kind != frame.SEAL:
+            raise frame.FrameError(f"Unexpected answer to the key exchange (kind {kind}).")
+        to_server, to_client = sealed.derive(mine, key_share(meta))
+        chan.sock.settimeout(timeout)
+        chan.sock = sealed.SealedSocket(chan.sock.unwrap(), to_server, to_client)
 
     def close(self) -> None:
         """Close the connection (a call in flight fails)."""
@@ -238,6 +257,14 @@ class DataClient:
     def pull(self, trainer: str | None = None) -> Call:
         """The current weights, statistics and version (as the actor's ``pull``)."""
         return self._call(frame.PULL, {"trainer": trainer}, [])
+
+
+def key_share(meta: dict[str, Any]) -> bytes:
+    """The peer's key share of a ``SEAL`` frame."""
+    try:
+        return bytes.fromhex(str(meta["share"]))
+    except (KeyError, ValueError):
+        raise frame.FrameError("A key exchange without a key share.") from None
 
 
 def connect_shards(

@@ -41,9 +41,10 @@ import numpy as np
 PUSH_PULL = 1
 PULL = 2
 SETUP = 3  # carries a shared region's descriptor (Unix sockets only); no reply
+SEAL = 4  # over TLS: an end's share of the sealed stream's keys (:mod:`.sealed`), each way
 REPLY = 0x81
 ERROR = 0x82
-KINDS = (PUSH_PULL, PULL, SETUP, REPLY, ERROR)
+KINDS = (PUSH_PULL, PULL, SETUP, SEAL, REPLY, ERROR)
 
 MAGIC = b"TNw1"
 PREFIX = struct.Struct("<4sBBHI")  # magic, kind, number of arrays, 0, metadata bytes
@@ -147,7 +148,8 @@ class Channel:
     """
 
     def __init__(self, sock: socket.socket):
-        self.sock = sock
+        #: The socket; over TLS, once the keys are agreed, a :class:`~.sealed.SealedSocket`.
+        self.sock: Any = sock
         #: ``time.monotonic()`` by which the current step must be done (inf: no bound).
         self.deadline = math.inf
         self.unix = sock.family == socket.AF_UNIX
@@ -248,6 +250,20 @@ class Channel:
             socket.send_fds(self.sock, [head[:1]], [fd])
             head = head[1:]
         yield from self.send_all([head, *inline])
+
+    def seal_frame(
+        self, kind: int, meta: dict[str, Any], arrays: Sequence[np.ndarray | None]
+    ) -> memoryview:
+        """A frame sealed now (a sealed stream's only, :mod:`.sealed`), to send later with
+        :meth:`send_sealed`: the arrays may change once this returns."""
+        head = encode_head(kind, meta, arrays)
+        inline = [a for a in arrays if a is not None and a.nbytes]
+        sealed: memoryview = self.sock.seal([head, *inline])
+        return sealed
+
+    def send_sealed(self, data: memoryview) -> Step:
+        """Send a frame :meth:`seal_frame` made."""
+        yield from self._move(data, self.sock.sock.send, self._arm())
 
     def recv_frame(
         self, buffers: Buffers, stall: float | None = None, region: Any = None

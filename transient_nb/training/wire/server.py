@@ -7,7 +7,10 @@ PS's ``push_pull`` (or ``pull``) awaited in place, as atomic as when Dask calls 
 head written, with no thread in between. Over TLS the arrays themselves travel and are encrypted,
 so each connection has a thread of its own: it reads a request into buffers it keeps, hands the
 call to the PS's loop, and encrypts and sends the reply beside it (the update releases the GIL in
-torch's kernels, the TLS in OpenSSL).
+torch's kernels, the AEAD in ``cryptography``). A trainer's TLS connection first agrees on the
+keys of a sealed stream inside TLS (a ``SEAL`` frame each way) and then moves its frames in that
+stream's 1 MiB AES-128-GCM records rather than TLS's 16 KiB ones (:mod:`.sealed`); a peer that
+does not ask is served over TLS itself.
 
 Bounds (chaos suite): a request or a reply that stalls for ``stall_s`` in the middle drops the
 connection (the trainer has given up and rejoins by then); an idle connection lives as long as
@@ -31,8 +34,9 @@ from collections.abc import Callable
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
-from transient_nb.training.wire import frame, transport
-from transient_nb.training.wire.codec import reply_into
+from transient_nb.training.wire import frame, sealed, transport
+from transient_nb.training.wire.client import key_share
+from transient_nb.training.wire.codec import reply_into, reply_live
 from transient_nb.training.wire.region import Region, aligned
 
 logger = logging.getLogger(__name__)
@@ -239,9 +243,20 @@ class DataServer:
                 if kind == frame.SETUP:
                     region = _adopt(chan.take_fds())
                     continue
+                if kind == frame.SEAL:
+                    _seal(chan, meta, self.stall_s)
+                    continue
                 _close_fds(chan)
-                room = _room(region, meta, arrays, kind, replies)
-                reply, meta_out, out = self._call(kind, meta, arrays, room)
+                if isinstance(chan.sock, sealed.SealedSocket):
+                    # The reply is sealed on the PS's loop from its live weights (no copy).
+                    reply, meta_out, out = self._call(kind, meta, arrays, seal_on=chan)
+                    if reply == frame.REPLY:
+                        frame.drive(chan, chan.send_sealed(out), self.stall_s)
+                        self.served += 1
+                        continue
+                else:
+                    room = _room(region, meta, arrays, kind, replies)
+                    reply, meta_out, out = self._call(kind, meta, arrays, room)
                 offsets = _place(region, meta, out) if reply == frame.REPLY else []
                 frame.drive(chan, chan.send_frame(reply, meta_out, out, offsets), self.stall_s)
                 self.served += 1
@@ -330,16 +345,25 @@ class DataServer:
         raise frame.FrameError(f"Frame kind {kind} is not a request.")
 
     def _call(
-        self, kind: int, meta: dict[str, Any], arrays: list[Any], room: Any = None
+        self,
+        kind: int,
+        meta: dict[str, Any],
+        arrays: list[Any],
+        room: Any = None,
+        seal_on: frame.Channel | None = None,
     ) -> tuple[Any, ...]:
         """Run the request on the PS's event loop; the reply frame ``(kind, meta, arrays)``.
 
         ``room``: where in the shared region the reply's weights may be written directly
-        (:func:`~transient_nb.training.wire.codec.reply_into`).
+        (:func:`~transient_nb.training.wire.codec.reply_into`). ``seal_on``: a sealed channel;
+        the reply is then sealed on the loop (:func:`_sealed_reply`) and its arrays are the
+        sealed frame (an error reply is a frame as always).
         """
         coro = self._request(kind, meta, arrays)
         if isinstance(coro, tuple):
             return coro
+        if seal_on is not None:
+            coro = _sealed_reply(coro, seal_on)
         if room is not None:
             with reply_into(room):  # the task made now inherits this context
                 future = asyncio.run_coroutine_threadsafe(coro, self._loop)
@@ -347,7 +371,7 @@ class DataServer:
             future = asyncio.run_coroutine_threadsafe(coro, self._loop)
         while True:
             try:
-                weights, bn, version = future.result(timeout=CHECK_S)
+                result = future.result(timeout=CHECK_S)
                 break
             except FutureTimeout:
                 if self._closed.is_set():
@@ -355,7 +379,20 @@ class DataServer:
                     raise ConnectionError("closing") from None
             except Exception as e:  # the PS refused the call: the trainer sees why
                 return frame.ERROR, {"error": repr(e)[:500]}, []
+        if seal_on is not None:
+            return frame.REPLY, {}, result
+        weights, bn, version = result
         return frame.REPLY, {"version": int(version)}, [weights, bn]
+
+
+async def _sealed_reply(call: Any, chan: frame.Channel) -> memoryview:
+    """Await the PS's ``call`` with its float32 reply live (its own weights, not a copy:
+    :func:`~transient_nb.training.wire.codec.reply_live`) and seal the reply frame at once, on
+    the loop: there is no ``await`` in between, so no other update touches the weights before
+    they are encrypted. The connection's thread sends the sealed frame."""
+    with reply_live():
+        weights, bn, version = await call
+    return chan.seal_frame(frame.REPLY, {"version": int(version)}, [weights, bn])
 
 
 async def _pump(chan: frame.Channel, step: Any, readable: asyncio.Event) -> Any:
@@ -399,6 +436,18 @@ async def _pump_out(
     finally:
         if writable is not None:
             loop.remove_writer(fd)
+
+
+def _seal(chan: frame.Channel, meta: dict[str, Any], timeout: float) -> None:
+    """Answer a trainer's key share with ours inside the TLS session, then leave TLS for the
+    sealed stream (:mod:`.sealed`); once per connection, over TLS only."""
+    if not isinstance(chan.sock, ssl.SSLSocket):
+        raise frame.FrameError("A key exchange outside TLS, or a second one.")
+    theirs, mine = key_share(meta), sealed.contribution()
+    to_server, to_client = sealed.derive(theirs, mine)
+    frame.drive(chan, chan.send_frame(frame.SEAL, {"share": mine.hex()}, []), timeout)
+    chan.sock.settimeout(timeout)
+    chan.sock = sealed.SealedSocket(chan.sock.unwrap(), to_client, to_server)
 
 
 def _close_fds(chan: frame.Channel) -> None:

@@ -8,7 +8,8 @@ Two transports, both from the standard library:
 - ``tls``: TCP with TLS 1.2+ (``ssl``), mutually authenticated with the cluster's certificates,
   the very ones the worker's Dask comms use (its :class:`distributed.security.Security`: the
   cluster CA's certificate and the worker's own pair). A peer without a certificate from the
-  cluster's CA fails the handshake. This is the path across hosts (GCE).
+  cluster's CA fails the handshake. This is the path across hosts (GCE). The bulk then travels
+  in a stream keyed inside that TLS session (:mod:`.sealed`: same cipher, larger records).
 
 The backend tells its workers which transport the PS offers, through ``TRANSIENT_NB_DATA_PLANE``
 (``unix`` on the local backend, ``tls`` on GCE) and, on GCE, the ports its firewall rule opens
