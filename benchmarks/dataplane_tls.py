@@ -19,6 +19,7 @@ Run
 ---
     python benchmarks/dataplane_tls.py                      # 1.86M float32, 1 trainer
     python benchmarks/dataplane_tls.py --trainers 4 --params 466906
+    python benchmarks/dataplane_tls.py --tiny               # seconds-long smoke configuration (CI)
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import argparse
 import asyncio
 import multiprocessing as mp
 import os
+import shutil
 import socket
 import statistics
 import tempfile
@@ -121,13 +123,23 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--streams", nargs="+", default=["tls", "sealed"])
+    ap.add_argument("--tiny", action="store_true", help="seconds-long smoke configuration")
     args = ap.parse_args()
+    if args.tiny:
+        args.params, args.steps, args.repeats = 100_000, 10, 1
 
+    folder = tempfile.mkdtemp(prefix="dataplane-tls-")  # the cluster CA's keys: removed at the end
+    try:
+        _measure(args, folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _measure(args: argparse.Namespace, folder: str) -> None:
     from transient_nb.backends.tls import ClusterCA, security_from_files
     from transient_nb.training.wire import transport
     from transient_nb.training.wire.server import DataServer
 
-    folder = tempfile.mkdtemp(prefix="dataplane-tls-")
     ca = ClusterCA.create("bench")
     ps_files = ca.write_files(os.path.join(folder, "ps"), "ps-0", role="ps")
     files = [

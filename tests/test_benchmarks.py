@@ -55,6 +55,19 @@ def assert_positive(rows: list[dict[str, str]], *columns: str) -> None:
             assert float(row[c]) > 0, f"{c} = {row[c]!r} in {row}"
 
 
+def test_dataplane_tls():
+    """``dataplane_tls.py --tiny``: the cross-host wire alone, TLS records and the sealed stream."""
+    header, rows = run_tiny("dataplane_tls.py")
+    assert header == [
+        "stream",
+        "round trips/s",
+        "PS CPU ms/round trip",
+        "trainer CPU ms/round trip",
+    ]
+    assert [r["stream"] for r in rows] == ["tls", "sealed"]
+    assert_positive(rows, *header[1:])
+
+
 def test_worker_efficiency():
     header, rows = run_tiny("worker_efficiency.py")
     assert header[:5] == ["device", "model", "batch", "threads", "pipeline"]
