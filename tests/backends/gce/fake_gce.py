@@ -798,11 +798,14 @@ class FakeGCE:
         """Move a booting instance on to ``status``, never back.
 
         The STAGING and boot timers are two threads: on a loaded machine the STAGING one can
-        fire after the boot, and a VM set back from RUNNING to STAGING would never run.
+        fire after the boot, and a VM set back from RUNNING to STAGING would never run. One
+        stopped or being deleted before its timer fired (preempted, given back) stays so.
         """
         with self.lock:
             inst = self.instances.get(key)
-            if inst is not None and BOOT_ORDER.index(status) > BOOT_ORDER.index(inst["status"]):
+            if inst is None or inst["status"] not in BOOT_ORDER:
+                return
+            if BOOT_ORDER.index(status) > BOOT_ORDER.index(inst["status"]):
                 inst["status"] = status
 
     def _boot(self, key: tuple[str, str]) -> None:
