@@ -61,6 +61,7 @@ def trainer(
     stream: str,
     n: int,
     steps: int,
+    ready: Any,
     go: Any,
     out: Any,
 ) -> None:
@@ -88,6 +89,7 @@ def trainer(
             frame.drive(chan, chan.recv_frame(buffers), 30)
 
     push(0)
+    ready.put(True)
     go.wait()
     c0 = time.process_time()
     for i in range(steps):
@@ -97,22 +99,26 @@ def trainer(
 
 def run(stream: str, n: int, trainers: int, steps: int, server: Any, files: list[Any]) -> Any:
     ctx = mp.get_context("spawn")
-    go, out = ctx.Event(), ctx.Queue()
+    ready, go, out = ctx.Queue(), ctx.Event(), ctx.Queue()
     procs = [
-        ctx.Process(target=trainer, args=(server.endpoint, files[i], stream, n, steps, go, out))
+        ctx.Process(
+            target=trainer, args=(server.endpoint, files[i], stream, n, steps, ready, go, out)
+        )
         for i in range(trainers)
     ]
     for p in procs:
         p.start()
-    time.sleep(3.0)  # the trainers' imports and first round trip
-    t0, c0 = time.perf_counter(), os.times()
+    for _ in procs:  # each trainer imported, connected and made its first round trip
+        ready.get(timeout=300)
+    # The PS's CPU is this process's (its loop thread serves the trainers): process_time, not
+    # os.times, whose 10 ms ticks read 0 for a short run.
+    t0, c0 = time.perf_counter(), time.process_time()
     go.set()
     cpus = [out.get(timeout=600) for _ in procs]
-    wall, c1 = time.perf_counter() - t0, os.times()
+    wall, ps_cpu = time.perf_counter() - t0, time.process_time() - c0
     for p in procs:
         p.join()
     total = steps * trainers
-    ps_cpu = (c1.user - c0.user) + (c1.system - c0.system)
     return total / wall, 1000 * ps_cpu / total, 1000 * statistics.median(cpus) / steps
 
 
@@ -126,7 +132,7 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true", help="seconds-long smoke configuration")
     args = ap.parse_args()
     if args.tiny:
-        args.params, args.steps, args.repeats = 100_000, 10, 1
+        args.params, args.steps, args.repeats = 100_000, 50, 1
 
     folder = tempfile.mkdtemp(prefix="dataplane-tls-")  # the cluster CA's keys: removed at the end
     try:
