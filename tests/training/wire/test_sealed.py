@@ -5,12 +5,12 @@ from __future__ import annotations
 import socket
 import ssl
 import threading
-import time
 from typing import Any
 
 import numpy as np
 import pytest
 
+from tests.conftest import wait_for_sync
 from transient_nb.training.wire import frame, sealed
 from transient_nb.training.wire.client import DataClient
 from transient_nb.training.wire.codec import to_wire
@@ -135,9 +135,7 @@ def test_a_tls_trainer_seals_its_connection_and_a_plain_tls_peer_still_gets_answ
         frame.drive(chan, chan.send_frame(frame.SEAL, {"share": "00" * 32}, []), 10)
         with pytest.raises(ConnectionError):
             frame.drive(chan, chan.recv_frame(frame.Buffers()), 10)
-        deadline = time.monotonic() + 10
-        while server.refused < 1 and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_for_sync(lambda: server.refused >= 1, timeout=10, message="the server never refused")
         assert server.refused == 1
         # A peer that speaks the frames over TLS without sealing is served as before.
         ctx = tls_contexts(certs["trainer"])[1]
