@@ -161,7 +161,7 @@ class DataClient:
         kind, meta, _ = frame.drive(chan, chan.recv_frame(frame.Buffers()), timeout)
         if kind != frame.SEAL:
             raise frame.FrameError(f"Unexpected answer to the key exchange (kind {kind}).")
-        to_server, to_client = sealed.derive(mine, key_share(meta))
+        to_server, to_client = sealed.derive(mine, sealed.share_of(meta))
         chan.sock.settimeout(timeout)
         chan.sock = sealed.SealedSocket(chan.sock.unwrap(), to_server, to_client)
 
@@ -257,14 +257,6 @@ class DataClient:
     def pull(self, trainer: str | None = None) -> Call:
         """The current weights, statistics and version (as the actor's ``pull``)."""
         return self._call(frame.PULL, {"trainer": trainer}, [])
-
-
-def key_share(meta: dict[str, Any]) -> bytes:
-    """The peer's key share of a ``SEAL`` frame."""
-    try:
-        return bytes.fromhex(str(meta["share"]))
-    except (KeyError, ValueError):
-        raise frame.FrameError("A key exchange without a key share.") from None
 
 
 def connect_shards(

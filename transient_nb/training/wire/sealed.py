@@ -39,6 +39,8 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from transient_nb.training.wire.frame import FrameError
+
 #: Largest plaintext of one record (bytes): large enough that per-record costs vanish, small
 #: enough that a record in flight stays in the CPU's cache.
 RECORD = 1 << 20
@@ -58,6 +60,15 @@ class SealError(ConnectionError):
 def contribution() -> bytes:
     """This end's random share of a connection's keys."""
     return secrets.token_bytes(NONCE_BYTES)
+
+
+def share_of(meta: dict[str, Any]) -> bytes:
+    """The peer's key share, from the metadata of its ``SEAL`` frame (a frame without one is
+    a broken frame: :class:`~transient_nb.training.wire.frame.FrameError`)."""
+    try:
+        return bytes.fromhex(str(meta["share"]))
+    except (KeyError, ValueError):
+        raise FrameError("A key exchange without a key share.") from None
 
 
 def derive(client: bytes, server: bytes) -> tuple[bytes, bytes]:

@@ -35,7 +35,6 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from transient_nb.training.wire import frame, sealed, transport
-from transient_nb.training.wire.client import key_share
 from transient_nb.training.wire.codec import reply_into, reply_live
 from transient_nb.training.wire.region import Region, aligned
 
@@ -443,7 +442,7 @@ def _seal(chan: frame.Channel, meta: dict[str, Any], timeout: float) -> None:
     sealed stream (:mod:`.sealed`); once per connection, over TLS only."""
     if not isinstance(chan.sock, ssl.SSLSocket):
         raise frame.FrameError("A key exchange outside TLS, or a second one.")
-    theirs, mine = key_share(meta), sealed.contribution()
+    theirs, mine = sealed.share_of(meta), sealed.contribution()
     to_server, to_client = sealed.derive(theirs, mine)
     frame.drive(chan, chan.send_frame(frame.SEAL, {"share": mine.hex()}, []), timeout)
     chan.sock.settimeout(timeout)
