@@ -7,7 +7,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from transient_nb.eventlog.bill import bill, compute_costs
+from transient_nb.eventlog.bill import Bill, bill, compute_costs
 
 T0 = 1_000_000.0
 
@@ -323,3 +323,80 @@ def test_the_repr_says_what_was_spent_saved_and_the_rate_now() -> None:
     events += [vm("w-1", 0.9, 1.8), ev("running", 0, "w-1")]
     report = compute_costs(events, now=T0 + 3600)
     assert repr(report) == "<CostReport $2.7000 spent, $5.4000 on demand, saved 50%; now $0.900/h>"
+
+
+# -- the incremental bill (what the views and the policy ask between events) --------------------
+def fed(b: Bill, *events: dict[str, Any]) -> Bill:
+    for e in events:
+        b.feed(e)
+    return b
+
+
+def test_a_given_time_scale_wins_over_the_started_event_and_scales_running_vms() -> None:
+    b = fed(Bill(minimum_s=0, time_scale=200.0), ev("started", 0, time_scale=5.0))
+    fed(b, vm("w-0", 3.6, 3.6), ev("running", 0, "w-0"))
+    assert b.time_scale == 200.0
+    # Half a wall second at 200x is 100 billed seconds (not 200: no one-second floor).
+    assert b.vm_cost("w-0", now=T0 + 0.5) == pytest.approx(bill(100, 3.6, 0))
+    total, total_od, rate, rate_od = b.totals(now=T0 + 0.5)
+    assert total == total_od == pytest.approx(0.1)
+    assert rate == rate_od == 3.6
+
+
+def test_a_started_event_after_stopped_vms_rebills_them_once() -> None:
+    # Never in a real log, but a fold that starts mid-log must not keep wall-time prices.
+    b = fed(
+        Bill(minimum_s=0),
+        vm("w-0", 3.6, 7.2),
+        ev("running", 0, "w-0"),
+        ev("preempted", 10, "w-0"),
+        vm("w-1", 3.6, 7.2),
+        ev("running", 0, "w-1"),
+        ev("deleted", 20, "w-1"),
+        vm("w-2", 3.6, 7.2),
+        ev("running", 0, "w-2"),
+    )
+    assert b.totals(now=T0)[:2] == pytest.approx((0.03, 0.06))
+    fed(b, ev("started", 30, time_scale=2.0))
+    # 10 s and 20 s at 2x: 60 billed seconds, on demand at twice the price; w-2 has not stopped.
+    assert b.totals(now=T0)[:2] == pytest.approx((0.06, 0.12))
+    assert b.vm_cost("w-0") == pytest.approx(0.02)
+    fed(b, ev("started", 40, time_scale=7.0))  # a second one changes nothing
+    assert b.time_scale == 2.0 and b.totals(now=T0)[:2] == pytest.approx((0.06, 0.12))
+
+
+def test_a_started_event_at_the_real_clock_rebills_nothing() -> None:
+    b = fed(Bill(minimum_s=60), vm("w-0", 3.6, 7.2), ev("running", 0, "w-0"))
+    fed(b, ev("preempted", 10, "w-0"), ev("started", 20, time_scale=1.0))
+    assert b.totals(now=T0)[:2] == pytest.approx((0.06, 0.12))  # one minimum each, kept
+
+
+def test_the_same_name_requested_again_replaces_its_row_and_its_money() -> None:
+    # The per-VM rows are by name: the totals must always be the sum of the rows.
+    b = fed(
+        Bill(minimum_s=0),
+        vm("w-0", 3.6, 7.2),
+        ev("running", 0, "w-0"),
+        ev("preempted", 100, "w-0"),
+        vm("w-0", 36.0, 72.0),
+    )
+    assert b.totals(now=T0 + 100)[:2] == (0.0, 0.0)  # the new one has not run yet
+    assert not b.is_running("w-0") and b.price("w-0") == 36.0
+    fed(b, ev("running", 200, "w-0"))
+    assert b.is_running("w-0") and b.vm_cost("w-0", now=T0 + 210) == pytest.approx(0.1)
+    fed(b, vm("w-0", 3.6, 7.2))  # requested again while running: no longer billed
+    assert not b.is_running("w-0") and b.totals(now=T0 + 300) == (0.0, 0.0, 0.0, 0.0)
+    report = b.report(now=T0 + 300)
+    assert report.total == report.per_vm["cost"].sum() == 0.0
+
+
+def test_vm_cost_of_unknown_waiting_stopped_and_running_vms() -> None:
+    b = fed(Bill(minimum_s=600), vm("w-0", 3.6, 7.2), vm("w-1", 3.6, 7.2), ev("running", 0, "w-0"))
+    assert b.vm_cost("nobody") == 0.0 and b.price("nobody") == 0.0 and not b.is_running("nobody")
+    assert b.vm_cost("w-1", now=T0 + 5) == 0.0  # requested, never running
+    assert b.vm_cost("w-0", now=T0 + 5) == pytest.approx(0.6)  # the minimum: 600 s
+    assert b.totals(now=T0 + 5)[:2] == pytest.approx((0.6, 1.2))
+    assert b.vm_cost("w-0", now=T0 + 1200) == pytest.approx(1.2)
+    fed(b, ev("deleted", 900, "w-0"))
+    assert b.vm_cost("w-0", now=T0 + 5000) == pytest.approx(0.9)  # the spot price, fixed
+    assert b.report().per_vm.loc["w-0", "end"] == T0 + 900

@@ -256,3 +256,19 @@ def test_odds_that_differ_past_9_digits_are_equal_and_the_newest_goes_first() ->
     # 4e-10 is float noise at 9 digits: the older worker's odds do not beat the newer one's age.
     older, newer = Held("w-8", True, 0.1 + 4e-10, 8), Held("w-9", True, 0.1, 9)
     assert [h.name for h in give_back_order([older, newer])] == ["w-9", "w-8"]
+
+
+def test_a_worker_kept_on_demand_tries_every_on_demand_placement_before_spot() -> None:
+    # scale(on_demand=...): better a Spot worker than none, but on demand first, in every zone.
+    policy = ReplacementPolicy("t4", "z-a", True, fallback_zones=["z-b"])
+    assert list(policy.candidates("t4", on_demand_first=True)) == [
+        Placement("t4", "z-a", False),
+        Placement("t4", "z-b", False),
+        Placement("t4", "z-a", True),
+        Placement("t4", "z-b", True),
+    ]
+    # Without it, a Spot cluster never rents on demand (no on-demand fallback here).
+    assert [p.spot for p in policy.candidates("t4")] == [True, True]
+    # An on-demand cluster has nothing to put first.
+    on_demand = ReplacementPolicy("t4", "z-a", False)
+    assert list(on_demand.placements("t4", on_demand_first=True)) == [Placement("t4", "z-a", False)]
