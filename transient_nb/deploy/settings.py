@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from dask.utils import parse_timedelta
@@ -71,12 +71,14 @@ def _seconds(key: str) -> float:
     return float(parse_timedelta(config.get(key), default="seconds") or 0)
 
 
-@dataclass
-class ClusterSettings:
-    """Every setting of a cluster, checked (see :meth:`from_arguments`)."""
+# Only the fields: no __init__, __repr__ or __eq__, which a cluster (a SpecCluster) has its own of.
+@dataclass(init=False, repr=False, eq=False)
+class SharedSettings:
+    """The settings that every part of a running cluster reads, declared once: a
+    :class:`ClusterSettings` holds them checked, and the cluster
+    (:class:`~transient_nb.deploy.core.ClusterCore`) gets them with :meth:`share_with`. The
+    cluster may change its own copy (``ps_hosts`` when it scales its PS hosts)."""
 
-    name: str
-    mix: Mix
     gpu: str
     limits: Limits
     spot: bool
@@ -85,19 +87,32 @@ class ClusterSettings:
     ps_machine_type: str
     ps_hosts: int
     catalog: PriceCatalog
-    fallback_zones: list[str]
-    fallback_gpus: list[str]
     preemption: PreemptionModel
     time_scale: float
-    backend_name: str
     notice_s: float
     provisioning_delay: Any
     replace: bool
     replace_at: str
+    cluster_id: str
+
+    def share_with(self, other: SharedSettings) -> None:
+        """Set these settings on ``other`` (a cluster)."""
+        for f in fields(SharedSettings):
+            setattr(other, f.name, getattr(self, f.name))
+
+
+@dataclass
+class ClusterSettings(SharedSettings):
+    """Every setting of a cluster, checked (see :meth:`from_arguments`)."""
+
+    name: str
+    mix: Mix
+    fallback_zones: list[str]
+    fallback_gpus: list[str]
+    backend_name: str
     on_demand_fallback: bool
     seed: Any
     run_dir: str
-    cluster_id: str
     backend_options: dict[str, Any] = field(default_factory=dict)
     #: The machine type of a head VM that hosts the first PS host (a detached GCE cluster): that
     #: host is billed as the head VM. None: no head VM (an attached cluster, the local backend).
