@@ -325,6 +325,36 @@ class TransientVM(ProcessInterface):
         raise NotImplementedError
 
 
+@dataclass(frozen=True)
+class Preparation:
+    """What :meth:`Backend.prepare` checks against the provider before anything starts.
+
+    Attributes
+    ----------
+    gpus
+        The GPU types asked for (the first ``asked_gpus``: a mixed cluster asks for several),
+        then the fallback types.
+    zones, machine_type, ps_machine_type
+        The zones (the cluster's, then its fallbacks), the workers' and the PS hosts' machine
+        types.
+    notice_s
+        The preemption notice, in wall seconds.
+    cluster_id
+        Unique to the cluster: what it creates carries it, so that it never takes (or deletes)
+        a resource of someone else's that happens to have the same name.
+    asked_gpus
+        How many of ``gpus`` the cluster asks for.
+    """
+
+    gpus: Sequence[str]
+    zones: Sequence[str]
+    machine_type: str
+    ps_machine_type: str
+    notice_s: float
+    cluster_id: str = ""
+    asked_gpus: int = 1
+
+
 class Backend:
     """Makes VMs. Subclasses set ``name`` and implement :meth:`make_vm`.
 
@@ -344,25 +374,9 @@ class Backend:
         """Options merged into the scheduler's (host, protocol, security)."""
         return {}
 
-    def prepare(
-        self,
-        cluster_name: str,
-        *,
-        gpus: Sequence[str],
-        zones: Sequence[str],
-        machine_type: str,
-        ps_machine_type: str,
-        notice_s: float,
-        cluster_id: str = "",
-        asked_gpus: int = 1,
-    ) -> None:
-        """Check the cluster's settings against the provider; called before anything starts.
-
-        ``cluster_id`` is unique to the cluster: what it creates carries it, so that it never
-        takes (or deletes) a resource of someone else's that happens to have the same name.
-        ``gpus``: the types asked for (the first ``asked_gpus``: a mixed cluster asks for
-        several), then the fallback types.
-        """
+    def prepare(self, cluster_name: str, plan: Preparation) -> None:
+        """Check the cluster's settings (``plan``) against the provider; called before anything
+        starts."""
 
     def not_offered(self) -> set[tuple[str, str]]:
         """(GPU type, zone) pairs the provider does not offer, as :meth:`prepare` found them

@@ -20,6 +20,7 @@ from dask.utils import parse_timedelta
 
 from transient_nb import config
 from transient_nb.backends import Backend, get_backend
+from transient_nb.backends.base import Preparation
 from transient_nb.catalog.lifetimes import PreemptionModel, parse_preemption, validate_delay
 from transient_nb.catalog.mix import Mix, format_mix, parse_mix
 from transient_nb.catalog.prices import PriceCatalog
@@ -267,23 +268,23 @@ class ClusterSettings(SharedSettings):
         options = {"tls_lifetime": self.tls_lifetime_s, **self.backend_options}
         return get_backend(self.backend_name, log_dir=log_dir, **options)
 
-    def prepare_options(self) -> dict[str, Any]:
+    def preparation(self) -> Preparation:
         """What the backend's ``prepare`` checks against its provider."""
-        return {
-            "gpus": [*self.mix, *[g for g in self.fallback_gpus if g not in self.mix]],
-            "zones": self.zones,
-            "machine_type": self.machine_type,
-            "ps_machine_type": self.ps_machine_type,
-            "notice_s": self.notice_s / self.time_scale,
-            "cluster_id": self.cluster_id,
-            "asked_gpus": len(self.mix),
-        }
+        return Preparation(
+            gpus=[*self.mix, *[g for g in self.fallback_gpus if g not in self.mix]],
+            zones=self.zones,
+            machine_type=self.machine_type,
+            ps_machine_type=self.ps_machine_type,
+            notice_s=self.notice_s / self.time_scale,
+            cluster_id=self.cluster_id,
+            asked_gpus=len(self.mix),
+        )
 
     def check(self, backend: Backend | None = None) -> Backend:
         """The backend's own checks against its provider (GCE: project, zones, machine and GPU
         types, image); blocking. Returns the backend, ready to start the cluster."""
         backend = backend or self.make_backend()
-        backend.prepare(self.name, **self.prepare_options())
+        backend.prepare(self.name, self.preparation())
         return backend
 
     # -- money ----------------------------------------------------------------------------------------
