@@ -327,31 +327,22 @@ class TransientVM(ProcessInterface):
 
 @dataclass(frozen=True)
 class Preparation:
-    """What :meth:`Backend.prepare` checks against the provider before anything starts.
+    """What :meth:`Backend.prepare` checks against the provider before anything starts."""
 
-    Attributes
-    ----------
-    gpus
-        The GPU types asked for (the first ``asked_gpus``: a mixed cluster asks for several),
-        then the fallback types.
-    zones, machine_type, ps_machine_type
-        The zones (the cluster's, then its fallbacks), the workers' and the PS hosts' machine
-        types.
-    notice_s
-        The preemption notice, in wall seconds.
-    cluster_id
-        Unique to the cluster: what it creates carries it, so that it never takes (or deletes)
-        a resource of someone else's that happens to have the same name.
-    asked_gpus
-        How many of ``gpus`` the cluster asks for.
-    """
-
+    #: The GPU types asked for (the first ``asked_gpus``: a mixed cluster asks for several), then
+    #: the fallback types.
     gpus: Sequence[str]
+    #: The cluster's zone, then its fallback zones.
     zones: Sequence[str]
+    #: The workers' and the PS hosts' machine types.
     machine_type: str
     ps_machine_type: str
+    #: The preemption notice, in wall seconds.
     notice_s: float
+    #: Unique to the cluster: what it creates carries it, so that it never takes (or deletes) a
+    #: resource of someone else's that happens to have the same name.
     cluster_id: str = ""
+    #: How many of ``gpus`` the cluster asks for.
     asked_gpus: int = 1
 
 
