@@ -25,7 +25,6 @@ from .conftest import (
     frozen_ps_is_kept,
     kinds,
     ps_vm,
-    replacement_recorded,
     replacement_trains,
     run_to_the_end,
     signal_vm,
@@ -53,8 +52,12 @@ def test_worker_hard_killed_in_the_middle_of_a_push(record):
             cluster.preempt("w-1", notice=False)
         finally:
             signal_vm(ps, signal.SIGCONT)
-        replacement_recorded(
-            run, 2000, 1, record, "worker SIGKILLed mid-push", "replacement trains", t_fault
+        t_back, finished = replacement_trains(run, 2000, lost_at_most=1)
+        record.add(
+            "worker SIGKILLed mid-push",
+            f"{finished['step']} steps; replacement trains",
+            finished,
+            recover_s=t_back - t_fault,
         )
         assert_story(
             run,
@@ -73,8 +76,12 @@ def test_preemption_notice_drains_the_last_gradient(record):
         until(lambda: accepted(run, "w-0") >= 20, what="w-0 pushing")
         t_fault = time.time()
         cluster.preempt("w-0", notice=True)
-        replacement_recorded(
-            run, 2000, 0, record, "preemption notice (3 s)", "last gradient drained", t_fault
+        t_back, finished = replacement_trains(run, 2000, lost_at_most=0)
+        record.add(
+            "preemption notice (3 s)",
+            f"{finished['step']} steps; last gradient drained",
+            finished,
+            recover_s=t_back - t_fault,
         )
         assert "w-0" in run.status["drained"]
         assert kinds(run, "gradient-lost") == [] and run.status["gaps"] == 0

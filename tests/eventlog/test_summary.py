@@ -90,14 +90,15 @@ def test_speedup_only_where_one_worker_was_measured_alone():
 
 
 def test_the_summary_says_whether_the_host_kept_the_emulated_pace():
-    def of_worker(kind: str, worker: str, gpu: str, **fields: Any) -> dict[str, Any]:
-        return make_event(kind, run="r", worker=worker, role="worker", gpu=gpu, **fields)
+    from transient_nb.eventlog.vocabulary import make_event
 
     paced = [  # a GPU with a step rate to keep, and one without
-        of_worker(
+        make_event(
             "emulation-paced",
-            worker,
-            gpu,
+            run="r",
+            worker=worker,
+            role="worker",
+            gpu=gpu,
             steps_per_s=rate,
             wall_steps_per_s=wall_rate,
             time_scale=5.0,
@@ -111,10 +112,12 @@ def test_the_summary_says_whether_the_host_kept_the_emulated_pace():
     kept = summarize(paced)
     assert kept["emulated"] and kept["emulation_behind"] == 0
     assert "kept the emulated pace" in kept["emulation_note"] and "w-1" in kept["emulation_note"]
-    behind = of_worker(
+    behind = make_event(
         "emulation-behind",
-        "w-0",
-        "k80",
+        run="r",
+        worker="w-0",
+        role="worker",
+        gpu="k80",
         target_steps_per_s=22.8,
         achieved_steps_per_s=11.4,
         window_s=2.0,

@@ -11,19 +11,15 @@ from transient_nb.backends.gce import startup as gce_startup
 
 
 def test_the_startup_script_powers_off_on_any_failure(tmp_path: Path) -> None:
-    worker = gce_startup.worker_args(
+    script = gce_startup.startup_script(
         python=sys.executable,
         scheduler_address="tls://127.0.0.1:1",
-        name="w-0",
+        vm={"name": "w-0", "role": "worker", "gpu": None, "zone": "z", "spot": True},
         resources={"gpu": 1},
         nthreads=1,
         death_timeout_s=1,
         worker_ports="41000:41099",
         nanny_ports="41100:41199",
-    )
-    script = gce_startup.startup_script(
-        worker=worker,
-        vm={"name": "w-0", "role": "worker", "gpu": None, "zone": "z", "spot": True},
         notice_s=2,
     )
     assert "trap " in script and "EXIT" in script
