@@ -332,9 +332,18 @@ def fed(b: Bill, *events: dict[str, Any]) -> Bill:
     return b
 
 
+def ran(
+    name: str, price: float, od: float, ended: tuple[str, float] | None = None
+) -> tuple[dict[str, Any], ...]:
+    """A worker VM's events: requested at ``price`` (``od`` on demand), running from 0 and, with
+    ``ended`` (a kind and a time), ended."""
+    events = (vm(name, price, od), ev("running", 0, name))
+    return events if ended is None else (*events, ev(ended[0], ended[1], name))
+
+
 def test_a_given_time_scale_wins_over_the_started_event_and_scales_running_vms() -> None:
     b = fed(Bill(minimum_s=0, time_scale=200.0), ev("started", 0, time_scale=5.0))
-    fed(b, vm("w-0", 3.6, 3.6), ev("running", 0, "w-0"))
+    fed(b, *ran("w-0", 3.6, 3.6))
     assert b.time_scale == 200.0
     # Half a wall second at 200x is 100 billed seconds (not 200: no one-second floor).
     assert b.vm_cost("w-0", now=T0 + 0.5) == pytest.approx(bill(100, 3.6, 0))
@@ -347,14 +356,9 @@ def test_a_started_event_after_stopped_vms_rebills_them_once() -> None:
     # Never in a real log, but a fold that starts mid-log must not keep wall-time prices.
     b = fed(
         Bill(minimum_s=0),
-        vm("w-0", 3.6, 7.2),
-        ev("running", 0, "w-0"),
-        ev("preempted", 10, "w-0"),
-        vm("w-1", 3.6, 7.2),
-        ev("running", 0, "w-1"),
-        ev("deleted", 20, "w-1"),
-        vm("w-2", 3.6, 7.2),
-        ev("running", 0, "w-2"),
+        *ran("w-0", 3.6, 7.2, ("preempted", 10)),
+        *ran("w-1", 3.6, 7.2, ("deleted", 20)),
+        *ran("w-2", 3.6, 7.2),
     )
     assert b.totals(now=T0)[:2] == pytest.approx((0.03, 0.06))
     fed(b, ev("started", 30, time_scale=2.0))
@@ -366,20 +370,14 @@ def test_a_started_event_after_stopped_vms_rebills_them_once() -> None:
 
 
 def test_a_started_event_at_the_real_clock_rebills_nothing() -> None:
-    b = fed(Bill(minimum_s=60), vm("w-0", 3.6, 7.2), ev("running", 0, "w-0"))
+    b = fed(Bill(minimum_s=60), *ran("w-0", 3.6, 7.2))
     fed(b, ev("preempted", 10, "w-0"), ev("started", 20, time_scale=1.0))
     assert b.totals(now=T0)[:2] == pytest.approx((0.06, 0.12))  # one minimum each, kept
 
 
 def test_the_same_name_requested_again_replaces_its_row_and_its_money() -> None:
     # The per-VM rows are by name: the totals must always be the sum of the rows.
-    b = fed(
-        Bill(minimum_s=0),
-        vm("w-0", 3.6, 7.2),
-        ev("running", 0, "w-0"),
-        ev("preempted", 100, "w-0"),
-        vm("w-0", 36.0, 72.0),
-    )
+    b = fed(Bill(minimum_s=0), *ran("w-0", 3.6, 7.2, ("preempted", 100)), vm("w-0", 36.0, 72.0))
     assert b.totals(now=T0 + 100)[:2] == (0.0, 0.0)  # the new one has not run yet
     assert not b.is_running("w-0") and b.price("w-0") == 36.0
     fed(b, ev("running", 200, "w-0"))
