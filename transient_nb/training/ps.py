@@ -201,6 +201,7 @@ class ParameterServer:
         self.finals: set[str] = set()  # trainers whose last gradient arrived with a notice
         self.last_checkpoint = self.version
         self._window = {"t": time.time(), "updates": 0, "images": 0, "loss": 0.0, "stale": 0}
+        self._lr = 0.0  # the learning rate of the newest update (what a flushed window reports)
         self._snapshot: dict[str, Any] | None = None
         # Paced emulation of the paper's PS capacity (``hparams["emulate"]`` with ``ps=``): set
         # up at the first push, once the cluster's time scale is read from its event log.
@@ -310,6 +311,7 @@ class ParameterServer:
         win["images"] += images
         win["loss"] += loss
         win["stale"] += stale
+        self._lr = lr
         now = time.time()
         if self.shard == 0 and now - win["t"] >= self.hp.metrics_interval_s:
             self._post_metrics(now, lr)
@@ -429,6 +431,15 @@ class ParameterServer:
             "step": self.version,
             "counters": self.counters(),
         }
+
+    async def flush_metrics(self) -> int | None:
+        """Post the ``metrics`` of the updates since the last one now (the driver, at a run's
+        end: a run shorter than ``metrics_interval_s`` has a curve too); returns the step it
+        posted at, or None when no update was waiting."""
+        if self.shard != 0 or not self._window["updates"]:
+            return None
+        self._post_metrics(time.time(), self._lr)
+        return self.version
 
     async def status(self) -> dict[str, Any]:
         """Counters for the driver: version, active trainers, accepted and lost updates."""

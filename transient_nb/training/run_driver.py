@@ -166,6 +166,7 @@ class RunCore:
         self._status_sent = 0.0
         self._ps_answered = time.monotonic()
         self._known_step = 0  # the last step the PS is known to have accepted
+        self._metrics_step = -1  # the step of the newest ``metrics`` event of this run seen
         self._unregistering: list[tuple[str, list[Any], float]] = []
         self._eval_model: torch.nn.Module | None = None
         #: The model's layout (export.layout) and what the PS never holds (fixed_state).

@@ -251,6 +251,7 @@ class RunLoop(Trainers):
             self.step = int(self.status["step"])
         except Exception:
             pass
+        self._flush_metrics()
         evaluated = (reason == "accuracy" and self.accuracy is not None) or (
             reason == "metric" and self.metrics
         )
@@ -276,6 +277,26 @@ class RunLoop(Trainers):
             **({} if self.workload.builtin else {"metrics": self.metrics}),
             stopped_by=self.stopped_by,
         )
+
+    def _flush_metrics(self) -> None:
+        """Have the PS post its last ``metrics`` window and wait until the log holds it: the
+        curve (``run.history``) then reaches the last step, and has a row even when the run
+        ended before the PS's first ``metrics_interval_s`` (a fast stop by accuracy)."""
+        self._metrics_step = -1  # a metrics event posted from here on
+        try:
+            posted = self._ps[0].flush_metrics().result(timeout=self.hp.call_timeout_s)
+        except Exception as e:  # the PS went: the curve ends at its last posted window
+            logger.info("Flushing the PS's metrics failed: %r", e)
+            return
+        if posted is None:
+            return
+        deadline = time.monotonic() + self.hp.call_timeout_s
+        while self._metrics_step < posted and time.monotonic() < deadline:
+            self._wake.wait(POLL_S)
+            self._wake.clear()
+            self._handle_events()
+        if self._metrics_step < posted:
+            logger.warning("The PS's last metrics (step %d) did not reach the event log", posted)
 
     def _cleanup(self) -> None:
         """Every exit path: stop the trainers, release the PS and trainer actors and the

@@ -132,6 +132,7 @@ class Trainers(Checkpoints):
             kind, name, role = e.get("kind"), e.get("worker"), e.get("role")
             if kind == "metrics" and e.get("run") == self.id:
                 self._known_step = max(self._known_step, int(e.get("step", 0)))
+                self._metrics_step = max(self._metrics_step, int(e.get("step", 0)))
             elif kind == "joined" and role == "worker" and name:
                 self._want_trainer(str(name), str(e.get("address")))
             elif (
