@@ -135,45 +135,49 @@ def main(argv: list[str] | None = None) -> int:
             f"rates estimated (transient_nb.training.emulation). Seed {args.seed}, {time.time() - t0:.0f} s."
         )
         print()
-    if args.mixed or both or args.today:
-        setups_ = today_mixed if args.today else mixed_setups
-        _, took = _setups_table(reproduce.mixed_table, setups_, args.wall_pace, args)
-        paper = reproduce.PAPER_MIXED
-        print(
-            f"Mixed ({_prices(args.today)}): 'faster than first' is time saved against "
-            f"{setups_[0].label}, 'cheaper than last' money saved against {setups_[-1].label}"
-            + _paper_says(
-                args.today,
-                f"mixed up to {paper['faster than 4 K80']:.0%} faster than 4 K80, or "
-                f"{paper['cheaper than 4 V100']:.0%} cheaper than 4 V100",
-            )
-            + f". Lifetimes: {_lifetimes(args.today)}. Seed {args.seed}, {took:.0f} s."
-        )
-        print()
-    if args.dynamic or both or args.today:
-        setups_ = today_dynamic if args.today else dynamic_setups
-        dynamic, took = _setups_table(reproduce.dynamic_table, setups_, args.dynamic_pace, args)
-        paper = reproduce.PAPER_DYNAMIC
-        print(
-            f"Dynamic ({_prices(args.today)}): one worker more at each quarter of the run, LR "
-            f"scaled by the active workers; 'faster/cheaper than first' against "
-            f"{setups_[0].label} (PS billed)"
-            + _paper_says(
-                args.today,
-                f"{paper['faster than static']:.1%} faster, "
-                f"{paper['cheaper than static']:.1%} cheaper than static",
-            )
-            + f". Lifetimes: {_lifetimes(args.today)}. 'join s': simulated seconds from each scale-up to the new trainer's first "
-            f"step (paper: 81-98 s boot + 79 s cold restart). Wall pace {args.dynamic_pace}, "
-            f"seed {args.seed}, {took:.0f} s."
-        )
-        _warn_if_behind(dynamic)
+    for kind, wanted, setups_ in (
+        ("mixed", args.mixed, today_mixed if args.today else mixed_setups),
+        ("dynamic", args.dynamic, today_dynamic if args.today else dynamic_setups),
+    ):
+        if wanted or both or args.today:
+            _setups_report(kind, setups_, args)
     return 0
 
 
-def _setups_table(table: Any, setups: Any, wall_pace: float, args: Any) -> tuple[Any, float]:
-    """``table`` (mixed or dynamic) of ``setups`` at the prices and lifetimes of ``--today`` or
-    of the paper, printed; with the seconds it took."""
+def _setups_report(kind: str, setups: Any, args: Any) -> None:
+    """The ``kind`` table (``mixed`` or ``dynamic``) of ``setups`` at the prices and lifetimes of
+    ``--today`` or of the paper, printed with its caption (what the columns say, the paper's
+    figures beside the paper's setups, the lifetimes, the pace, the seed and the seconds it took)
+    and a warning if the host fell behind the pace."""
+    from transient_nb.experiments import reproduce
+
+    if kind == "mixed":
+        table, wall_pace, more = reproduce.mixed_table, args.wall_pace, ""
+        what = (
+            f"Mixed ({_prices(args.today)}): 'faster than first' is time saved against "
+            f"{setups[0].label}, 'cheaper than last' money saved against {setups[-1].label}"
+        )
+        figures = reproduce.PAPER_MIXED
+        paper = (
+            f"mixed up to {figures['faster than 4 K80']:.0%} faster than 4 K80, or "
+            f"{figures['cheaper than 4 V100']:.0%} cheaper than 4 V100"
+        )
+    else:
+        table, wall_pace = reproduce.dynamic_table, args.dynamic_pace
+        what = (
+            f"Dynamic ({_prices(args.today)}): one worker more at each quarter of the run, LR "
+            f"scaled by the active workers; 'faster/cheaper than first' against "
+            f"{setups[0].label} (PS billed)"
+        )
+        figures = reproduce.PAPER_DYNAMIC
+        paper = (
+            f"{figures['faster than static']:.1%} faster, "
+            f"{figures['cheaper than static']:.1%} cheaper than static"
+        )
+        more = (
+            " 'join s': simulated seconds from each scale-up to the new trainer's first step "
+            "(paper: 81-98 s boot + 79 s cold restart)."
+        )
     t0 = time.time()
     # Today's GPUs have no lifetime study: every Spot worker gets the paper's K80 curve, as in
     # the --today table; the paper's own GPUs get their own curves.
@@ -186,7 +190,14 @@ def _setups_table(table: Any, setups: Any, wall_pace: float, args: Any) -> tuple
         lifetimes="paper:k80" if args.today else "paper",
     )
     _print_frame(frame)
-    return frame, time.time() - t0
+    print(
+        what
+        + _paper_says(args.today, paper)
+        + f". Lifetimes: {_lifetimes(args.today)}.{more} Wall pace {wall_pace}, seed {args.seed}, "
+        f"{time.time() - t0:.0f} s."
+    )
+    _warn_if_behind(frame)
+    print()
 
 
 def _paper_says(today: bool, what: str) -> str:

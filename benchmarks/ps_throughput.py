@@ -44,7 +44,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -88,14 +88,34 @@ def model_sizes(name: str) -> tuple[int, int]:
     return sum(p.numel() for p in params), sum(b.numel() for b in buffers)
 
 
-def timed_loop(
-    push: Any, start_at: float, stop_at: float, n_shards: int
-) -> tuple[list[float], int]:
-    """Call ``push(version, step)`` (one global step) until ``stop_at``; completion times."""
-    while time.time() < start_at:
+class Loop(NamedTuple):
+    """A no-compute trainer's loop, on either peer: its name, the shards' bounds in the flat
+    gradient, the batch norm's size, the wire dtype and the wall-time window it pushes in."""
+
+    name: str
+    bounds: list[tuple[int, int]]
+    n_bn: int
+    wire: str
+    start_at: float
+    stop_at: float
+
+
+def trainer_loops(
+    cfg: dict[str, Any], bounds: list[tuple[int, int]], n_bn: int, names: list[str]
+) -> list[Loop]:
+    """A :class:`Loop` for each trainer of ``names``, all in one window: ``cfg``'s start delay
+    from now, then its warm-up and its measured seconds."""
+    start_at = time.time() + cfg["start_delay"]
+    stop_at = start_at + cfg["warmup"] + cfg["seconds"]
+    return [Loop(name, bounds, n_bn, cfg["wire"], start_at, stop_at) for name in names]
+
+
+def timed_loop(push: Any, loop: Loop) -> tuple[list[float], int]:
+    """Call ``push(version, step)`` (one global step) in ``loop``'s window; completion times."""
+    while time.time() < loop.start_at:
         time.sleep(0.0005)
     version, step, times = 0, 0, []
-    while time.time() < stop_at:
+    while time.time() < loop.stop_at:
         step += 1
         version = push(version, step)
         times.append(time.time())
@@ -105,12 +125,7 @@ def timed_loop(
 # -- ours: Dask actors ------------------------------------------------------------------------------
 def dask_push_loop(
     shards: list[tuple[str, str]],
-    bounds: list[tuple[int, int]],
-    n_bn: int,
-    wire: str,
-    name: str,
-    start_at: float,
-    stop_at: float,
+    loop: Loop,
     timeout: float,
     variant: str = "current",
     data_plane: str = "dask",
@@ -129,6 +144,7 @@ def dask_push_loop(
     from transient_nb.training.wire.client import connect_shards
     from transient_nb.training.wire.codec import TORCH_DTYPES
 
+    name, bounds, n_bn, wire = loop.name, loop.bounds, loop.n_bn, loop.wire
     legacy = variant == "legacy"
     actors = [Actor(ParameterServer, addr, key) for addr, key in shards]
     links = None
@@ -162,7 +178,7 @@ def dask_push_loop(
         merge_replies(replies, wire, weights)  # as the Trainer's load
         return int(replies[0][2])
 
-    times, _ = timed_loop(push, start_at, stop_at, len(actors))
+    times, _ = timed_loop(push, loop)
     for link in links or []:
         link.close()
     for ps in actors:
@@ -258,18 +274,12 @@ class DaskBench:
         ]
         actors = [f.result(timeout=120) for f in futures]
         shards = [(a._address, a.key) for a in actors]
-        start_at = time.time() + cfg["start_delay"]
-        stop_at = start_at + cfg["warmup"] + cfg["seconds"]
+        addrs = self.gpu_addrs[: min(cfg["trainers"], self.trainers)]
         loops = [
             self.client.submit(
                 dask_push_loop,
                 shards,
-                bounds,
-                n_bn,
-                cfg["wire"],
-                f"t{k}",
-                start_at,
-                stop_at,
+                loop,
                 60.0,
                 self.variant,
                 self.data_plane,
@@ -277,7 +287,11 @@ class DaskBench:
                 allow_other_workers=False,
                 pure=False,
             )
-            for k, addr in enumerate(self.gpu_addrs[: min(cfg["trainers"], self.trainers)])
+            for loop, addr in zip(
+                trainer_loops(cfg, bounds, n_bn, [f"t{k}" for k in range(len(addrs))]),
+                addrs,
+                strict=True,
+            )
         ]
         out = self.client.gather(loops)
         del actors, futures, loops
@@ -356,19 +370,12 @@ class RpcParameterServer:
             return out, None if self.bn is None else self.bn.clone(), self.version
 
 
-def rpc_push_loop(
-    rrefs: list[Any],
-    bounds: list[tuple[int, int]],
-    n_bn: int,
-    wire: str,
-    name: str,
-    start_at: float,
-    stop_at: float,
-) -> list[float]:
+def rpc_push_loop(rrefs: list[Any], loop: Loop) -> list[float]:
     """A no-compute trainer of the rpc peer (runs in a trainer process)."""
     import torch
     import torch.distributed.rpc as rpc
 
+    name, bounds, n_bn, wire = loop.name, loop.bounds, loop.n_bn, loop.wire
     n = bounds[-1][1]
     g32 = torch.randn(n) * 1e-4
     dtypes = {"float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -390,7 +397,7 @@ def rpc_push_loop(
         torch.cat([r[0].float() for r in replies])
         return int(replies[0][2])
 
-    times, _ = timed_loop(push, start_at, stop_at, len(rrefs))
+    times, _ = timed_loop(push, loop)
     return times
 
 
@@ -414,15 +421,10 @@ def _rpc_run(cfg: dict[str, Any]) -> list[list[float]]:
         )
         for i, (a, b) in enumerate(bounds)
     ]
-    start_at = time.time() + cfg["start_delay"]
-    stop_at = start_at + cfg["warmup"] + cfg["seconds"]
+    names = [f"t{k}" for k in range(1, cfg["trainers"] + 1)]
     futures = [
-        rpc.rpc_async(
-            f"trainer{k}",
-            rpc_push_loop,
-            args=(rrefs, bounds, n_bn, cfg["wire"], f"t{k}", start_at, stop_at),
-        )
-        for k in range(1, cfg["trainers"] + 1)
+        rpc.rpc_async(f"trainer{k}", rpc_push_loop, args=(rrefs, loop))
+        for k, loop in enumerate(trainer_loops(cfg, bounds, n_bn, names), start=1)
     ]
     return [f.wait() for f in futures]
 

@@ -158,6 +158,23 @@ def replacement_trains(
     return t_back, run_to_the_end(run, steps, lost_at_most)
 
 
+def replacement_recorded(
+    run: TrainingRun,
+    steps: int,
+    lost_at_most: int,
+    record: FaultRecord,
+    fault: str,
+    outcome: str,
+    t_fault: float,
+) -> dict[str, Any]:
+    """:func:`replacement_trains`, then the fault's row: ``outcome`` after the steps, recovered
+    when the replacement contributed (against the fault's wall time ``t_fault``); returns
+    :func:`run_to_the_end`'s event."""
+    t_back, finished = replacement_trains(run, steps, lost_at_most)
+    record.add(fault, f"{finished['step']} steps; {outcome}", finished, recover_s=t_back - t_fault)
+    return finished
+
+
 def frozen_ps_is_kept(
     cluster: TransientCluster,
     run: TrainingRun,

@@ -25,6 +25,7 @@ from .conftest import (
     frozen_ps_is_kept,
     kinds,
     ps_vm,
+    replacement_recorded,
     replacement_trains,
     run_to_the_end,
     signal_vm,
@@ -52,12 +53,8 @@ def test_worker_hard_killed_in_the_middle_of_a_push(record):
             cluster.preempt("w-1", notice=False)
         finally:
             signal_vm(ps, signal.SIGCONT)
-        t_back, finished = replacement_trains(run, 2000, lost_at_most=1)
-        record.add(
-            "worker SIGKILLed mid-push",
-            f"{finished['step']} steps; replacement trains",
-            finished,
-            recover_s=t_back - t_fault,
+        replacement_recorded(
+            run, 2000, 1, record, "worker SIGKILLed mid-push", "replacement trains", t_fault
         )
         assert_story(
             run,
@@ -76,12 +73,8 @@ def test_preemption_notice_drains_the_last_gradient(record):
         until(lambda: accepted(run, "w-0") >= 20, what="w-0 pushing")
         t_fault = time.time()
         cluster.preempt("w-0", notice=True)
-        t_back, finished = replacement_trains(run, 2000, lost_at_most=0)
-        record.add(
-            "preemption notice (3 s)",
-            f"{finished['step']} steps; last gradient drained",
-            finished,
-            recover_s=t_back - t_fault,
+        replacement_recorded(
+            run, 2000, 0, record, "preemption notice (3 s)", "last gradient drained", t_fault
         )
         assert "w-0" in run.status["drained"]
         assert kinds(run, "gradient-lost") == [] and run.status["gaps"] == 0

@@ -22,6 +22,12 @@ Events = list[dict[str, Any]]
 
 
 # -- helpers ------------------------------------------------------------------------------------
+def local_cluster(name: str, **kwargs: Any) -> TransientCluster:
+    """A cluster called ``name`` whose VMs start at once (``provisioning_delay=0``), as these
+    tests' clusters do; ``kwargs`` are its other options."""
+    return TransientCluster(name=name, provisioning_delay=0, **kwargs)
+
+
 def snapshot(cluster: TransientCluster) -> Events:
     return list(cluster.monitor.events)
 

@@ -14,6 +14,7 @@ from tests.conftest import (
     wait_for_sync,
 )
 from tests.deploy.cluster_helpers import (
+    local_cluster,
     n_joined,
     replaced,
     replacement_of,
@@ -48,7 +49,7 @@ def joined_by_gpu(cluster: TransientCluster) -> dict[str, int]:
 def test_scale_down_gives_back_the_worker_likeliest_to_be_revoked(cleanup: None) -> None:
     """Selective revocation: of two working VMs, the one near GCE's 24 h limit goes (the paper's
     curve gives it even odds of revocation within the hour), not the newest (7.8%)."""
-    with TransientCluster(workers=2, provisioning_delay=0, name="give-back") as cluster:
+    with local_cluster("give-back", workers=2) as cluster:
         cluster.wait_for_workers(2, timeout=120)
         old = cluster.workers["w-0"]
         assert old.running_since is not None
@@ -67,13 +68,8 @@ def test_scale_keeps_a_share_on_demand_that_is_never_revoked(cleanup: None) -> N
     """``scale(on_demand=1)`` swaps a Spot worker for an on-demand one; under a storm that takes
     Spot workers every few seconds the on-demand one is never revoked and is billed at its price;
     ``on_demand=0`` swaps it back. Bad counts are refused before anything changes."""
-    with TransientCluster(
-        workers=2,
-        provisioning_delay=0,
-        preemption="exp:mean=4s",
-        notice="1s",
-        seed=5,
-        name="on-demand",
+    with local_cluster(
+        "on-demand", workers=2, preemption="exp:mean=4s", notice="1s", seed=5
     ) as cluster:
         gpu = cluster.gpu
         cluster.wait_for_workers(2, timeout=120)
@@ -136,13 +132,8 @@ def test_scale_keeps_a_share_on_demand_that_is_never_revoked(cleanup: None) -> N
 
 
 def test_scale_up_and_down_while_preempting(cleanup: None) -> None:
-    with TransientCluster(
-        workers=1,
-        preemption="exp:mean=6s",
-        notice="1s",
-        provisioning_delay=0,
-        seed=11,
-        name="scaling",
+    with local_cluster(
+        "scaling", workers=1, preemption="exp:mean=6s", notice="1s", seed=11
     ) as cluster:
 
         def holding(n: int) -> bool:
@@ -199,14 +190,13 @@ def test_scale_up_and_down_while_preempting(cleanup: None) -> None:
 
 @pytest.mark.slow
 def test_a_mixed_cluster_keeps_its_mix(cleanup: None) -> None:
-    with TransientCluster(
+    with local_cluster(
+        "mixed",
         workers={"k80": 1, "v100": 1},
         prices="paper-2019",
         machine_type="n1-standard-8",
         notice="1s",
-        provisioning_delay=0,
         seed=3,
-        name="mixed",
     ) as cluster:
         # Workers of each type really start: the VM table shows each one's type.
         wait_for_sync(lambda: joined_by_gpu(cluster) == {"k80": 1, "v100": 1}, timeout=60)
@@ -252,8 +242,8 @@ def test_a_mixed_cluster_keeps_its_mix(cleanup: None) -> None:
 
 
 def test_scaling_above_the_limits_is_refused_from_every_client(cleanup: None) -> None:
-    with TransientCluster(
-        workers=1, provisioning_delay=0, max_workers=2, max_hourly_cost=5.0, name="capped"
+    with local_cluster(
+        "capped", workers=1, max_workers=2, max_hourly_cost=5.0
     ) as cluster, Client(cluster) as client:  # fmt: skip
         with pytest.raises(ValueError, match=r"3 workers is above max_workers=2"):
             cluster.scale(3)

@@ -90,15 +90,14 @@ def test_speedup_only_where_one_worker_was_measured_alone():
 
 
 def test_the_summary_says_whether_the_host_kept_the_emulated_pace():
-    from transient_nb.eventlog.vocabulary import make_event
+    def of_worker(kind: str, worker: str, gpu: str, **fields: Any) -> dict[str, Any]:
+        return make_event(kind, run="r", worker=worker, role="worker", gpu=gpu, **fields)
 
     paced = [  # a GPU with a step rate to keep, and one without
-        make_event(
+        of_worker(
             "emulation-paced",
-            run="r",
-            worker=worker,
-            role="worker",
-            gpu=gpu,
+            worker,
+            gpu,
             steps_per_s=rate,
             wall_steps_per_s=wall_rate,
             time_scale=5.0,
@@ -112,12 +111,10 @@ def test_the_summary_says_whether_the_host_kept_the_emulated_pace():
     kept = summarize(paced)
     assert kept["emulated"] and kept["emulation_behind"] == 0
     assert "kept the emulated pace" in kept["emulation_note"] and "w-1" in kept["emulation_note"]
-    behind = make_event(
+    behind = of_worker(
         "emulation-behind",
-        run="r",
-        worker="w-0",
-        role="worker",
-        gpu="k80",
+        "w-0",
+        "k80",
         target_steps_per_s=22.8,
         achieved_steps_per_s=11.4,
         window_s=2.0,

@@ -44,12 +44,15 @@ def kinds(run, kind):
 
 
 @contextlib.contextmanager
-def digits_run(cluster_kwargs, **train_kwargs):
-    """A cluster (its workers up) and a run on it: resnet8 on digits unless ``train_kwargs``
-    say otherwise (a custom run names its own model and data)."""
-    with TransientCluster(**cluster_kwargs) as cluster:
+def digits_run(cluster_kwargs, steps, **train_kwargs):
+    """A cluster (its workers up) and a run of ``steps`` steps on it: resnet8 on digits, batches
+    of 32, evaluated once at the end, on VMs that start at once (``provisioning_delay=0``), unless
+    ``cluster_kwargs`` and ``train_kwargs`` say otherwise (a custom run names its own model and
+    data)."""
+    with TransientCluster(**{"provisioning_delay": 0, **cluster_kwargs}) as cluster:
         cluster.wait_for_workers(timeout=120)
-        yield cluster, train(cluster, **{"model": "resnet8", "data": "digits", **train_kwargs})
+        defaults = {"model": "resnet8", "data": "digits", "batch_size": 32, "eval_every": steps}
+        yield cluster, train(cluster, **{**defaults, "steps": steps, **train_kwargs})
 
 
 def past_a_checkpoint(run):
@@ -132,12 +135,7 @@ def test_learns_digits_and_survives_preemptions():
 
 def test_preempting_two_of_four_workers_loses_at_most_the_killed_gradient():
     # Long enough for the replacements (boot, import torch, load data) to join in.
-    with digits_run(
-        dict(workers=4, notice="2s", provisioning_delay=0),
-        steps=1500,
-        batch_size=32,
-        eval_every=1500,
-    ) as (cluster, run):
+    with digits_run(dict(workers=4, notice="2s"), steps=1500) as (cluster, run):
         status, events = drain_one_and_kill_one(cluster, run, 4)
     assert_at_most_the_killed_gradient_lost(run, status, events)
     # The replacements joined and contributed updates.
@@ -151,11 +149,9 @@ def test_preempting_two_of_four_workers_loses_at_most_the_killed_gradient():
 def test_losing_the_ps_recovers_from_its_checkpoint():
     """Two PS shards on the ps host; the host dies; both shards come back from checkpoints."""
     with digits_run(
-        dict(workers=2, notice="1s", provisioning_delay=0),
+        dict(workers=2, notice="1s"),
         steps=600,
-        batch_size=32,
         checkpoint_every=100,
-        eval_every=600,
         shards=2,
         # Paced to 20 steps/s a trainer: the stretch awaited below lasts about 2 s on any
         # machine. Unpaced, CI once ran the 600 steps in 3.4 s, the poll missed the stretch,
@@ -209,11 +205,7 @@ def test_two_ps_hosts_give_each_shard_a_process_and_a_lost_one_is_recovered():
     """ps_hosts=2: the shards default to 2 and live in two worker processes; killing one host
     recovers both shards from the checkpoint onto the hosts left, and both hosts are billed."""
     with digits_run(
-        dict(workers=2, ps_hosts=2, notice="1s", provisioning_delay=0, seed=5),
-        steps=500,
-        batch_size=32,
-        checkpoint_every=100,
-        eval_every=500,
+        dict(workers=2, ps_hosts=2, notice="1s", seed=5), steps=500, checkpoint_every=100
     ) as (cluster, run):
         until(lambda: run.step >= 150, what="step 150")
         assert run.shards == 2
@@ -242,11 +234,9 @@ def test_a_ps_host_added_mid_run_splits_the_ps_and_a_later_loss_regroups_its_che
     from the PS's own state, bit for bit, and the trainers follow. Losing shard 0's host later
     recovers from the step-0 checkpoint, written with one shard, cut into two."""
     with digits_run(
-        dict(workers=2, notice="1s", provisioning_delay=0, seed=7),
+        dict(workers=2, notice="1s", seed=7),
         steps=600,
-        batch_size=32,
         checkpoint_every=100_000,  # only step 0's checkpoint (one shard) exists
-        eval_every=600,
     ) as (cluster, run):
         until(lambda: run.step >= 100, what="step 100")
         assert run.shards == 1 and run.elastic_shards
@@ -792,13 +782,12 @@ def _custom_run(cluster_kwargs, optimizer, steps, **train_kwargs):
     PS: ``steps`` steps of 16 items, evaluated once at the end."""
     return digits_run(
         cluster_kwargs,
+        steps,
         model=_Net,
         data=_regression(),
         loss="mse",
         optimizer=optimizer,
-        steps=steps,
         batch_size=16,
-        eval_every=steps,
         **train_kwargs,
     )
 
@@ -808,7 +797,7 @@ def test_a_lost_ps_of_a_custom_run_resumes_its_adamw_state_from_the_checkpoint()
     checkpoint with the optimizer's state as it was written (moments and step count), not a
     fresh optimizer, and the run goes on to learn."""
     with _custom_run(
-        dict(workers=2, notice="1s", provisioning_delay=0),
+        dict(workers=2, notice="1s"),
         functools.partial(torch.optim.AdamW, lr=3e-3),
         steps=600,
         checkpoint_every=100,
@@ -840,7 +829,7 @@ def test_a_lost_ps_of_a_custom_run_resumes_its_adamw_state_from_the_checkpoint()
 
 def test_preempting_workers_of_a_custom_run_loses_at_most_the_killed_gradient():
     with _custom_run(
-        dict(workers=3, notice="2s", provisioning_delay=0),
+        dict(workers=3, notice="2s"),
         functools.partial(torch.optim.Adam, lr=1e-3),
         steps=1500,
     ) as (cluster, run):

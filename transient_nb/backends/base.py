@@ -325,6 +325,27 @@ class TransientVM(ProcessInterface):
         raise NotImplementedError
 
 
+@dataclass(frozen=True)
+class Preparation:
+    """What :meth:`Backend.prepare` checks against the provider before anything starts."""
+
+    #: The GPU types asked for (the first ``asked_gpus``: a mixed cluster asks for several), then
+    #: the fallback types.
+    gpus: Sequence[str]
+    #: The cluster's zone, then its fallback zones.
+    zones: Sequence[str]
+    #: The workers' and the PS hosts' machine types.
+    machine_type: str
+    ps_machine_type: str
+    #: The preemption notice, in wall seconds.
+    notice_s: float
+    #: Unique to the cluster: what it creates carries it, so that it never takes (or deletes) a
+    #: resource of someone else's that happens to have the same name.
+    cluster_id: str = ""
+    #: How many of ``gpus`` the cluster asks for.
+    asked_gpus: int = 1
+
+
 class Backend:
     """Makes VMs. Subclasses set ``name`` and implement :meth:`make_vm`.
 
@@ -344,25 +365,9 @@ class Backend:
         """Options merged into the scheduler's (host, protocol, security)."""
         return {}
 
-    def prepare(
-        self,
-        cluster_name: str,
-        *,
-        gpus: Sequence[str],
-        zones: Sequence[str],
-        machine_type: str,
-        ps_machine_type: str,
-        notice_s: float,
-        cluster_id: str = "",
-        asked_gpus: int = 1,
-    ) -> None:
-        """Check the cluster's settings against the provider; called before anything starts.
-
-        ``cluster_id`` is unique to the cluster: what it creates carries it, so that it never
-        takes (or deletes) a resource of someone else's that happens to have the same name.
-        ``gpus``: the types asked for (the first ``asked_gpus``: a mixed cluster asks for
-        several), then the fallback types.
-        """
+    def prepare(self, cluster_name: str, plan: Preparation) -> None:
+        """Check the cluster's settings (``plan``) against the provider; called before anything
+        starts."""
 
     def not_offered(self) -> set[tuple[str, str]]:
         """(GPU type, zone) pairs the provider does not offer, as :meth:`prepare` found them

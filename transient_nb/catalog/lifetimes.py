@@ -73,18 +73,26 @@ class PreemptionModel(Protocol):
     def lifetime(self, rng: random.Random) -> float | None: ...
 
 
-@dataclass(frozen=True)
-class NoPreemption:
-    """Workers live until they are scaled away."""
+class _NoDrawnLifetimes:
+    """A model that draws no lifetimes: no VM dies of a draw, so none is more at risk than another.
 
-    spec: str = "none"
+    Shared by :class:`NoPreemption` (nothing is revoked) and :class:`Trace` (revocations come at
+    the times the trace names, which say nothing of the odds, so no VM is preferred).
+    """
 
     def lifetime(self, rng: random.Random) -> float | None:
         return None
 
     def revoked_within(self, age_s: float, horizon_s: float = HOUR) -> float:
-        """Probability of a revocation within ``horizon_s`` of a VM ``age_s`` old: none."""
+        """Probability of a revocation within ``horizon_s`` of a VM ``age_s`` old, by a draw: 0."""
         return 0.0
+
+
+@dataclass(frozen=True)
+class NoPreemption(_NoDrawnLifetimes):
+    """Workers live until they are scaled away."""
+
+    spec: str = "none"
 
 
 @dataclass(frozen=True)
@@ -180,18 +188,11 @@ class TraceEntry:
 
 
 @dataclass(frozen=True)
-class Trace:
+class Trace(_NoDrawnLifetimes):
     """Preemptions replayed at fixed times; lifetimes of individual VMs are not drawn."""
 
     spec: str
     entries: tuple[TraceEntry, ...]
-
-    def lifetime(self, rng: random.Random) -> float | None:
-        return None
-
-    def revoked_within(self, age_s: float, horizon_s: float = HOUR) -> float:
-        """A trace names its times, not odds: unknown, so 0 (no VM preferred)."""
-        return 0.0
 
 
 @dataclass(frozen=True)

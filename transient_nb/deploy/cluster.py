@@ -175,16 +175,7 @@ class TransientCluster(Control):
         cluster_id = (_head_info or {}).get("cluster_id")
         s = ClusterSettings.from_arguments(*args, cluster_id=cluster_id, **kwargs)
         self.settings = s
-        self.gpu, self.limits, self.spot, self.zone = s.gpu, s.limits, s.spot, s.zone
-        self.machine_type, self.ps_machine_type = s.machine_type, s.ps_machine_type
-        self.ps_hosts, self.catalog, self.preemption = s.ps_hosts, s.catalog, s.preemption
-        self.time_scale, self.notice_s = s.time_scale, s.notice_s
-        self.provisioning_delay, self.replace, self.replace_at = (
-            s.provisioning_delay,
-            s.replace,
-            s.replace_at,
-        )
-        self.cluster_id = s.cluster_id
+        s.share_with(self)
         #: GPU type -> workers of that type asked for (the desired state; see Notes).
         self._mix: Mix = dict(s.mix)
         #: GPU type -> how many of its workers run on demand (the rest Spot), set by ``scale``.

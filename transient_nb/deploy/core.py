@@ -24,45 +24,24 @@ from distributed.deploy.spec import SpecCluster
 
 from transient_nb.backends import Backend, VMSpec
 from transient_nb.backends.simulator import PreemptionSimulator
-from transient_nb.catalog.lifetimes import (
-    PreemptionModel,
-)
 from transient_nb.catalog.mix import Mix, format_mix
-from transient_nb.catalog.prices import PriceCatalog
 from transient_nb.deploy.monitor import TransientMonitor
-from transient_nb.deploy.settings import (
-    ClusterSettings,
-)
+from transient_nb.deploy.settings import ClusterSettings, SharedSettings
 from transient_nb.eventlog.bill import CostReport, compute_costs
 from transient_nb.eventlog.folds import vm_states
 from transient_nb.eventlog.records import events_frame
 from transient_nb.eventlog.vocabulary import TOPIC, make_event
-from transient_nb.limits import Limits
 from transient_nb.policy.placement import ReplacementPolicy
 
 logger = logging.getLogger(__name__)
 
 
-class ClusterCore(SpecCluster):
+class ClusterCore(SpecCluster, SharedSettings):
     """State, events, money and limits that every part of a :class:`TransientCluster` shares."""
 
-    # What every part of the cluster reads and writes; TransientCluster.__init__ sets them.
+    # What every part of the cluster reads and writes; TransientCluster.__init__ sets them (the
+    # settings' own, SharedSettings', too).
     settings: ClusterSettings
-    gpu: str
-    limits: Limits
-    spot: bool
-    zone: str
-    machine_type: str
-    ps_machine_type: str
-    ps_hosts: int
-    catalog: PriceCatalog
-    preemption: PreemptionModel
-    time_scale: float
-    notice_s: float
-    provisioning_delay: Any
-    replace: bool
-    replace_at: str
-    cluster_id: str
     run_path: str
     run_record: str
     backend: Backend

@@ -13,13 +13,14 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from dask.utils import parse_timedelta
 
 from transient_nb import config
 from transient_nb.backends import Backend, get_backend
+from transient_nb.backends.base import Preparation
 from transient_nb.catalog.lifetimes import PreemptionModel, parse_preemption, validate_delay
 from transient_nb.catalog.mix import Mix, format_mix, parse_mix
 from transient_nb.catalog.prices import PriceCatalog
@@ -71,12 +72,14 @@ def _seconds(key: str) -> float:
     return float(parse_timedelta(config.get(key), default="seconds") or 0)
 
 
-@dataclass
-class ClusterSettings:
-    """Every setting of a cluster, checked (see :meth:`from_arguments`)."""
+# Only the fields: no __init__, __repr__ or __eq__, which a cluster (a SpecCluster) has its own of.
+@dataclass(init=False, repr=False, eq=False)
+class SharedSettings:
+    """The settings that every part of a running cluster reads, declared once: a
+    :class:`ClusterSettings` holds them checked, and the cluster
+    (:class:`~transient_nb.deploy.core.ClusterCore`) gets them with :meth:`share_with`. The
+    cluster may change its own copy (``ps_hosts`` when it scales its PS hosts)."""
 
-    name: str
-    mix: Mix
     gpu: str
     limits: Limits
     spot: bool
@@ -85,19 +88,32 @@ class ClusterSettings:
     ps_machine_type: str
     ps_hosts: int
     catalog: PriceCatalog
-    fallback_zones: list[str]
-    fallback_gpus: list[str]
     preemption: PreemptionModel
     time_scale: float
-    backend_name: str
     notice_s: float
     provisioning_delay: Any
     replace: bool
     replace_at: str
+    cluster_id: str
+
+    def share_with(self, other: SharedSettings) -> None:
+        """Set these settings on ``other`` (a cluster)."""
+        for f in fields(SharedSettings):
+            setattr(other, f.name, getattr(self, f.name))
+
+
+@dataclass
+class ClusterSettings(SharedSettings):
+    """Every setting of a cluster, checked (see :meth:`from_arguments`)."""
+
+    name: str
+    mix: Mix
+    fallback_zones: list[str]
+    fallback_gpus: list[str]
+    backend_name: str
     on_demand_fallback: bool
     seed: Any
     run_dir: str
-    cluster_id: str
     backend_options: dict[str, Any] = field(default_factory=dict)
     #: The machine type of a head VM that hosts the first PS host (a detached GCE cluster): that
     #: host is billed as the head VM. None: no head VM (an attached cluster, the local backend).
@@ -252,23 +268,23 @@ class ClusterSettings:
         options = {"tls_lifetime": self.tls_lifetime_s, **self.backend_options}
         return get_backend(self.backend_name, log_dir=log_dir, **options)
 
-    def prepare_options(self) -> dict[str, Any]:
+    def preparation(self) -> Preparation:
         """What the backend's ``prepare`` checks against its provider."""
-        return {
-            "gpus": [*self.mix, *[g for g in self.fallback_gpus if g not in self.mix]],
-            "zones": self.zones,
-            "machine_type": self.machine_type,
-            "ps_machine_type": self.ps_machine_type,
-            "notice_s": self.notice_s / self.time_scale,
-            "cluster_id": self.cluster_id,
-            "asked_gpus": len(self.mix),
-        }
+        return Preparation(
+            gpus=[*self.mix, *[g for g in self.fallback_gpus if g not in self.mix]],
+            zones=self.zones,
+            machine_type=self.machine_type,
+            ps_machine_type=self.ps_machine_type,
+            notice_s=self.notice_s / self.time_scale,
+            cluster_id=self.cluster_id,
+            asked_gpus=len(self.mix),
+        )
 
     def check(self, backend: Backend | None = None) -> Backend:
         """The backend's own checks against its provider (GCE: project, zones, machine and GPU
         types, image); blocking. Returns the backend, ready to start the cluster."""
         backend = backend or self.make_backend()
-        backend.prepare(self.name, **self.prepare_options())
+        backend.prepare(self.name, self.preparation())
         return backend
 
     # -- money ----------------------------------------------------------------------------------------

@@ -320,6 +320,29 @@ def _sizes(n: int) -> list[int]:
     return sorted(sizes)
 
 
+def _model_figures(workload: Workload, shards: int, wire_dtype: str) -> dict[str, Any]:
+    """The model's figures of an :class:`Estimate` (its fields of the same names): parameters,
+    FLOPs per sample, operators and their least time, bytes a step moves, and the steps/s the
+    PS (``shards`` shards) serves at most."""
+    torch.manual_seed(0)
+    net = workload.build_model()
+    params, buffers = flat_layout(net)
+    parameters = sum(p.numel() for p in params)
+    flops, operators = count_step(workload, net)
+    emu = parse_emulation("paper")
+    assert emu is not None
+    service = emu.ps_service_s(shards, parameters=parameters)
+    assert service is not None
+    return {
+        "parameters": parameters,
+        "flops_per_sample": flops,
+        "operators": operators,
+        "floor_s": operators * seconds_per_operator(),
+        "bytes_per_step": bytes_per_step(parameters, sum(b.numel() for b in buffers), wire_dtype),
+        "ps_steps_per_s": 1.0 / service,
+    }
+
+
 def estimate(
     model: Any = None,
     data: Any = None,
@@ -377,18 +400,9 @@ def estimate(
             raise ValueError(f"workers[{gpu!r}]={n!r} must be a whole number of at least 1.")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps={steps!r} must be a whole number of at least 1.")
-    torch.manual_seed(0)
-    net = workload.build_model()
-    params, buffers = flat_layout(net)
-    parameters = sum(p.numel() for p in params)
-    flops, operators = count_step(workload, net)
-    floor_s = operators * seconds_per_operator()
-    moved = bytes_per_step(parameters, sum(b.numel() for b in buffers), wire_dtype)
-    emu = parse_emulation("paper")
-    assert emu is not None
-    service = emu.ps_service_s(shards, parameters=parameters)
-    assert service is not None
-    ps_capacity = 1.0 / service
+    figures = _model_figures(workload, shards, wire_dtype)
+    flops, operators = figures["flops_per_sample"], figures["operators"]
+    ps_capacity = figures["ps_steps_per_s"]
     rates, source = _measured(measured)
     ps_price = catalog.machine_price(str(config.get("ps-machine-type")), zone).rate(False)
     rows: list[dict[str, Any]] = []
@@ -431,17 +445,12 @@ def estimate(
             )
     return Estimate(
         rows=rows,
-        parameters=parameters,
-        flops_per_sample=flops,
-        bytes_per_step=moved,
-        ps_steps_per_s=ps_capacity,
-        operators=operators,
-        floor_s=floor_s,
-        shards=shards,
+        basis=basis,
         steps=steps,
         batch_size=batch_size,
         catalog=catalog.name,
-        basis=basis,
+        shards=shards,
+        **figures,
     )
 
 

@@ -43,6 +43,7 @@ from transient_nb.training import checkpoint
 from transient_nb.training import resume as resuming
 from transient_nb.training.flat import flat_layout
 from transient_nb.training.models import MODELS, build_model
+from transient_nb.training.preflight import refusing
 from transient_nb.training.workload import Workload, fixed_state, import_path
 
 #: One entry of a layout: name, shape, dtype, source ("w", "bn" or "fixed"), offset.
@@ -110,13 +111,12 @@ def model_with(model: nn.Module, state: Mapping[str, torch.Tensor], what: str) -
     """``model`` with ``state`` loaded (strict), on the CPU, in eval mode; a ValueError that
     names what does not match."""
     model = model.cpu()
-    try:
+    with refusing(
+        f"the weights of {what} do not fit the model given",
+        ": pass the same model (class or factory) the run trained.",
+        catch=RuntimeError,
+    ):
         model.load_state_dict(state)
-    except RuntimeError as e:
-        raise ValueError(
-            f"the weights of {what} do not fit the model given ({str(e).splitlines()[0]} ...): "
-            "pass the same model (class or factory) the run trained."
-        ) from None
     return model.eval()
 
 

@@ -20,7 +20,8 @@ import io
 import math
 import pickle
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,6 +85,29 @@ def check_optimizer_settings(optimizer: Any, given: Mapping[str, Any]) -> None:
         )
 
 
+@contextmanager
+def refusing(failed: str, then: str = ".", catch: type[Exception] = Exception) -> Iterator[None]:
+    """Turn an exception of ``catch`` raised inside into the one ``ValueError`` the user reads:
+    ``failed``, the error's type and first line in parentheses, then ``then`` (what to do).
+
+    The library's traceback underneath is dropped (``from None``): the message says it all.
+
+    Examples
+    --------
+    >>> with refusing("the data factory f failed"):
+    ...     1 / 0
+    Traceback (most recent call last):
+    ...
+    ValueError: the data factory f failed (ZeroDivisionError: division by zero).
+    """
+    try:
+        yield
+    except catch as e:
+        lines = str(e).splitlines() or [""]
+        error = lines[0] + (" ..." if len(lines) > 1 else "")
+        raise ValueError(f"{failed} ({type(e).__name__}: {error}){then}") from None
+
+
 # -- serialisation ----------------------------------------------------------------------------------
 class _DeviceCheck(cloudpickle.Pickler):
     """cloudpickle that refuses tensors off the CPU: a worker may have no such device."""
@@ -120,13 +144,11 @@ def dumps(obj: Any, what: str) -> bytes:
             "files, locks, clients, generators) inside a zero-argument factory."
         ) from None
     data = buf.getvalue()
-    try:
+    with refusing(
+        f"`{what}` does not come back from serialisation",
+        "; define it in a notebook cell or an importable module.",
+    ):
         cloudpickle.loads(data)
-    except Exception as e:
-        raise ValueError(
-            f"`{what}` does not come back from serialisation ({type(e).__name__}: {e}); "
-            "define it in a notebook cell or an importable module."
-        ) from None
     return data
 
 
@@ -310,32 +332,23 @@ def _one_batch(workload: Workload, model: nn.Module, batch_size: int) -> None:
         x, y = next(workload.train_batches(n, seed=0))
     else:
         train, _ = workload.datasets()
-        try:
+        with refusing(
+            f"the first {n} items of the train set cannot be made into a batch",
+            "; pass collate_fn= to combine them.",
+        ):
             loader = DataLoader(
                 train, batch_size=min(n, len(train)), collate_fn=workload.collate_fn
             )
             x, y = next(iter(loader))
-        except Exception as e:
-            raise ValueError(
-                f"the first {n} items of the train set cannot be made into a batch "
-                f"({type(e).__name__}: {e}); pass collate_fn= to combine them."
-            ) from None
     model.train()
-    try:
+    with refusing(f"the model {workload.model_name} fails on a batch of inputs of {_shape(x)}"):
         out = model(x)
-    except Exception as e:
-        raise ValueError(
-            f"the model {workload.model_name} fails on a batch of inputs of {_shape(x)} "
-            f"({type(e).__name__}: {e})."
-        ) from None
     _check_loss_shapes(workload, out, y)
-    try:
+    with refusing(
+        f"loss={workload.describe()['loss']!r} fails on the model's output of {_shape(out)} "
+        f"and targets of {_shape(y)}"
+    ):
         loss = workload.loss_fn()(out, y)
-    except Exception as e:
-        raise ValueError(
-            f"loss={workload.describe()['loss']!r} fails on the model's output of {_shape(out)} "
-            f"and targets of {_shape(y)} ({type(e).__name__}: {e})."
-        ) from None
     if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
         raise ValueError(
             f"the loss returned {_shape(loss)}: it must return a scalar tensor (e.g. .mean())."
@@ -359,13 +372,11 @@ def _one_batch(workload: Workload, model: nn.Module, batch_size: int) -> None:
                 _need_classes(out, y, f"metric {name!r} (accuracy)")
             if metric == "mse":
                 _need_same_shape(out, y, f"metric {name!r} (mse)")
-            try:
+            with refusing(
+                f"metric {name!r} fails on the first batch",
+                "; it must return a number from (output, target).",
+            ):
                 value = float(fn(out.detach() if isinstance(out, torch.Tensor) else out, y))
-            except Exception as e:
-                raise ValueError(
-                    f"metric {name!r} fails on the first batch ({type(e).__name__}: {e}); it must "
-                    "return a number from (output, target)."
-                ) from None
             if math.isnan(value):
                 raise ValueError(f"metric {name!r} is nan on the first batch.")
     if batch_size_of(y) != batch_size_of(x):

@@ -39,6 +39,10 @@ RESERVED_METRIC_NAMES = (*(c for c in CURVE_COLUMNS if c != "accuracy"), "test_l
 
 
 # -- resolving what was given -----------------------------------------------------------------------
+#: The keyword arguments of :func:`resolve` beside the model and the data: what is trained.
+WORKLOAD = ("loss", "metrics", "optimizer", "collate_fn", "num_workers")
+
+
 def resolve(
     model: Any = None,
     data: Any = None,
@@ -335,30 +339,18 @@ def check_workload(
     shards: int = 1,
     target_accuracy: float | None = None,
     deadline: Any = None,
-    loss: Any = None,
-    metrics: Any = None,
-    optimizer: Any = None,
     stop_at: Mapping[str, Any] | None = None,
-    collate_fn: Any = None,
-    num_workers: int | None = None,
     **hparams: Any,
 ) -> tuple[HParams, Checked]:
-    """:func:`check_train_args`, with what :func:`preflight` found."""
+    """:func:`check_train_args`, with what :func:`preflight` found (the keyword arguments of
+    :func:`resolve` among ``hparams`` say what is trained)."""
     if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
         raise ValueError(f"shards={shards!r} must be a whole number of at least 1.")
     if target_accuracy is not None and not 0 < target_accuracy <= 1:
         raise ValueError(f"target_accuracy={target_accuracy!r} must be in (0, 1], e.g. 0.9.")
     if deadline is not None and not hasattr(deadline, "timestamp"):
         limits.duration(deadline, "deadline", "2h")
-    workload = resolve(
-        model,
-        data,
-        loss=loss,
-        metrics=metrics,
-        optimizer=optimizer,
-        collate_fn=collate_fn,
-        num_workers=num_workers,
-    )
+    workload = resolve(model, data, **{k: hparams.pop(k) for k in WORKLOAD if k in hparams})
     given = {k: v for k, v in hparams.items() if v is not None}
     hp = HParams.from_dict({"steps": steps, **given}).validate()
     stops = stop_conditions(stop_at, workload.metrics, target_accuracy)  # cheap: first

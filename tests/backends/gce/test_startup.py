@@ -11,15 +11,19 @@ from transient_nb.backends.gce import startup as gce_startup
 
 
 def test_the_startup_script_powers_off_on_any_failure(tmp_path: Path) -> None:
-    script = gce_startup.startup_script(
+    worker = gce_startup.worker_args(
         python=sys.executable,
         scheduler_address="tls://127.0.0.1:1",
-        vm={"name": "w-0", "role": "worker", "gpu": None, "zone": "z", "spot": True},
+        name="w-0",
         resources={"gpu": 1},
         nthreads=1,
         death_timeout_s=1,
         worker_ports="41000:41099",
         nanny_ports="41100:41199",
+    )
+    script = gce_startup.startup_script(
+        worker=worker,
+        vm={"name": "w-0", "role": "worker", "gpu": None, "zone": "z", "spot": True},
         notice_s=2,
     )
     assert "trap " in script and "EXIT" in script

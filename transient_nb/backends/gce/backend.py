@@ -62,12 +62,11 @@ import atexit
 import logging
 import re
 import uuid
-from collections.abc import Sequence
 from typing import Any
 
 from distributed.security import Security
 
-from transient_nb.backends.base import QuotaError, TransientVM, VMSpec
+from transient_nb.backends.base import Preparation, QuotaError, TransientVM, VMSpec
 from transient_nb.backends.gce.api import (
     GCEError,
     call_async,
@@ -193,18 +192,7 @@ class GCEBackend(GCEBodies):
         }
 
     # -- checks before anything is created ------------------------------------------------------------
-    def prepare(
-        self,
-        cluster_name: str,
-        *,
-        gpus: Sequence[str],
-        zones: Sequence[str],
-        machine_type: str,
-        ps_machine_type: str,
-        notice_s: float,
-        cluster_id: str = "",
-        asked_gpus: int = 1,
-    ) -> None:
+    def prepare(self, cluster_name: str, plan: Preparation) -> None:
         """Check project, zones, machine types, GPU types and image against the API.
 
         A bad value raises ``ValueError`` naming it and the ``gcloud`` command that lists the
@@ -214,8 +202,8 @@ class GCEBackend(GCEBodies):
         before the scheduler or any VM exists.
         """
         self.cluster_name = cluster_name
-        self.cluster_id = cluster_id or uuid.uuid4().hex[:12]
-        self.notice_s = notice_s
+        self.cluster_id = plan.cluster_id or uuid.uuid4().hex[:12]
+        self.notice_s = plan.notice_s
         if not _NAME_RE.match(self.instance_name("w-999")):
             raise ValueError(f"Cluster name {cluster_name!r} is too long for GCE instance names.")
         api = self.api
@@ -227,7 +215,7 @@ class GCEBackend(GCEBodies):
                 f"({e.status}: {e}). List your projects with `gcloud projects list`; set "
                 "gce.project or pass project=."
             ) from e
-        for zone in zones:
+        for zone in plan.zones:
             try:
                 api.get_zone(zone)
             except GCEError as e:
@@ -236,7 +224,8 @@ class GCEBackend(GCEBodies):
                     "zones with `gcloud compute zones list`."
                 ) from e
         # The PS host may go to any of the zones too (its fallback), so both types are checked.
-        checks = [(ps_machine_type, z) for z in zones] + [(machine_type, z) for z in zones]
+        types = (plan.ps_machine_type, plan.machine_type)
+        checks = [(mt, z) for mt in types for z in plan.zones]
         for mt, zone in checks:
             try:
                 api.get_machine_type(zone, mt)
@@ -245,23 +234,23 @@ class GCEBackend(GCEBodies):
                     f"Machine type {mt!r} is not available in {zone} ({e}). List the machine "
                     f"types with `gcloud compute machine-types list --zones {zone}`."
                 ) from e
-        family = bundled_gpu_family(machine_type)
-        for i, gpu in enumerate(gpus):
+        family = bundled_gpu_family(plan.machine_type)
+        for i, gpu in enumerate(plan.gpus):
             accel = accelerator_type(gpu)
             if family is not None and gpu not in BUNDLED_GPUS[family]:
                 raise ValueError(
-                    f"Machine type {machine_type!r} comes with {'/'.join(sorted(BUNDLED_GPUS[family]))} "
+                    f"Machine type {plan.machine_type!r} comes with {'/'.join(sorted(BUNDLED_GPUS[family]))} "
                     f"GPUs, not {gpu!r}: pick a machine type for {gpu} (N1 for "
                     f"{', '.join(sorted(N1_GPUS))}; g2 for l4; a2 for a100)."
                 )
             if family is None and gpu not in N1_GPUS and gpu in GPU_TYPES:
                 raise ValueError(
-                    f"GPU {gpu!r} does not attach to machine type {machine_type!r}: use a g2 "
+                    f"GPU {gpu!r} does not attach to machine type {plan.machine_type!r}: use a g2 "
                     "machine type for l4, a2 for a100, a3 for h100 (`gcloud compute "
                     "machine-types list --filter=name~'^(g2|a2|a3)'`)."
                 )
             offered = []
-            for zone in zones:
+            for zone in plan.zones:
                 try:
                     api.get_accelerator_type(zone, accel)
                     offered.append(zone)
@@ -269,9 +258,9 @@ class GCEBackend(GCEBodies):
                     if not e.not_found:
                         raise ValueError(f"Could not look up GPU {accel} in {zone}: {e}") from e
                     self._not_offered.add((gpu, zone))
-            if i < asked_gpus and not offered:  # every type of a mix, not only the first
+            if i < plan.asked_gpus and not offered:  # every type of a mix, not only the first
                 raise ValueError(
-                    f"GPU type {gpu!r} ({accel}) is not offered in {', '.join(zones)}. List the "
+                    f"GPU type {gpu!r} ({accel}) is not offered in {', '.join(plan.zones)}. List the "
                     f"zones that have it with `gcloud compute accelerator-types list "
                     f"--filter=name={accel}`."
                 )

@@ -223,14 +223,10 @@ class GCEBodies(GCEOptions):
             }
         vm = {"name": spec.name, "role": spec.role, "gpu": gpu, "zone": zone, "spot": spec.spot}
         script = startup_script(
-            python=self.python,
-            scheduler_address=scheduler_address,
+            worker=self.worker_command(
+                spec.name, spec.resources, python=self.python, scheduler_address=scheduler_address
+            ),
             vm=vm,
-            resources=dict(spec.resources),
-            nthreads=self.nthreads,
-            death_timeout_s=self.death_timeout_s,
-            worker_ports=self.worker_ports,
-            nanny_ports=self.nanny_ports,
             data_ports=self.data_ports,
             notice_s=self.notice_s,
             tls_name=self.instance_name(spec.name),

@@ -28,7 +28,7 @@ from typing import IO, TYPE_CHECKING, Any
 import psutil
 
 from transient_nb.backends.base import TransientVM, VMSpec, start_process
-from transient_nb.backends.gce.startup import worker_args, worker_env
+from transient_nb.backends.gce.startup import worker_env
 from transient_nb.worker.peers import ROLE_PS
 
 if TYPE_CHECKING:
@@ -70,15 +70,11 @@ class HeadPSVM(TransientVM):
         tls = backend.ca.write_files(
             self._folder, backend.instance_name(self.name), role=ROLE_PS, vm=self.name
         )
-        args = worker_args(
+        args = backend.worker_command(
+            self.name,
+            self.spec.resources,
             python=sys.executable,
             scheduler_address=backend.scheduler_address or self.scheduler_address,
-            name=self.name,
-            resources=dict(self.spec.resources),
-            nthreads=backend.nthreads,
-            death_timeout_s=backend.death_timeout_s,
-            worker_ports=backend.worker_ports,
-            nanny_ports=backend.nanny_ports,
             # The head VM is never preempted: no GCE notice watcher.
             preloads=("transient_nb.worker.preload", "transient_nb.worker.guard"),
         )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dask.utils import parse_timedelta
@@ -19,6 +19,7 @@ from transient_nb.backends.gce.api import (
 )
 from transient_nb.backends.gce.enroll import CA_KEY
 from transient_nb.backends.gce.labels import owner_identity, owner_label
+from transient_nb.backends.gce.startup import GCE_PRELOADS, worker_args
 from transient_nb.backends.tls import ClusterCA, tls_lifetime_s
 
 logger = logging.getLogger(__name__)
@@ -262,3 +263,27 @@ class GCEOptions(Backend):
         self._close_lock = asyncio.Lock()
         #: Firewall rules this cluster created (or adopted: they carry its id).
         self.firewall_names: list[str] = []
+
+    def worker_command(
+        self,
+        name: str,
+        resources: Mapping[str, float],
+        *,
+        python: str,
+        scheduler_address: str,
+        preloads: tuple[str, ...] = GCE_PRELOADS,
+    ) -> list[str]:
+        """The ``dask worker`` command line of the VM ``name``
+        (:func:`~transient_nb.backends.gce.startup.worker_args`), with this cluster's worker
+        options: threads, death timeout, ports."""
+        return worker_args(
+            python=python,
+            scheduler_address=scheduler_address,
+            name=name,
+            resources=dict(resources),
+            nthreads=self.nthreads,
+            death_timeout_s=self.death_timeout_s,
+            worker_ports=self.worker_ports,
+            nanny_ports=self.nanny_ports,
+            preloads=preloads,
+        )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Sequence
 from typing import Any
 
 from transient_nb._version import __version__
@@ -19,6 +20,8 @@ from transient_nb.worker.preload import NANNY_PRELOADS, WORKER_PRELOADS
 
 #: Seconds a booting VM waits for the cluster to sign its certificate request.
 ENROLL_TIMEOUT_S = 600.0
+#: The preloads of a worker VM's ``dask worker``: the worker's, and GCE's notice watcher.
+GCE_PRELOADS = (*WORKER_PRELOADS, "transient_nb.backends.gce.preload")
 
 
 def worker_args(
@@ -31,7 +34,7 @@ def worker_args(
     death_timeout_s: float,
     worker_ports: str,
     nanny_ports: str,
-    preloads: tuple[str, ...] = (*WORKER_PRELOADS, "transient_nb.backends.gce.preload"),
+    preloads: tuple[str, ...] = GCE_PRELOADS,
 ) -> list[str]:
     """The ``dask worker`` command line of a cluster's VM (TLS options not included).
 
@@ -89,14 +92,8 @@ def worker_env(
 
 def startup_script(
     *,
-    python: str,
-    scheduler_address: str,
+    worker: Sequence[str],
     vm: dict[str, Any],
-    resources: dict[str, float],
-    nthreads: int,
-    death_timeout_s: float,
-    worker_ports: str,
-    nanny_ports: str,
     notice_s: float,
     tls_name: str | None = None,
     data_ports: str = "41200:41299",
@@ -111,16 +108,10 @@ def startup_script(
 
     Parameters
     ----------
-    python
-        The image's Python (``gce.python``).
-    scheduler_address
-        ``tls://HOST:PORT`` the worker dials.
+    worker
+        The ``dask worker`` command line (:func:`worker_args`; the script adds the TLS options).
     vm
         ``name``, ``role``, ``gpu``, ``zone``, ``spot``: who this VM is (``TRANSIENT_NB_VM``).
-    resources
-        Dask worker resources (``gpu=1`` or ``ps=1``).
-    nthreads, death_timeout_s, worker_ports, nanny_ports
-        Dask worker options.
     notice_s
         Seconds between the metadata notice and the VM's stop.
     data_ports
@@ -130,27 +121,16 @@ def startup_script(
 
     Examples
     --------
-    >>> s = startup_script(python="/opt/transient-nb/bin/python",
-    ...     scheduler_address="tls://10.0.0.2:8786",
-    ...     vm={"name": "w-0", "role": "worker", "gpu": "t4", "zone": "us-central1-a", "spot": True},
-    ...     resources={"gpu": 1}, nthreads=1, death_timeout_s=120, worker_ports="41000:41099",
-    ...     nanny_ports="41100:41199", notice_s=30)
+    >>> worker = worker_args(python="/opt/transient-nb/bin/python",
+    ...     scheduler_address="tls://10.0.0.2:8786", name="w-0", resources={"gpu": 1},
+    ...     nthreads=1, death_timeout_s=120, worker_ports="41000:41099", nanny_ports="41100:41199")
+    >>> s = startup_script(worker=worker, notice_s=30,
+    ...     vm={"name": "w-0", "role": "worker", "gpu": "t4", "zone": "us-central1-a", "spot": True})
     >>> "dask worker tls://10.0.0.2:8786 --name w-0" in s
     True
     """
-    command = " ".join(
-        shlex.quote(a)
-        for a in worker_args(
-            python=python,
-            scheduler_address=scheduler_address,
-            name=str(vm["name"]),
-            resources=resources,
-            nthreads=nthreads,
-            death_timeout_s=death_timeout_s,
-            worker_ports=worker_ports,
-            nanny_ports=nanny_ports,
-        )
-    )
+    command = " ".join(shlex.quote(a) for a in worker)
+    python = worker[0]  # the image's Python, the command line's first word, enrols the VM too
     tls = ' --tls-ca-file "$TLS/ca.pem" --tls-cert "$TLS/cert.pem" --tls-key "$TLS/key.pem"'
     env = worker_env(vm, notice_s, data_ports)
     exports = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items())

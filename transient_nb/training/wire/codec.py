@@ -22,6 +22,21 @@ TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": 
 #: ... and the numpy dtypes they travel as.
 NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": np.int16}
 
+
+@contextmanager
+def _once(var: ContextVar[list[Any] | None], value: Any) -> Iterator[None]:
+    """Offer ``value`` to the next :func:`to_wire` of this context through ``var``.
+
+    A one-item list, so that the first reply that takes it (``pop``) leaves it used up for the
+    rest of the context; the context's end restores whatever was offered before.
+    """
+    token = var.set([value])
+    try:
+        yield
+    finally:
+        var.reset(token)
+
+
 #: Where the next reply may be written instead of a fresh buffer (see :func:`reply_into`).
 _REPLY_INTO: ContextVar[list[np.ndarray] | None] = ContextVar("reply_into", default=None)
 
@@ -45,11 +60,8 @@ def reply_into(buffer: np.ndarray) -> Iterator[None]:
     >>> a is out, np.shares_memory(b, out)
     (True, False)
     """
-    token = _REPLY_INTO.set([buffer])
-    try:
+    with _once(_REPLY_INTO, buffer):
         yield
-    finally:
-        _REPLY_INTO.reset(token)
 
 
 #: Whether the next float32 reply may be the PS's live array itself (see :func:`reply_live`).
@@ -75,11 +87,8 @@ def reply_live() -> Iterator[None]:
     >>> a is w, b is w
     (True, False)
     """
-    token = _REPLY_LIVE.set([True])
-    try:
+    with _once(_REPLY_LIVE, True):
         yield
-    finally:
-        _REPLY_LIVE.reset(token)
 
 
 def as_numpy(t: torch.Tensor) -> np.ndarray:
