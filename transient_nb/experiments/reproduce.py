@@ -24,6 +24,9 @@ the bill. What is emulated: a GPU's step time and a 4-vCPU PS's capacity. Times 
 the moment every trainer of the cluster runs (the start-up of worker processes on this host would
 otherwise count minutes of simulated time) to the end of the run, and extrapolated to the whole
 run at that rate; costs are billed over the same window and extrapolated the same way.
+
+Every table's further keywords (``seed``, ``prices``, ``lifetimes``, ``timeout``, ...) are
+:func:`run_setup`'s, with its defaults (seed 0, the paper's prices).
 """
 
 from __future__ import annotations
@@ -111,21 +114,12 @@ def _run_paced(
     setups: Sequence[Setup],
     steps_of: Callable[[Setup], int],
     wall_pace: float,
-    seed: int,
-    prices: str,
     options: Mapping[str, Any],
 ) -> pd.DataFrame:
     """Run every setup (``steps_of(setup)`` steps, its fastest type paced at a K80's wall
-    rate); one row each, indexed by setup."""
+    rate, ``options`` for :func:`run_setup`); one row each, indexed by setup."""
     rows = [
-        run_setup(
-            setup,
-            steps=steps_of(setup),
-            wall_pace=_pace(setup, wall_pace),
-            seed=seed,
-            prices=prices,
-            **options,
-        )
+        run_setup(setup, steps=steps_of(setup), wall_pace=_pace(setup, wall_pace), **options)
         for setup in setups
     ]
     return pd.DataFrame(rows).set_index("setup")
@@ -136,8 +130,6 @@ def mixed_table(
     *,
     steps_per_worker: int = 160,
     wall_pace: float = 1.2,
-    seed: int = 0,
-    prices: str = "paper-2019",
     **options: Any,
 ) -> pd.DataFrame:
     """Experiment 3: a mixed cluster against the same number of workers of one type.
@@ -147,9 +139,7 @@ def mixed_table(
     the paper's lifetimes of its own types, and a wall pace at which its fastest type asks this
     host for a K80's rate (so the host keeps every pace).
     """
-    ours = _run_paced(
-        setups, lambda s: steps_per_worker * s.workers, wall_pace, seed, prices, options
-    )
+    ours = _run_paced(setups, lambda s: steps_per_worker * s.workers, wall_pace, options)
     slow, dear = ours.iloc[0], ours.iloc[-1]
     return pd.DataFrame(
         {
@@ -175,8 +165,6 @@ def dynamic_table(
     *,
     steps_per_worker: int = 160,
     wall_pace: float = 1.2,
-    seed: int = 0,
-    prices: str = "paper-2019",
     **options: Any,
 ) -> pd.DataFrame:
     """Experiment 4: a cluster that grows by one worker each quarter, against static ones.
@@ -187,7 +175,7 @@ def dynamic_table(
     static one. ``join s``: simulated seconds from each scale-up to the new trainer's first step.
     """
     steps = steps_per_worker * max(s.most_workers for s in setups)
-    ours = _run_paced(setups, lambda s: steps, wall_pace, seed, prices, options)
+    ours = _run_paced(setups, lambda s: steps, wall_pace, options)
     base = ours.iloc[0]
     return pd.DataFrame(
         {
@@ -222,7 +210,6 @@ def paper_table(
     *,
     steps_per_worker: int = 160,
     wall_pace: float = 1.2,
-    seed: int = 0,
     **options: Any,
 ) -> pd.DataFrame:
     """Table I/III, the paper's figures beside ours, one row per setup.
@@ -233,7 +220,7 @@ def paper_table(
     rows = []
     for setup in setups:
         steps = steps_per_worker * setup.workers
-        rows.append(run_setup(setup, steps=steps, wall_pace=wall_pace, seed=seed, **options))
+        rows.append(run_setup(setup, steps=steps, wall_pace=wall_pace, **options))
     ours = pd.DataFrame(rows).set_index("setup")
     base = ours.iloc[0]
     out = []
@@ -274,7 +261,6 @@ def today_table(
     *,
     steps_per_worker: int = 160,
     wall_pace: float = 1.2,
-    seed: int = 0,
     lifetimes: str = "paper:k80",
     **options: Any,
 ) -> pd.DataFrame:
@@ -285,14 +271,8 @@ def today_table(
     curve by default). Step rates other than K80/P100/V100 are estimates. Faster GPUs get a
     lower ``wall_pace`` so that every setup asks this host for about a K80's wall rate.
     """
-    ours = _run_paced(
-        setups,
-        lambda s: steps_per_worker * s.workers,
-        wall_pace,
-        seed,
-        "gce-2025",
-        {"lifetimes": lifetimes, **options},
-    )
+    options = {"prices": "gce-2025", "lifetimes": lifetimes, **options}
+    ours = _run_paced(setups, lambda s: steps_per_worker * s.workers, wall_pace, options)
     base = ours.iloc[0]
     return pd.DataFrame(
         {

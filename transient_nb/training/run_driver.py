@@ -99,8 +99,6 @@ class RunCore:
         #: Follow the cluster's PS hosts: when it gains one, split the PS into one more shard.
         self.elastic_shards = elastic_shards
         self.target_accuracy = target_accuracy
-        self.budget = budget
-        self.deadline = deadline
         # The run's own money and time limits, under the cluster's (which stop the cluster):
         # the same Limits and the same rule, counted from the run's start.
         self.limits = limits.Limits(

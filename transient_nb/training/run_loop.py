@@ -133,7 +133,7 @@ class RunLoop(Trainers):
             hparams=json.dumps(self.hp.to_dict()),
             checkpoint_url=self.checkpoint_url,
             target_accuracy=self.target_accuracy,
-            budget=self.budget,
+            budget=self.limits.budget,
             **resumed,
         )
         self._create_ps(states, step=start, counters=counters)

@@ -17,7 +17,10 @@ import math
 import ssl
 import time
 from collections.abc import Generator
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
+
+if TYPE_CHECKING:
+    from typing_extensions import NotRequired, Unpack
 
 import numpy as np
 
@@ -29,6 +32,20 @@ from transient_nb.training.wire.region import Region, aligned
 SEND_SLICE_S = 0.5
 #: What a call's steps yield once the request is out (other yields: out of time).
 SENT = "sent"
+
+
+class Push(TypedDict):
+    """The keywords of a push: those of the actor's ``push_pull``
+    (:meth:`~transient_nb.training.ps.ParameterServer.push_pull`), which says what they mean."""
+
+    trainer: str
+    grad: np.ndarray
+    base_version: int
+    local_step: int
+    loss: NotRequired[float]
+    images: NotRequired[int]
+    bn_delta: NotRequired[np.ndarray | None]
+    final: NotRequired[bool]
 
 
 class RemoteError(RuntimeError):
@@ -231,28 +248,18 @@ class DataClient:
         return offsets
 
     # -- the actor's data methods ---------------------------------------------------------------
-    def push_pull(
-        self,
-        *,
-        trainer: str,
-        grad: np.ndarray,
-        base_version: int,
-        local_step: int,
-        loss: float = 0.0,
-        images: int = 0,
-        bn_delta: np.ndarray | None = None,
-        final: bool = False,
-    ) -> Call:
+    def push_pull(self, **push: Unpack[Push]) -> Call:
         """Push one gradient; the call's result is the new weights (as the actor's)."""
         meta = {
-            "trainer": trainer,
-            "base_version": int(base_version),
-            "local_step": int(local_step),
-            "loss": float(loss),
-            "images": int(images),
-            "final": bool(final),
+            "trainer": push["trainer"],
+            "base_version": int(push["base_version"]),
+            "local_step": int(push["local_step"]),
+            "loss": float(push.get("loss", 0.0)),
+            "images": int(push.get("images", 0)),
+            "final": bool(push.get("final", False)),
         }
-        return self._call(frame.PUSH_PULL, meta, [np.ascontiguousarray(grad), bn_delta])
+        arrays = [np.ascontiguousarray(push["grad"]), push.get("bn_delta")]
+        return self._call(frame.PUSH_PULL, meta, arrays)
 
     def pull(self, trainer: str | None = None) -> Call:
         """The current weights, statistics and version (as the actor's ``pull``)."""
