@@ -110,6 +110,12 @@ def _regroup_optimizer(
     return out
 
 
+def _window(t: float) -> dict[str, float]:
+    """The PS's ``metrics`` window from ``t``: its updates, images, summed loss and staleness,
+    and the most trainers active at its updates."""
+    return {"t": t, "updates": 0, "images": 0, "loss": 0.0, "stale": 0, "active": 0}
+
+
 class ParameterServer:
     """One shard of the parameters, with its optimizer state.
 
@@ -200,7 +206,7 @@ class ParameterServer:
         self.computing: dict[str, bool] = {}
         self.finals: set[str] = set()  # trainers whose last gradient arrived with a notice
         self.last_checkpoint = self.version
-        self._window = {"t": time.time(), "updates": 0, "images": 0, "loss": 0.0, "stale": 0}
+        self._window = _window(time.time())
         self._lr = 0.0  # the learning rate of the newest update (what a flushed window reports)
         self._snapshot: dict[str, Any] | None = None
         # Paced emulation of the paper's PS capacity (``hparams["emulate"]`` with ``ps=``): set
@@ -311,6 +317,9 @@ class ParameterServer:
         win["images"] += images
         win["loss"] += loss
         win["stale"] += stale
+        # The most trainers active during the window (not at its posting: a window flushed at
+        # the run's end, after the trainers drained, would say none).
+        win["active"] = max(win["active"], len(self.active()))
         self._lr = lr
         now = time.time()
         if self.shard == 0 and now - win["t"] >= self.hp.metrics_interval_s:
@@ -364,13 +373,13 @@ class ParameterServer:
             step=self.version,
             loss=win["loss"] / n,
             lr=lr,
-            active_workers=len(self.active()),
+            active_workers=int(win["active"]) if win["updates"] else len(self.active()),
             staleness=win["stale"] / n,
             img_per_s=win["images"] / dt if dt > 0 else 0.0,
             steps_per_s=win["updates"] / dt if dt > 0 else 0.0,
             updates=win["updates"],
         )
-        self._window = {"t": now, "updates": 0, "images": 0, "loss": 0.0, "stale": 0}
+        self._window = _window(now)
 
     def _post(self, kind: str, **fields: Any) -> None:
         if self._worker is not None:

@@ -99,6 +99,7 @@ class RunCore:
         #: Follow the cluster's PS hosts: when it gains one, split the PS into one more shard.
         self.elastic_shards = elastic_shards
         self.target_accuracy = target_accuracy
+        self.deadline = deadline  # UNIX seconds
         # The run's own money and time limits, under the cluster's (which stop the cluster):
         # the same Limits and the same rule, counted from the run's start.
         self.limits = limits.Limits(
@@ -175,6 +176,11 @@ class RunCore:
         self._plugin: str | None = None  # the workload's worker plugin, once registered
         self._client: Any = None
         self._thread = threading.Thread(target=self._main, name=f"transient-{self.id}", daemon=True)
+
+    @property
+    def budget(self) -> float | None:
+        """The run's money limit in dollars (``train(budget=...)``), kept by its ``limits``."""
+        return self.limits.budget
 
     def _post(self, kind: str, **fields: Any) -> None:
         self._client.log_event(TOPIC, make_event(kind, run=self.id, **fields))
