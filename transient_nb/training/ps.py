@@ -113,7 +113,7 @@ def _regroup_optimizer(
 def _window(t: float) -> dict[str, float]:
     """The PS's ``metrics`` window from ``t``: its updates, images, summed loss and staleness,
     and the most trainers active at its updates."""
-    return {"t": t, "updates": 0, "images": 0, "loss": 0.0, "stale": 0, "active": 0}
+    return {"t": t, "last": t, "updates": 0, "images": 0, "loss": 0.0, "stale": 0, "active": 0}
 
 
 class ParameterServer:
@@ -322,6 +322,7 @@ class ParameterServer:
         win["active"] = max(win["active"], len(self.active()))
         self._lr = lr
         now = time.time()
+        win["last"] = now
         if self.shard == 0 and now - win["t"] >= self.hp.metrics_interval_s:
             self._post_metrics(now, lr)
         reply = self._reply()
@@ -365,11 +366,13 @@ class ParameterServer:
             await self._service.serve()
 
     def _post_metrics(self, now: float, lr: float) -> None:
+        """Post the window's ``metrics`` up to ``now``, dated ``now``."""
         win = self._window
         dt = now - win["t"]
         n = max(1, win["updates"])
         self._post(
             "metrics",
+            time=now,
             step=self.version,
             loss=win["loss"] / n,
             lr=lr,
@@ -447,7 +450,11 @@ class ParameterServer:
         posted at, or None when no update was waiting."""
         if self.shard != 0 or not self._window["updates"]:
             return None
-        self._post_metrics(time.time(), self._lr)
+        # Dated at the window's last update, not now: the run's end (its evaluation, the
+        # driver's calls) is no training time, and measures of a run's pace read these times.
+        last = self._window["last"]
+        self._post_metrics(last, self._lr)
+        self._window = _window(time.time())
         return self.version
 
     async def status(self) -> dict[str, Any]:
