@@ -114,6 +114,26 @@ def test_the_per_surface_defaults_are_the_ones_the_table_names() -> None:
     }
 
 
+def test_each_help_names_its_surfaces_own_default() -> None:
+    """A help text's default comes from the default it names (the CLI's demo defaults
+    included), so the two cannot drift apart."""
+    helps = {
+        (name, surface): options.spec(name, surface)[1].get("help") or ""
+        for name in OPTIONS
+        for surface in ("cli", "magic")
+    }
+    assert not [key for key, text in helps.items() if "{default}" in text]
+    assert helps["steps", "cli"] == f"global steps (default: {CLI_DEFAULTS['steps']})"
+    assert helps["steps", "magic"] == "global steps (default: 64000)"
+    assert helps["batch_size", "cli"].endswith(f"(default: {CLI_DEFAULTS['batch_size']})")
+    assert f"(default: {CLI_DEFAULTS['model']}, " in helps["model", "cli"]
+    assert helps["eval_images", "cli"] == "test images per evaluation (default: 1000)"
+    assert helps["eval_images", "magic"] == "test images per evaluation (default: all)"
+    assert helps["preemption", "cli"].endswith("(local backend; default: exp:mean=60s)")
+    assert helps["preemption", "magic"].endswith("default: the configuration's, none)")
+    assert helps["provisioning_delay", "cli"].endswith("(simulated; default: 5s)")
+
+
 @pytest.mark.parametrize(
     ("name", "text", "words"),
     [

@@ -159,7 +159,9 @@ class Option:
     """One option of both surfaces: ``flags`` and ``add_argument``'s keyword arguments.
 
     ``cli`` and ``magic`` hold what one surface says otherwise (a default, a help text); they
-    are the only place a surface differs.
+    are the only place a surface differs. A help text's ``{default}`` names the surface's
+    default: its ``shown`` text where the option has one (``"all"`` for None), else the default
+    itself, so a surface with a default of its own needs no help text of its own.
     """
 
     flags: tuple[str, ...]
@@ -170,12 +172,32 @@ class Option:
     def on(self, surface: Surface) -> tuple[tuple[str, ...], dict[str, Any]]:
         """``(flags, kwargs)`` of ``add_argument`` (or IPython's ``argument``) on ``surface``."""
         own = self.cli if surface == "cli" else self.magic
-        return self.flags, {"default": None, **self.kwargs, **own}
+        kwargs = {"default": None, **self.kwargs, **own}
+        shown = kwargs.pop("shown", None)
+        if "default" in own and "shown" not in own:
+            shown = own["default"]  # the surface's own default, not the shared text
+        if shown is None:
+            shown = kwargs["default"]
+        if isinstance(kwargs.get("help"), str):
+            kwargs["help"] = kwargs["help"].replace("{default}", str(shown))
+        return self.flags, kwargs
 
 
 def _o(*flags: str, cli: Mapping[str, Any] | None = None, magic: Mapping[str, Any] | None = None,
        **kwargs: Any) -> Option:  # fmt: skip
     return Option(tuple(flags), kwargs, dict(cli or {}), dict(magic or {}))
+
+
+#: What the CLI's ``run`` fills in after parsing where an option of :data:`TRAIN` was not typed:
+#: a run of minutes on 2 CPU cores (a resumed run keeps its own settings instead, so the parser's
+#: default is None). The options' ``cli`` help names these.
+CLI_RUN_DEFAULTS: dict[str, Any] = {
+    "model": "resnet8",
+    "data": "synthetic",
+    "steps": 2000,
+    "batch_size": 32,
+    "shards": 1,
+}
 
 
 #: Every option both surfaces take, by name. A name is the option's ``dest`` unless two options
@@ -204,14 +226,10 @@ OPTIONS: dict[str, Option] = {
     "preemption": _o(
         "--preemption",
         help="none | paper:k80 | paper:v100 | exp:mean=60s | trace:PATH | "
-        "'zones:us-central1-a=exp:mean=300s;*=paper' (local backend; default: the "
-        "configuration's, none)",
+        "'zones:us-central1-a=exp:mean=300s;*=paper' (local backend; default: {default})",
+        shown="the configuration's, none",
         # The CLI's run is a demo of training through revocations: they come every minute.
-        cli={
-            "default": "exp:mean=60s",
-            "help": "none | paper:k80 | paper:v100 | exp:mean=60s | trace:PATH | "
-            "'zones:us-central1-a=exp:mean=300s;*=paper' (local backend; default exp:mean=60s)",
-        },
+        cli={"default": "exp:mean=60s"},
     ),
     "name": _o(
         "--name", help="cluster name: lowercase letters, digits, dashes (default: a fresh one)"
@@ -227,13 +245,10 @@ OPTIONS: dict[str, Option] = {
     "provisioning_delay": _o(
         "--provisioning-delay",
         metavar="DURATION",
-        help="time from request to running VM: 'paper' or e.g. 5s (simulated; default: the "
-        "configuration's, paper)",
+        help="time from request to running VM: 'paper' or e.g. 5s (simulated; default: {default})",
+        shown="the configuration's, paper",
         # The CLI's run is a demo of minutes: a replacement joins in 5 s.
-        cli={
-            "default": "5s",
-            "help": "time from request to running VM: 'paper' or e.g. 5s (simulated; default 5s)",
-        },
+        cli={"default": "5s"},
     ),
     "notice": _o("--notice", metavar="DURATION", help="preemption notice, e.g. 30s (simulated)"),
     "prices": _o(
@@ -250,7 +265,10 @@ OPTIONS: dict[str, Option] = {
         type=whole("seed", 0),
         help="seed of the simulator's draws (default: the configuration's)",
         # The CLI's one --seed is the simulator's and the training's: a run of it is repeatable.
-        cli={"default": 0, "help": "seed of the simulator's draws and of the training (default 0)"},
+        cli={
+            "default": 0,
+            "help": "seed of the simulator's draws and of the training (default: 0)",
+        },
     ),
     "max_workers": _o(
         "--max-workers",
@@ -280,8 +298,9 @@ OPTIONS: dict[str, Option] = {
         cli={
             # None: a resumed run keeps its own; cli.parser.CLI_DEFAULTS fills in the default.
             "default": None,
-            "help": "resnet32 | resnet32-t2t | resnet20 | resnet8 (default resnet8: minutes on 2 "
-            "CPU cores), or your own: the import path pkg.mod:attr of an nn.Module or its factory",
+            "shown": CLI_RUN_DEFAULTS["model"],
+            "help": "resnet32 | resnet32-t2t | resnet20 | resnet8 (default: {default}, minutes on "
+            "2 CPU cores), or your own: the import path pkg.mod:attr of an nn.Module or its factory",
         },
         magic={
             "default": "resnet32",
@@ -305,15 +324,15 @@ OPTIONS: dict[str, Option] = {
     "steps": _o(
         "--steps",
         type=whole("steps", 1),
-        help="global steps (default 64000)",
-        cli={"default": None, "help": "global steps (default 2000)"},
+        help="global steps (default: {default})",
+        cli={"default": None, "shown": CLI_RUN_DEFAULTS["steps"]},
         magic={"default": 64_000},
     ),
     "batch_size": _o(
         "--batch-size",
         type=whole("images", 1),
-        help="images per worker step (default 128)",
-        cli={"default": None, "help": "images per worker step (default 32)"},
+        help="images per worker step (default: {default})",
+        cli={"default": None, "shown": CLI_RUN_DEFAULTS["batch_size"]},
         magic={"default": 128},
     ),
     "lr": _o(
@@ -344,9 +363,10 @@ OPTIONS: dict[str, Option] = {
     "eval_images": _o(
         "--eval-images",
         type=whole("images", 1),
-        help="test images per evaluation (default: all)",
+        help="test images per evaluation (default: {default})",
+        shown="all",
         # A short demo: 1000 test images per evaluation on 2 CPU cores.
-        cli={"default": 1000, "help": "test images per evaluation (default 1000)"},
+        cli={"default": 1000},
     ),
     "loss": _o(
         "--loss",
@@ -467,7 +487,7 @@ OPTIONS: dict[str, Option] = {
         "configuration's gpu=4)",
     ),
     "estimate_steps": _o(
-        "--steps", type=whole("steps", 1), default=64_000, help="global steps (default 64000)"
+        "--steps", type=whole("steps", 1), default=64_000, help="global steps (default: {default})"
     ),
     "estimate_batch_size": _o(
         "--batch-size", type=whole("items", 1), default=128, help="items per worker step"
@@ -537,18 +557,6 @@ ESTIMATE = (
     "prices",
     "measured",
 )
-
-
-#: What the CLI's ``run`` fills in after parsing where an option of :data:`TRAIN` was not typed:
-#: a run of minutes on 2 CPU cores (a resumed run keeps its own settings instead, so the parser's
-#: default is None). The options' ``cli`` help names these.
-CLI_RUN_DEFAULTS: dict[str, Any] = {
-    "model": "resnet8",
-    "data": "synthetic",
-    "steps": 2000,
-    "batch_size": 32,
-    "shards": 1,
-}
 
 
 def spec(name: str, surface: Surface) -> tuple[tuple[str, ...], dict[str, Any]]:
