@@ -23,7 +23,7 @@ Times come from the run's event log (``notice``, ``preempted``, ``joined``, ``ps
 ``ps-recovered``) and, for "first update", from polling the PS status every 20 ms (the
 replacement's ``accepted`` count > 0; for the PS, its step above the resumed step).
 
-Targets: worker < 5 s, PS < 30 s (framework share).
+Targets: worker < 3 s, PS < 30 s (framework share).
 
 Run
 ---
@@ -46,7 +46,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common
 from _common import log, md_table, median, spread
 
-TARGETS = {"worker, notice": 5.0, "worker, no notice": 5.0, "ps": 30.0}
+#: Issue 29's worker target (3 s, from 5 s in round two); the PS's is round two's.
+TARGETS = {"worker, notice": 3.0, "worker, no notice": 3.0, "ps": 30.0}
 #: The columns of the table it prints.
 COLUMNS = [
     "scenario",
