@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 from transient_nb.catalog.mix import parse_mix, zero_mix
 from transient_nb.limits import dollars, duration
+from transient_nb.training.hparams import HParams
 
 #: The two surfaces: the ``transient-nb`` command and the ``%transient_cluster`` magic.
 Surface = Literal["cli", "magic"]
@@ -200,6 +201,25 @@ CLI_RUN_DEFAULTS: dict[str, Any] = {
 }
 
 
+#: The paper's run: :class:`~transient_nb.training.hparams.HParams`' defaults, which the magic's
+#: ``train`` and both surfaces' ``estimate`` take for a run's size.
+PAPER = HParams()
+
+
+def _run_size(flag: str, what: str, text: str) -> Option:
+    """A training run's size (``--steps``, ``--batch-size``): the paper's on the magic, the
+    ``run`` demo's on the CLI (None in the parser, filled in from :data:`CLI_RUN_DEFAULTS` after
+    parsing: a resumed run keeps its own); the help names each."""
+    name = flag.lstrip("-").replace("-", "_")
+    return _o(
+        flag,
+        type=whole(what, 1),
+        help=f"{text} (default: {{default}})",
+        cli={"default": None, "shown": CLI_RUN_DEFAULTS[name]},
+        magic={"default": getattr(PAPER, name)},
+    )
+
+
 #: Every option both surfaces take, by name. A name is the option's ``dest`` unless two options
 #: share a flag with different meanings (``scale_gpu``: the type ``scale N`` counts).
 OPTIONS: dict[str, Option] = {
@@ -321,20 +341,8 @@ OPTIONS: dict[str, Option] = {
             "test) pair of Datasets (or its factory), or an import path",
         },
     ),
-    "steps": _o(
-        "--steps",
-        type=whole("steps", 1),
-        help="global steps (default: {default})",
-        cli={"default": None, "shown": CLI_RUN_DEFAULTS["steps"]},
-        magic={"default": 64_000},
-    ),
-    "batch_size": _o(
-        "--batch-size",
-        type=whole("images", 1),
-        help="images per worker step (default: {default})",
-        cli={"default": None, "shown": CLI_RUN_DEFAULTS["batch_size"]},
-        magic={"default": 128},
-    ),
+    "steps": _run_size("--steps", "steps", "global steps"),
+    "batch_size": _run_size("--batch-size", "images", "images per worker step"),
     "lr": _o(
         "--lr",
         type=positive("learning rate"),
@@ -487,10 +495,16 @@ OPTIONS: dict[str, Option] = {
         "configuration's gpu=4)",
     ),
     "estimate_steps": _o(
-        "--steps", type=whole("steps", 1), default=64_000, help="global steps (default: {default})"
+        "--steps",
+        type=whole("steps", 1),
+        default=PAPER.steps,
+        help="global steps (default: {default})",
     ),
     "estimate_batch_size": _o(
-        "--batch-size", type=whole("items", 1), default=128, help="items per worker step"
+        "--batch-size",
+        type=whole("items", 1),
+        default=PAPER.batch_size,
+        help="items per worker step",
     ),
     "estimate_shards": _o("--shards", type=whole("PS shards", 1), default=1, help="PS shards"),
     "measured": _o(
