@@ -452,9 +452,7 @@ class ParameterServer:
             return None
         # Dated at the window's last update, not now: the run's end (its evaluation, the
         # driver's calls) is no training time, and measures of a run's pace read these times.
-        last = self._window["last"]
-        self._post_metrics(last, self._lr)
-        self._window = _window(time.time())
+        self._post_metrics(self._window["last"], self._lr)
         return self.version
 
     async def status(self) -> dict[str, Any]:
