@@ -28,7 +28,7 @@ from _common import fmt, log, md_table, quiet
 
 
 def main(argv: list[str] | None = None) -> int:
-    from transient_nb.deploy.options import Renamed
+    from transient_nb.deploy.arg_types import Renamed
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tiny", action="store_true", help="seconds-long smoke configuration")

@@ -159,4 +159,3 @@ def test_types_keep_what_was_typed_where_the_api_reads_text() -> None:
     assert options.spec("budget", "cli")[1]["type"]("2.5") == 2.5
     assert options.spec("workers", "cli")[1]["type"]("k80=2,v100=1") == {"k80": 2, "v100": 1}
     assert options.spec("scale_on_demand", "cli")[1]["type"]("v100=0") == {}
-    assert options.names(" t4, v100 ,") == ["t4", "v100"]

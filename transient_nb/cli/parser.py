@@ -11,7 +11,7 @@ import argparse
 from typing import Any
 
 from transient_nb.cli import workloads
-from transient_nb.deploy import options
+from transient_nb.deploy import arg_types, options
 
 #: The command's one-line description (the first line of its ``--help``).
 DESCRIPTION = (
@@ -27,14 +27,14 @@ def _add_cluster_options(r: argparse.ArgumentParser) -> None:
     options.add(r, *options.CLUSTER)
     r.add_argument(
         "--cluster-budget",
-        type=options.money("budget"),
+        type=arg_types.money("budget"),
         default=None,
         metavar="USD",
         help="close the cluster once it has spent this many dollars",
     )
     r.add_argument(
         "--cluster-deadline",
-        type=options.length("deadline", "2h"),
+        type=arg_types.length("deadline", "2h"),
         default=None,
         metavar="DURATION",
         help="close the cluster after this long, e.g. 2h",
@@ -49,7 +49,7 @@ def _add_goal_options(r: argparse.ArgumentParser, flag: str, help: str) -> None:
     options.add(r, "gpus")
     r.add_argument(
         "--policy-max-workers",
-        type=options.whole("workers", 1),
+        type=arg_types.whole("workers", 1),
         default=None,
         metavar="N",
         help="largest cluster the policy asks for",

@@ -19,7 +19,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from transient_nb.deploy import options
-from transient_nb.deploy.options import whole
+from transient_nb.deploy.arg_types import whole
 
 
 # -- argument types: each error says what to type (the shared ones are the option table's) ------
