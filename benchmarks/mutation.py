@@ -97,6 +97,8 @@ import mutmut.configuration as configuration
 cfg = configuration.config()
 cfg.only_mutate = [{only!r}]
 cfg.pytest_add_cli_args_test_selection = {tests!r}
+# In mutmut's own process: pyproject's -n auto would hand each mutant's tests to xdist workers.
+cfg.pytest_add_cli_args = [*cfg.pytest_add_cli_args, "-n", "0"]
 from mutmut.__main__ import cli
 
 if sys.argv[1:2] == ["show-all"]:  # one process for every survivor's diff

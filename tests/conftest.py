@@ -303,8 +303,39 @@ def _starts_processes(item: pytest.Item) -> bool:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark ``slow`` every test that starts real processes (:data:`SLOW_SOURCE`,
-    :data:`SLOW_FIXTURES`), besides those marked by hand."""
+    :data:`SLOW_FIXTURES`), besides those marked by hand; under pytest-xdist, put the longest
+    first (:func:`_longest_first`)."""
     slow = pytest.mark.slow
     for item in items:
         if item.get_closest_marker("slow") is None and _starts_processes(item):
             item.add_marker(slow)
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # each xdist worker collects; the order is theirs
+        items.sort(key=_longest_first)
+
+
+# -- running in parallel (pytest-xdist) ---------------------------------------------------------
+#: The files of the suite's longest tests, longest first (``--durations``: the paced
+#: reproductions take minutes, the rest under one). Under xdist they start first, so that no
+#: worker picks one up when the others are nearly done; the slow tests follow, then the fast.
+LONGEST = (
+    "tests/test_notebooks.py",
+    "tests/test_benchmarks.py",
+)
+
+
+def _longest_first(item: pytest.Item) -> int:
+    """Sort key: the :data:`LONGEST` files' tests in that order, then the slow, then the rest
+    (a stable sort keeps each group in the collection's order)."""
+    for rank, prefix in enumerate(LONGEST):
+        if item.nodeid.startswith(prefix):
+            return rank
+    return len(LONGEST) + (item.get_closest_marker("slow") is None)
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto`` (pyproject's ``addopts``): one and a half workers a core, at least two. Part
+    of a slow test's time is waiting (a cluster's processes starting, a paced run, a kernel, a
+    browser), so a third worker on two cores keeps them busy; a fourth only stretches each test
+    (benchmarks/NOTES.md, issue 31)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(2, (3 * (cores or 1)) // 2)
