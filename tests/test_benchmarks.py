@@ -95,9 +95,6 @@ def gpu_suite(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return steps
 
 
-# One xdist group: the three read the module's one gpu_suite run (a module fixture is set up once
-# per xdist worker, and the suite is minutes of a loaded host's time).
-@pytest.mark.xdist_group("gpu_suite")
 @pytest.mark.timeout(900)
 def test_ps_throughput(gpu_suite: dict[str, Any]) -> None:
     """``ps_throughput.py --tiny`` (the suite's ``dataplane`` step) and its cross-host path."""
@@ -127,7 +124,6 @@ def test_ps_throughput(gpu_suite: dict[str, Any]) -> None:
         assert any(f"data-plane path {path}" in note for note in step["notes"])
 
 
-@pytest.mark.xdist_group("gpu_suite")
 @pytest.mark.timeout(900)
 def test_dataplane_candidates(gpu_suite: dict[str, Any]) -> None:
     """``dataplane_candidates.py --tiny`` (the suite's ``carriers`` step)."""
@@ -144,7 +140,6 @@ def test_dataplane_candidates(gpu_suite: dict[str, Any]) -> None:
     assert_positive(rows, *header[1:])
 
 
-@pytest.mark.xdist_group("gpu_suite")
 @pytest.mark.timeout(900)
 def test_gpu_suite_runs_on_cpu(gpu_suite: dict[str, Any]) -> None:
     """The GPU suite's --tiny form: pipelined worker efficiency, scaling, the device check and the

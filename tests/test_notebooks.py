@@ -246,10 +246,12 @@ def check_policy_evaluation(nb: Any) -> None:
     assert f"on {shards} PS shard(s)" in out and (shards == 1 or changes >= 1), (row, out)
     if int(row["behind"]) == 0:
         # The host kept the pace, so the PS's plateau was the emulation's, not the host's: the
-        # policy must have seen it and added a shard. One PS could not go past 0.40 h; two
-        # shards did (the run started on one).
+        # policy must have seen it and added a shard (the run started on one). How much sooner
+        # the run ended is the host's pace, not the emulation's: a second of a busy host's PS
+        # boot or policy tick stands for many simulated ones, and no paced process counts it as
+        # behind (0.44 h with three test workers on two cores, under
+        # the one PS's 0.40 h when the suite ran alone; benchmarks/NOTES.md, issue 31).
         assert shards == 2 and changes >= 1, (row, out)
-        assert float(row["hours"]) < 0.395, row
     else:
         # A host too busy to push what 8 V100s would leaves one PS unsaturated: then it is
         # right not to pay for a second one (what the policy measured, the events say).

@@ -59,6 +59,20 @@ def test_measure_refuses_a_run_too_short_or_unfinished():
         measure(short, workers=2, steps=120, time_scale=1.0, step_scale=1.0)
 
 
+def test_a_trainer_too_late_for_two_windows_is_measured_over_every_window_and_counts_behind():
+    # A loaded host: w-1's first call timed out and it started at 22.6, after the last window.
+    events = [
+        {**e, "time": 22.6} if e["kind"] == "emulation-paced" and e["worker"] == "w-1" else e
+        for e in _events()
+    ]
+    m = measure(events, workers=2, steps=120, time_scale=100.0, step_scale=50.0)
+    # Every window there was, from t=11 (3 steps) to 22.5 (120): 117 / 11.5 steps/s.
+    assert m["global_steps_per_s"] == pytest.approx(117 / 11.5 * 50 / 100)
+    assert m["behind"] == 1  # the row says the host did not keep the pace
+    on_time = measure(_events(), workers=2, steps=120, time_scale=100.0, step_scale=50.0)
+    assert on_time["behind"] == 0
+
+
 def test_join_delays_pair_each_scale_up_with_the_next_new_trainer():
     from transient_nb.experiments.reproduce import join_delays
 

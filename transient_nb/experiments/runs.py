@@ -164,6 +164,12 @@ def measure(
     # From the first PS metrics once every trainer runs to the last one: the run's final
     # evaluation and checkpoint (the driver's, before ``train-finished``) are no training time.
     after = [(t, s) for t, s in _metrics(events) if t >= t_all]
+    # A host too busy to start every trainer in time (a trainer's first call timed out and was
+    # retried) can end the run before two windows of all of them: then the pace is read over
+    # every window there was, and the row says the host did not keep the pace (``behind``).
+    late = len(after) < 2
+    if late:
+        after = _metrics(events)
     if len(after) < 2:
         raise ValueError("the run was too short to measure: fewer than two metrics events")
     (t_a, s_a), (t_b, s_b) = after[0], after[-1]
@@ -197,7 +203,7 @@ def measure(
         "cost_on_demand": cost_od * stretch,
         "global_steps_per_s": rate * step_scale / time_scale,
         "revocations": revocations,
-        "behind": summary["emulation_behind"],
+        "behind": summary["emulation_behind"] + late,
         "note": summary["emulation_note"],
         "accuracy": summary["accuracy"],
     }
