@@ -153,7 +153,8 @@ def measure(
     -------
     ``hours`` (the whole run in simulated hours), ``cost`` and ``cost_on_demand`` (dollars,
     the whole run), ``global_steps_per_s`` (in the emulated run's steps), ``revocations``,
-    ``behind`` (paced processes that fell behind) and ``note`` (the summary's emulation note).
+    ``behind`` (paced processes that fell behind, one more where a trainer joined too late
+    for two windows of them all) and ``note`` (the summary's emulation note).
     """
     finished = next((e for e in events if e.get("kind") == "train-finished"), None)
     started = next((e for e in events if e.get("kind") == "train-started"), None)
@@ -203,7 +204,7 @@ def measure(
         "cost_on_demand": cost_od * stretch,
         "global_steps_per_s": rate * step_scale / time_scale,
         "revocations": revocations,
-        "behind": summary["emulation_behind"] + late,
+        "behind": summary["emulation_behind"] + int(late),
         "note": summary["emulation_note"],
         "accuracy": summary["accuracy"],
     }
