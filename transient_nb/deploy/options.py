@@ -72,6 +72,16 @@ def _o(*flags: str, cli: Mapping[str, Any] | None = None, magic: Mapping[str, An
     return Option(tuple(flags), kwargs, dict(cli or {}), dict(magic or {}))
 
 
+def _usd(flag: str, what: str, help: str) -> Option:
+    """A sum of dollars (metavar ``USD``); ``what`` names it in the error."""
+    return _o(flag, type=money(what), metavar="USD", help=help)
+
+
+def _count(flag: str, what: str, help: str, **kwargs: Any) -> Option:
+    """A count of at least one (metavar ``N``); ``what`` names its unit in the error."""
+    return _o(flag, type=whole(what, 1), metavar="N", help=help, **kwargs)
+
+
 #: What the CLI's ``run`` fills in after parsing where an option of :data:`TRAIN` was not typed:
 #: a run of minutes on 2 CPU cores (a resumed run keeps its own settings instead, so the parser's
 #: default is None). The options' ``cli`` help names these.
@@ -120,11 +130,10 @@ OPTIONS: dict[str, Option] = {
         "--on-demand", dest="spot", action="store_false", help="on-demand workers instead of Spot"
     ),
     "zone": _o("--zone", help="zone of the workers, e.g. us-central1-a"),
-    "ps_hosts": _o(
+    "ps_hosts": _count(
         "--ps-hosts",
-        type=whole("PS hosts", 1),
-        metavar="N",
-        help="never-preemptible PS hosts (default 1); shards default to one per host",
+        "PS hosts",
+        "never-preemptible PS hosts (default 1); shards default to one per host",
     ),
     "preemption": _o(
         "--preemption",
@@ -173,17 +182,15 @@ OPTIONS: dict[str, Option] = {
             "help": "seed of the simulator's draws and of the training (default: 0)",
         },
     ),
-    "max_workers": _o(
+    "max_workers": _count(
         "--max-workers",
-        type=whole("workers", 1),
-        metavar="N",
-        help="refuse more workers than this (default: transient.limits.max-workers, 64)",
+        "workers",
+        "refuse more workers than this (default: transient.limits.max-workers, 64)",
     ),
-    "max_hourly_cost": _o(
+    "max_hourly_cost": _usd(
         "--max-hourly-cost",
-        type=money("max_hourly_cost"),
-        metavar="USD",
-        help="refuse workers that could cost more dollars per hour than this (with the PS host)",
+        "max_hourly_cost",
+        "refuse workers that could cost more dollars per hour than this (with the PS host)",
     ),
     "detach": _o(
         "--detach",
@@ -239,12 +246,7 @@ OPTIONS: dict[str, Option] = {
     "target_accuracy": _o(
         "--target-accuracy", type=fraction, help="stop at this test accuracy, e.g. 0.9"
     ),
-    "budget": _o(
-        "--budget",
-        type=money("budget"),
-        metavar="USD",
-        help="stop when this many dollars are spent",
-    ),
+    "budget": _usd("--budget", "budget", "stop when this many dollars are spent"),
     "deadline": _o(
         "--deadline",
         type=length("deadline", "10m"),
@@ -343,9 +345,7 @@ OPTIONS: dict[str, Option] = {
         help="how many of the workers run on demand (a Spot cluster): a number of the type N "
         "counts, or per type such as v100=1 (types left out: none)",
     ),
-    "ps_n": _o(
-        "n", type=whole("PS hosts", 1), metavar="N", help="number of PS hosts to keep (1-4)"
-    ),
+    "ps_n": _count("n", "PS hosts", "number of PS hosts to keep (1-4)"),
     "ps_zone": _o(
         "zone",
         metavar="ZONE",
@@ -364,11 +364,6 @@ OPTIONS: dict[str, Option] = {
         default="synthetic",
         help="a built-in spec, a variable or an import path",
         cli={"help": "a built-in spec or pkg.mod:attr"},
-    ),
-    "estimate_loss": _o(
-        "--loss",
-        help="cross_entropy (default), mse, a variable or an import path",
-        cli={"help": "cross_entropy (default), mse or pkg.mod:fn"},
     ),
     "estimate_workers": _o(
         "--workers",
@@ -446,7 +441,7 @@ SCALE = ("n", "scale_gpu", "scale_on_demand")
 ESTIMATE = (
     "estimate_model",
     "estimate_data",
-    "estimate_loss",
+    "loss",  # the same --loss as a run's
     "estimate_workers",
     "estimate_steps",
     "estimate_batch_size",
