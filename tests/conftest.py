@@ -315,16 +315,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 # -- running in parallel (pytest-xdist) ---------------------------------------------------------
 #: The files whose tests take longest together, longest first (``--durations``, 2-core machine,
-#: 2026-12-06: 370, 335, 275, 190, 135 and 110 s of the suite's 2,150). pyproject's ``--dist
-#: loadfile`` runs a file's tests on one worker, so these start first: no worker picks one up
-#: when the others are nearly done. Then the files with slow tests, then the rest.
+#: 2026-12-06). pyproject's ``--dist loadfile`` runs a file's tests on one worker, so these
+#: start first: no worker picks one up when the others are nearly done. Then the files with slow
+#: tests, then the rest. The longest notebook and benchmarks have files of their own for this.
 LONGEST = (
-    "tests/test_notebooks.py",
-    "tests/test_benchmarks.py",
+    "tests/test_reproduce_notebook.py",
     "tests/training/test_run.py",
+    "tests/test_gpu_suite.py",
     "tests/test_docs.py",
+    "tests/test_paper_benchmarks.py",
     "tests/deploy/test_head.py",
     "tests/chaos/test_faults.py",
+    "tests/test_benchmarks.py",
+    "tests/test_notebooks.py",
 )
 
 

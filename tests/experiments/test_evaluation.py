@@ -1,5 +1,6 @@
 """The policy's evaluation: its runs, its first choices and its verdicts (the runs themselves are
-real paced clusters: tests/test_benchmarks.py runs the tiny form, benchmarks/NOTES.md the figures)."""
+real paced clusters: tests/test_paper_benchmarks.py runs the tiny form, benchmarks/NOTES.md the
+figures)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """Tests for transient_nb.experiments.reproduce: the tables' own arithmetic. The tables' runs are
-exercised by tests/test_benchmarks.py (paper_emulation --tiny) and the notebook's test."""
+exercised by tests/test_paper_benchmarks.py (paper_emulation --tiny) and
+tests/test_reproduce_notebook.py."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """Tests for transient_nb.experiments.runs: measuring a paced run from its events (the runs
-themselves are exercised by tests/test_benchmarks.py and the notebook's test)."""
+themselves are exercised by tests/test_paper_benchmarks.py and
+tests/test_reproduce_notebook.py)."""
 
 from __future__ import annotations
 
