@@ -87,6 +87,20 @@ def test_command_line_and_environment(tmp_path: Path, monkeypatch: pytest.Monkey
     assert env["TRANSIENT_NB_DATA_PLANE"] == "unix"
 
 
+@pytest.mark.parametrize("warm_up", [True, False])
+def test_warm_up_follows_the_setting(tmp_path: Path, warm_up: bool) -> None:
+    """transient.warm-up, read when the command line is written, puts the warm-up preload on it
+    or leaves it off; the other preloads stay, in their order."""
+    backend = LocalBackend(str(tmp_path), nthreads=1, cuda="never")
+    with dask.config.set({"transient.warm-up": warm_up}):
+        cmd, _ = backend.command(spec("w-1"), "tcp://127.0.0.1:8786")
+    preloads = [cmd[i + 1] for i, arg in enumerate(cmd) if arg == "--preload"]
+    expected = ["transient_nb.worker.preload", "transient_nb.worker.guard"]
+    if warm_up:
+        expected.insert(1, "transient_nb.training.warmup")
+    assert preloads == expected
+
+
 # -- one VM, real processes, against a real scheduler -------------------------------------------
 class Recorder:
     def __init__(self) -> None:

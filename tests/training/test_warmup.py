@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dask.config
 import pytest
 
 from tests.conftest import wait_for_sync
@@ -17,7 +18,11 @@ def test_a_gpu_worker_imports_torch_and_the_trainer_while_it_joins() -> None:
 
         return "transient_nb.training.trainer" in sys.modules
 
-    with TransientCluster(workers=1, preemption="none", provisioning_delay=0) as cluster:
+    # The suite turns the warm-up off (tests/conftest.py); this test turns the default back on.
+    with (
+        dask.config.set({"transient.warm-up": True}),
+        TransientCluster(workers=1, preemption="none", provisioning_delay=0) as cluster,
+    ):
         cluster.wait_for_workers(1, timeout=120)
         client = cluster.get_client()
         info = client.scheduler_info(n_workers=-1)["workers"]

@@ -43,7 +43,7 @@ from transient_nb.backends.base import (
 )
 from transient_nb.backends.tls import CLIENT_CN, ClusterCA, tls_lifetime_s
 from transient_nb.worker.peers import ROLE_CLIENT
-from transient_nb.worker.preload import NANNY_PRELOADS, WORKER_PRELOADS
+from transient_nb.worker.preload import NANNY_PRELOADS, worker_preloads
 
 logger = logging.getLogger(__name__)
 
@@ -310,7 +310,7 @@ class LocalBackend(Backend):
             "--host",
             "127.0.0.1",
             "--no-dashboard",
-            *(arg for name in WORKER_PRELOADS for arg in ("--preload", name)),
+            *(arg for name in worker_preloads() for arg in ("--preload", name)),
         ]
         if not cuda:  # dask-cuda's command line has no --preload-nanny
             cmd += [arg for name in NANNY_PRELOADS for arg in ("--preload-nanny", name)]

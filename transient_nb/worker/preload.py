@@ -11,6 +11,8 @@ import asyncio
 import logging
 from typing import Any
 
+import dask.config
+
 from transient_nb.worker.drain import drain_and_close
 
 logger = logging.getLogger(__name__)
@@ -21,11 +23,30 @@ logger = logging.getLogger(__name__)
 #: others added.
 WORKER_PRELOADS = (
     "transient_nb.worker.preload",
-    "transient_nb.training.warmup",
+    "transient_nb.training.warmup",  # WARM_UP_PRELOAD
     "transient_nb.worker.guard",
 )
 #: The preloads of every worker's nanny (``--preload-nanny``): the same guard.
 NANNY_PRELOADS = ("transient_nb.worker.guard",)
+#: The warm-up among :data:`WORKER_PRELOADS`, left out where ``transient.warm-up`` is false.
+WARM_UP_PRELOAD = "transient_nb.training.warmup"
+
+
+def worker_preloads(warm_up: bool | None = None) -> tuple[str, ...]:
+    """The preloads of a worker's command line: :data:`WORKER_PRELOADS`, without the warm-up
+    where ``warm_up`` (default: the ``transient.warm-up`` key) is false.
+
+    The backends ask this when they write a VM's command line, on the cluster's side, so that
+    the setting of the notebook (or the head) decides, not whatever the VM's configuration says.
+
+    Examples
+    --------
+    >>> worker_preloads(warm_up=False)
+    ('transient_nb.worker.preload', 'transient_nb.worker.guard')
+    """
+    if warm_up is None:
+        warm_up = bool(dask.config.get("transient.warm-up", True))
+    return WORKER_PRELOADS if warm_up else tuple(p for p in WORKER_PRELOADS if p != WARM_UP_PRELOAD)
 
 
 def dask_setup(worker: Any) -> None:

@@ -19,7 +19,7 @@ from transient_nb.backends.gce.api import (
 )
 from transient_nb.backends.gce.enroll import CA_KEY
 from transient_nb.backends.gce.labels import owner_identity, owner_label
-from transient_nb.backends.gce.startup import GCE_PRELOADS, worker_args
+from transient_nb.backends.gce.startup import worker_args
 from transient_nb.backends.tls import ClusterCA, tls_lifetime_s
 
 logger = logging.getLogger(__name__)
@@ -271,7 +271,7 @@ class GCEOptions(Backend):
         *,
         python: str,
         scheduler_address: str,
-        preloads: tuple[str, ...] = GCE_PRELOADS,
+        preloads: tuple[str, ...] | None = None,
     ) -> list[str]:
         """The ``dask worker`` command line of the VM ``name``
         (:func:`~transient_nb.backends.gce.startup.worker_args`), with this cluster's worker

@@ -16,12 +16,18 @@ from typing import Any
 
 from transient_nb._version import __version__
 from transient_nb.backends.base import WORKER_PRE_SPAWN_ENVIRON
-from transient_nb.worker.preload import NANNY_PRELOADS, WORKER_PRELOADS
+from transient_nb.worker.preload import NANNY_PRELOADS, WORKER_PRELOADS, worker_preloads
 
 #: Seconds a booting VM waits for the cluster to sign its certificate request.
 ENROLL_TIMEOUT_S = 600.0
 #: The preloads of a worker VM's ``dask worker``: the worker's, and GCE's notice watcher.
 GCE_PRELOADS = (*WORKER_PRELOADS, "transient_nb.backends.gce.preload")
+
+
+def gce_preloads() -> tuple[str, ...]:
+    """:data:`GCE_PRELOADS` as ``transient.warm-up`` has them now
+    (:func:`~transient_nb.worker.preload.worker_preloads`)."""
+    return (*worker_preloads(), "transient_nb.backends.gce.preload")
 
 
 def worker_args(
@@ -34,7 +40,7 @@ def worker_args(
     death_timeout_s: float,
     worker_ports: str,
     nanny_ports: str,
-    preloads: tuple[str, ...] = GCE_PRELOADS,
+    preloads: tuple[str, ...] | None = None,
 ) -> list[str]:
     """The ``dask worker`` command line of a cluster's VM (TLS options not included).
 
@@ -67,7 +73,7 @@ def worker_args(
     ]
     if resources:
         args += ["--resources", ",".join(f"{k}={v:g}" for k, v in resources.items())]
-    for preload in preloads:
+    for preload in gce_preloads() if preloads is None else preloads:
         args += ["--preload", preload]
     for preload in NANNY_PRELOADS:
         args += ["--preload-nanny", preload]
