@@ -225,6 +225,11 @@ class PSPoller:
             self._last_acc[name] = n
 
 
+#: Steps every loop takes past its warm-up, however long they take: two rate windows of
+#: :func:`window_rates`' four steps.
+MIN_STEADY_STEPS = 8
+
+
 # -- plain (no PS) training loops ------------------------------------------------------------------------
 def plain_loop(
     model_name: str,
@@ -232,12 +237,15 @@ def plain_loop(
     batch_size: int,
     device: str,
     threads: int,
-    duration: float,
+    warmup: float,
+    seconds: float,
     barrier: Any = None,
     seed: int = 0,
+    min_steps: int = MIN_STEADY_STEPS,
 ) -> list[float]:
-    """Train ``model_name`` in this process the way one would without a PS, for ``duration``
-    seconds after ``barrier`` (all loops start together); the completion time of every step.
+    """Train ``model_name`` in this process the way one would without a PS, from ``barrier``
+    (all loops start together) until ``warmup + seconds`` after its first step and ``min_steps``
+    steps past the warm-up (as :func:`run_through_ps` measures); the completion time of every step.
 
     The step is the Trainer's minus the PS: the same data pipeline (``BatchStream``, host-side
     augmentation), model, batch, thread count and device, float32 and NCHW as the Trainer (it
@@ -261,9 +269,11 @@ def plain_loop(
     cuda = device.startswith("cuda")
     if barrier is not None:
         barrier.wait()
-    stop_at = time.time() + duration
     times: list[float] = []
-    while time.time() < stop_at:
+    steady_from = stop_at = math.inf  # known once the first step is done
+    # A host slower than the figures assume (a loaded CI machine) takes longer, not fewer steps:
+    # a span of too few steps had no rate window at all and the table said "n/a".
+    while time.time() < stop_at or sum(t >= steady_from for t in times) < min_steps:
         x, y = next(stream)
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         loss = F.cross_entropy(model(x), y)
@@ -273,6 +283,9 @@ def plain_loop(
         if cuda:
             torch.cuda.synchronize()
         times.append(time.time())
+        if len(times) == 1:
+            steady_from = times[0] + warmup
+            stop_at = steady_from + seconds
     return times
 
 
@@ -303,7 +316,7 @@ def run_plain_processes(n: int, **kwargs: Any) -> list[list[float]]:
     results = []
     try:
         for _ in procs:
-            status, value = queue.get(timeout=kwargs["duration"] + 600)
+            status, value = queue.get(timeout=kwargs["warmup"] + kwargs["seconds"] + 600)
             if status != "ok":
                 raise RuntimeError(f"plain training process failed: {value}")
             results.append(value)
@@ -327,10 +340,12 @@ def run_through_ps(
     seconds: float,
     timeout: float = 600,
     pipeline: bool = False,
+    min_steps: int = MIN_STEADY_STEPS,
 ) -> tuple[list[list[float]], list[float]]:
     """Train through the PS with :func:`transient_nb.train` on every gpu worker of ``cluster``
-    until each of ``trainers`` trainers has pushed for ``warmup + seconds``; the step times of
-    each trainer and of the PS (global steps), seen by polling the PS.
+    until each of ``trainers`` trainers has pushed for ``warmup + seconds`` and ``min_steps``
+    steps past its warm-up; the step times of each trainer and of the PS (global steps), seen by
+    polling the PS.
     """
     from transient_nb import train
 
@@ -358,7 +373,14 @@ def run_through_ps(
                     run.wait(0)  # re-raises the driver's error
                     raise RuntimeError(f"run ended early: {run.reason}")
                 firsts = [ts[0] for ts in poller.per_trainer.values() if ts]
-                if len(firsts) >= trainers and time.time() >= max(firsts) + warmup + seconds:
+                if (
+                    len(firsts) >= trainers
+                    and time.time() >= max(firsts) + warmup + seconds
+                    and all(
+                        sum(t >= max(firsts) + warmup for t in ts) >= min_steps
+                        for ts in poller.per_trainer.values()
+                    )
+                ):
                     break
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"{trainers} trainers did not all train within {timeout} s")

@@ -87,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
                 batch_size=args.batch,
                 device=device,
                 threads=1,
-                duration=args.warmup + args.seconds,
+                warmup=args.warmup,
+                seconds=args.seconds,
             )
             plain = summed_rate(plain_times, args.warmup, args.window) * args.batch
             log(f"{n} plain: {plain:.0f} img/s")

@@ -84,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
                 batch_size=batch,
                 device=args.device,
                 threads=args.threads,
-                duration=warmup + seconds,
+                warmup=warmup,
+                seconds=seconds,
             )
             rate, n = rate_of(times, warmup, args.window)
             plain.append(rate)

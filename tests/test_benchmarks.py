@@ -72,6 +72,21 @@ def test_worker_efficiency():
     assert_positive(rows, "plain steps/s", "ps steps/s", "efficiency")
 
 
+def test_a_plain_loop_takes_its_steps_past_the_warm_up_however_long_they_take(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A loop stops on time *and* on steps: a loaded host makes it longer, never a span with too
+    few steps for a rate (the "n/a" that failed test_gpu_suite_runs_on_cpu under load)."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import _common
+
+    times = _common.plain_loop(
+        "resnet8", "synthetic:64", 4, "cpu", 1, warmup=0.2, seconds=0.0, min_steps=6
+    )
+    assert sum(t >= times[0] + 0.2 for t in times) >= 6
+    assert times == sorted(times)
+
+
 def test_recovery():
     header, rows = run_tiny("recovery.py")
     assert header == benchmark("recovery").COLUMNS
