@@ -373,11 +373,12 @@ def run_through_ps(
                     run.wait(0)  # re-raises the driver's error
                     raise RuntimeError(f"run ended early: {run.reason}")
                 firsts = [ts[0] for ts in poller.per_trainer.values() if ts]
+                steady_from = max(firsts, default=math.inf) + warmup
                 if (
                     len(firsts) >= trainers
-                    and time.time() >= max(firsts) + warmup + seconds
+                    and time.time() >= steady_from + seconds
                     and all(
-                        sum(t >= max(firsts) + warmup for t in ts) >= min_steps
+                        sum(t >= steady_from for t in ts) >= min_steps
                         for ts in poller.per_trainer.values()
                     )
                 ):

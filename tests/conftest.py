@@ -34,8 +34,8 @@ import transient_nb  # noqa: F401  (registers the ``transient`` config defaults)
 os.environ.setdefault("TRANSIENT_NB_STRICT_EVENTS", "1")
 
 # Most of the suite's clusters never train: their GPU workers skip the warm-up import of torch and
-# the trainer (about 2.6 s of a core a VM, of its 3.6 s boot), in this process and in every process
-# the tests start (heads, kernels, the CLI: they inherit the environment). The tests that train
+# the trainer, in this process and in every process the tests start (heads, kernels, the CLI: they
+# inherit the environment); 2.5% of the suite's CPU (benchmarks/NOTES.md). The tests that train
 # import it when their trainers start; tests/training/test_warmup.py turns it back on.
 os.environ.setdefault("DASK_TRANSIENT__WARM_UP", "False")
 dask.config.set({"transient.warm-up": os.environ["DASK_TRANSIENT__WARM_UP"] == "True"})

@@ -3,7 +3,8 @@
 A replacement's first update waits for the imports of torch and the trainer (1-3 s of torch
 alone on a cold process). Started in a thread while the worker registers, they overlap with the
 registration and the driver's actor submission instead of following them; the import lock makes
-a trainer that comes first simply wait for the rest of the import.
+a trainer that comes first simply wait for the rest of the import. Clusters with
+``transient.warm-up`` false leave it off their workers' command lines.
 """
 
 from __future__ import annotations

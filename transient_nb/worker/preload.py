@@ -17,19 +17,19 @@ from transient_nb.worker.drain import drain_and_close
 
 logger = logging.getLogger(__name__)
 
+#: The warm-up preload, left off a command line where ``transient.warm-up`` is false.
+WARM_UP_PRELOAD = "transient_nb.training.warmup"
 #: The preloads of every worker's command line, in order: the notice handler, the warm-up of the
 #: training code on GPU workers (:mod:`transient_nb.training.warmup`), then the guard of what other
 #: VMs may ask of it (:mod:`transient_nb.worker.guard`), last so that it guards the handlers the
 #: others added.
 WORKER_PRELOADS = (
     "transient_nb.worker.preload",
-    "transient_nb.training.warmup",  # WARM_UP_PRELOAD
+    WARM_UP_PRELOAD,
     "transient_nb.worker.guard",
 )
 #: The preloads of every worker's nanny (``--preload-nanny``): the same guard.
 NANNY_PRELOADS = ("transient_nb.worker.guard",)
-#: The warm-up among :data:`WORKER_PRELOADS`, left out where ``transient.warm-up`` is false.
-WARM_UP_PRELOAD = "transient_nb.training.warmup"
 
 
 def worker_preloads(warm_up: bool | None = None) -> tuple[str, ...]:

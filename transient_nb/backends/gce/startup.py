@@ -16,17 +16,16 @@ from typing import Any
 
 from transient_nb._version import __version__
 from transient_nb.backends.base import WORKER_PRE_SPAWN_ENVIRON
-from transient_nb.worker.preload import NANNY_PRELOADS, WORKER_PRELOADS, worker_preloads
+from transient_nb.worker.preload import NANNY_PRELOADS, worker_preloads
 
 #: Seconds a booting VM waits for the cluster to sign its certificate request.
 ENROLL_TIMEOUT_S = 600.0
-#: The preloads of a worker VM's ``dask worker``: the worker's, and GCE's notice watcher.
-GCE_PRELOADS = (*WORKER_PRELOADS, "transient_nb.backends.gce.preload")
 
 
 def gce_preloads() -> tuple[str, ...]:
-    """:data:`GCE_PRELOADS` as ``transient.warm-up`` has them now
-    (:func:`~transient_nb.worker.preload.worker_preloads`)."""
+    """The preloads of a worker VM's ``dask worker``: the worker's
+    (:func:`~transient_nb.worker.preload.worker_preloads`, as ``transient.warm-up`` has them
+    now), and GCE's notice watcher."""
     return (*worker_preloads(), "transient_nb.backends.gce.preload")
 
 
