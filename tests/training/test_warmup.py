@@ -18,9 +18,10 @@ def test_a_gpu_worker_imports_torch_and_the_trainer_while_it_joins() -> None:
 
         return "transient_nb.training.trainer" in sys.modules
 
-    # The suite turns the warm-up off (tests/conftest.py); this test turns the default back on.
+    # The suite turns the warm-up off (tests/conftest.py); this test turns the default back on,
+    # on cold VMs (as on GCE): a VM forked from the local zygote has the trainer imported already.
     with (
-        dask.config.set({"transient.warm-up": True}),
+        dask.config.set({"transient.warm-up": True, "transient.local.warm-start": False}),
         TransientCluster(workers=1, preemption="none", provisioning_delay=0) as cluster,
     ):
         cluster.wait_for_workers(1, timeout=120)

@@ -2,9 +2,11 @@
 
 A VM boots after its (simulated, time-scaled) provisioning delay by starting the same command line a
 cloud VM's startup script would run: ``python -m dask worker SCHEDULER --nworkers 1 ...`` (or
-``dask cuda worker`` where CUDA GPUs and dask-cuda are present), with a nanny. A preemption kills
-the whole process group with SIGKILL, as a provider stopping a VM would; a notice first asks the
-worker to drain and leave. Zones listed in ``transient.local.stockouts`` pretend to have no GPUs
+``dask cuda worker`` where CUDA GPUs and dask-cuda are present), with a nanny; by default
+(``local.warm-start``) that command line runs in a fork of a process that imported Dask, torch and
+the trainer once (:mod:`~transient_nb.backends.zygote`), and its nanny forks its worker. A
+preemption kills the whole process group with SIGKILL, as a provider stopping a VM would; a notice
+first asks the worker to drain and leave. Zones listed in ``transient.local.stockouts`` pretend to have no GPUs
 left, to exercise the replacement policy's fallbacks.
 
 The local control plane is TLS with mutual authentication, as on the cloud (``local.tls``): the
@@ -17,6 +19,7 @@ the scheduler nor to a worker.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -42,6 +45,7 @@ from transient_nb.backends.base import (
     start_process,
 )
 from transient_nb.backends.tls import CLIENT_CN, ClusterCA, tls_lifetime_s
+from transient_nb.backends.zygote import Zygote, ZygoteProcess
 from transient_nb.worker.peers import ROLE_CLIENT
 from transient_nb.worker.preload import NANNY_PRELOADS, worker_preloads
 
@@ -92,7 +96,7 @@ class LocalVM(TransientVM):
         self.backend = backend
         self.delay_s = delay_s
         self.connection_args = connection_args or {}
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: subprocess.Popen[bytes] | ZygoteProcess | None = None
         self._boot_task: asyncio.Task[None] | None = None
         self._watch_task: asyncio.Future[None] | None = None
         self._exited = asyncio.Event()
@@ -112,9 +116,25 @@ class LocalVM(TransientVM):
         await asyncio.sleep(self.delay_s)
         cmd, env = self.backend.command(self.spec, self.scheduler_address)
         os.makedirs(self.backend.log_dir, exist_ok=True)
-        self.proc, self._log = start_process(
-            cmd, env, os.path.join(self.backend.log_dir, f"{self.name}.log"), new_session=True
-        )
+        log_path = os.path.join(self.backend.log_dir, f"{self.name}.log")
+        zygote = self.backend.zygote(cmd, env)
+        if zygote is not None:
+            # A warm VM's nanny forks its worker from itself, which has everything imported.
+            warm = {**env, "DASK_DISTRIBUTED__WORKER__MULTIPROCESSING_METHOD": "fork"}
+            # Asked in a thread the cancellation of this boot does not interrupt: a VM forked
+            # while its boot was cancelled is still this VM's to kill (its pid comes back).
+            spawn = asyncio.ensure_future(asyncio.to_thread(zygote.spawn, cmd, warm, log_path))
+            try:
+                self.proc = await asyncio.shield(spawn)
+            except asyncio.CancelledError:
+                self.proc = await spawn
+                self.backend.live_pids.add(self.proc.pid)
+                self._watch_task = asyncio.ensure_future(self._watch())
+                raise
+            except OSError as e:
+                logger.warning("Warm start of %s failed (%s): starting it cold", self.name, e)
+        if self.proc is None:
+            self.proc, self._log = start_process(cmd, env, log_path, new_session=True)
         self.backend.live_pids.add(self.proc.pid)
         self._watch_task = asyncio.ensure_future(self._watch())
         await self.running()
@@ -160,16 +180,22 @@ class LocalVM(TransientVM):
             except (ProcessLookupError, PermissionError):
                 pass
 
-    async def _kill(self) -> None:
+    async def _cancel_boot(self) -> None:
+        """Cancel a boot in progress, and wait for it: a warm start that was already asked for
+        still hands back its VM's process (to be killed)."""
         if self._boot_task is not None and not self._boot_task.done():
             self._boot_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, OSError):
+                await self._boot_task
+
+    async def _kill(self) -> None:
+        await self._cancel_boot()
         if self.proc is not None:
             self._signal_group(signal.SIGKILL)
             await self._exited.wait()
 
     async def _delete(self) -> None:
-        if self._boot_task is not None and not self._boot_task.done():
-            self._boot_task.cancel()
+        await self._cancel_boot()
         if self.proc is None:
             return
         if self.proc.poll() is None:
@@ -202,6 +228,10 @@ class LocalBackend(Backend):
         TLS with the cluster's own certificates between scheduler, workers and clients.
     tls_lifetime
         Seconds the cluster's CA, and so every certificate, lives (default ``tls-lifetime``).
+    warm_start
+        Fork VMs from this process's zygote (:mod:`~transient_nb.backends.zygote`), which has
+        imported Dask, torch and the trainer once, instead of starting each cold (default
+        ``local.warm-start``).
     """
 
     name = "local"
@@ -215,6 +245,7 @@ class LocalBackend(Backend):
         death_timeout: str | float | None = None,
         tls: bool | None = None,
         tls_lifetime: float | None = None,
+        warm_start: bool | None = None,
     ):
         self.log_dir = log_dir
         self.stockouts = set(config.get("local.stockouts", override_with=stockouts) or ())
@@ -234,6 +265,7 @@ class LocalBackend(Backend):
                 "use cuda='auto' to fall back to CPU workers."
             )
         self.use_cuda = self.gpus > 0 and _dask_cuda_available()
+        self.warm_start = bool(config.get("local.warm-start", override_with=warm_start))
         self.live_pids: set[int] = set()
         self._next_gpu = 0
         self.tls = bool(config.get("local.tls", override_with=tls))
@@ -285,6 +317,21 @@ class LocalBackend(Backend):
                 "falling back to CPU workers (pip install 'transient_nb[gpu]')"
             )
         return "local backend: no CUDA GPU found; workers train on the CPU (simulated GPU types)"
+
+    def zygote(self, cmd: Sequence[str], env: dict[str, str]) -> Zygote | None:
+        """The zygote that can fork a VM of this command line and environment, or None (a cold
+        start): none where ``warm_start`` is off, for dask-cuda's command line, for another
+        interpreter or ``PYTHONPATH``."""
+        if not self.warm_start:
+            return None
+        from transient_nb.backends import zygote
+
+        try:
+            z = zygote.shared()
+        except OSError as e:
+            logger.warning("No zygote (%s): local VMs start cold", e)
+            return None
+        return z if z.serves(cmd, env) else None
 
     def make_vm(self, spec: VMSpec, **kwargs: Any) -> LocalVM:
         return LocalVM(spec, backend=self, **kwargs)
