@@ -192,8 +192,16 @@ def index_of(events: list[dict[str, Any]], kind: str, start: int = 0, **match: A
 
 # -- processes ----------------------------------------------------------------------------------
 def child_pids() -> set[int]:
-    """Every live descendant of this test process."""
-    return {p.pid for p in psutil.Process().children(recursive=True)}
+    """Every live descendant of this test process, but its zygote (kept for the process's life:
+    transient_nb.backends.zygote); the VMs forked from it count."""
+    from transient_nb.backends import zygote
+
+    keep = zygote.current()
+    return {
+        p.pid
+        for p in psutil.Process().children(recursive=True)
+        if keep is None or p.pid != keep.proc.pid
+    }
 
 
 def alive(pids: Iterable[int]) -> set[int]:

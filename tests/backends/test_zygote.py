@@ -115,4 +115,4 @@ async def test_a_warm_vm_is_one_process_group_with_everything_imported(
 
 def test_shared_is_one_zygote_per_process() -> None:
     z = zygote.shared()
-    assert zygote.shared() is z and z.proc.poll() is None
+    assert zygote.shared() is z and zygote.current() is z and z.proc.poll() is None

@@ -352,6 +352,24 @@ def test_the_run_stops_when_every_worker_has_been_given_up(tmp_path):
     )
 
 
+def test_a_trainer_whose_worker_went_as_its_actor_was_made_is_restarted_not_fatal(tmp_path):
+    # Dask's Actor refuses a call at once when the future that made it has since erred: the
+    # worker left between the actor's creation and its first call (a notice that landed then).
+    class LostActor:
+        def run(self) -> Any:
+            raise RuntimeError("Worker holding Actor was lost.  Status: error")
+
+    run = driver(tmp_path)
+    run._slots["w-0"] = slot = _TrainerSlot("tls://w0")
+    slot.future = made = Done(LostActor())
+    run._submit_trainers()
+    (failed,) = posted(run, "trainer-failed")
+    assert failed["worker"] == "w-0" and "Worker holding Actor was lost" in failed["error"]
+    assert [e["worker"] for e in posted(run, "trainer-restarted")] == ["w-0"]
+    assert slot.future is None and slot.actor is None and not slot.started
+    assert made in run._released and run.error is None
+
+
 # -- the PS: its status, and when it is lost ----------------------------------------------------------
 def test_the_ps_status_is_asked_without_blocking_and_read_when_it_comes(loop, tmp_path):
     run = driver(tmp_path)

@@ -196,16 +196,25 @@ _lock = threading.Lock()
 
 
 def shared() -> Zygote:
-    """This process's zygote, started on first use and stopped at exit.
+    """This process's zygote, started on first use.
 
     One per owner process, whatever the number of clusters: a test process, a kernel or a head
-    that boots cluster after cluster pays the imports once.
+    that boots cluster after cluster pays the imports once. It exits when this process has
+    exited (it watches its parent), not at an ``atexit`` of its own: a cluster's own exit handler
+    still retires its workers gracefully first.
     """
     global _zygote, _zygote_pid
     with _lock:
         if _zygote is None or _zygote_pid != os.getpid() or _zygote.proc.poll() is not None:
             _zygote, _zygote_pid = Zygote(), os.getpid()
-            atexit.register(_zygote.close)
+        return _zygote
+
+
+def current() -> Zygote | None:
+    """This process's zygote if it has one running (none is started)."""
+    with _lock:
+        if _zygote is None or _zygote_pid != os.getpid() or _zygote.proc.poll() is not None:
+            return None
         return _zygote
 
 

@@ -60,14 +60,17 @@ class Trainers(Checkpoints):
                 try:
                     # Done: the actor is at hand, or its worker is gone and asking would wait
                     # out any bound (a storm's revoked workers held the driver 30 s each).
-                    slot.actor = slot.future.result(timeout=RESULT_AT_HAND_S)
+                    actor = slot.future.result(timeout=RESULT_AT_HAND_S)
+                    # Its worker can go between the two (a notice that lands as the actor is
+                    # made): Dask's Actor then refuses the call at once ("Worker holding Actor
+                    # was lost").
+                    run = actor.run()
                 except Exception as e:  # the worker went away before its trainer started
                     logger.info("Trainer on %s did not start: %r", name, e)
                     self._trainer_failed(name, slot, e)
                     continue
                 self._released.append(slot.future)
-                slot.future = slot.actor.run()
-                slot.started = True
+                slot.actor, slot.future, slot.started = actor, run, True
 
     def _watch_trainers(self) -> None:
         for name, slot in list(self._slots.items()):
