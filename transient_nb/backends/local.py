@@ -6,8 +6,8 @@ cloud VM's startup script would run: ``python -m dask worker SCHEDULER --nworker
 (``local.warm-start``) that command line runs in a fork of a process that imported Dask, torch and
 the trainer once (:mod:`~transient_nb.backends.zygote`), and its nanny forks its worker. A
 preemption kills the whole process group with SIGKILL, as a provider stopping a VM would; a notice
-first asks the worker to drain and leave. Zones listed in ``transient.local.stockouts`` pretend to have no GPUs
-left, to exercise the replacement policy's fallbacks.
+first asks the worker to drain and leave. Zones listed in ``transient.local.stockouts`` pretend to
+have no GPUs left, to exercise the replacement policy's fallbacks.
 
 The local control plane is TLS with mutual authentication, as on the cloud (``local.tls``): the
 cluster's own CA (:mod:`~transient_nb.backends.tls`) issues the scheduler's and the client's
@@ -45,7 +45,7 @@ from transient_nb.backends.base import (
     start_process,
 )
 from transient_nb.backends.tls import CLIENT_CN, ClusterCA, tls_lifetime_s
-from transient_nb.backends.zygote import Zygote, ZygoteProcess
+from transient_nb.backends.zygote import Zygote, ZygoteProcess, shared
 from transient_nb.worker.peers import ROLE_CLIENT
 from transient_nb.worker.preload import NANNY_PRELOADS, worker_preloads
 
@@ -125,19 +125,22 @@ class LocalVM(TransientVM):
             # while its boot was cancelled is still this VM's to kill (its pid comes back).
             spawn = asyncio.ensure_future(asyncio.to_thread(zygote.spawn, cmd, warm, log_path))
             try:
-                self.proc = await asyncio.shield(spawn)
+                self._track(await asyncio.shield(spawn))
             except asyncio.CancelledError:
-                self.proc = await spawn
-                self.backend.live_pids.add(self.proc.pid)
-                self._watch_task = asyncio.ensure_future(self._watch())
+                self._track(await spawn)
                 raise
             except OSError as e:
                 logger.warning("Warm start of %s failed (%s): starting it cold", self.name, e)
         if self.proc is None:
-            self.proc, self._log = start_process(cmd, env, log_path, new_session=True)
-        self.backend.live_pids.add(self.proc.pid)
-        self._watch_task = asyncio.ensure_future(self._watch())
+            proc, self._log = start_process(cmd, env, log_path, new_session=True)
+            self._track(proc)
         await self.running()
+
+    def _track(self, proc: subprocess.Popen[bytes] | ZygoteProcess) -> None:
+        """The VM's top process is ``proc``: watch it until it exits."""
+        self.proc = proc
+        self.backend.live_pids.add(proc.pid)
+        self._watch_task = asyncio.ensure_future(self._watch())
 
     async def _watch(self) -> None:
         assert self.proc is not None
@@ -324,10 +327,8 @@ class LocalBackend(Backend):
         interpreter or ``PYTHONPATH``."""
         if not self.warm_start:
             return None
-        from transient_nb.backends import zygote
-
         try:
-            z = zygote.shared()
+            z = shared()
         except OSError as e:
             logger.warning("No zygote (%s): local VMs start cold", e)
             return None

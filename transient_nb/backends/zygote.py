@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import json
 import logging
 import os
@@ -39,6 +38,8 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from transient_nb.backends.base import WORKER_PRE_SPAWN_ENVIRON, die_with_parent
 
 logger = logging.getLogger(__name__)
 
@@ -179,8 +180,6 @@ def zygote_environ(environ: Mapping[str, str]) -> dict[str, str]:
     (:data:`~transient_nb.backends.base.WORKER_PRE_SPAWN_ENVIRON`) already in it. Libraries read
     it once, when the zygote imports them: torch's thread pools (one thread, not one a core,
     which on a host of many workers spins them against each other) and glibc's malloc."""
-    from transient_nb.backends.base import WORKER_PRE_SPAWN_ENVIRON
-
     env = dict(environ)
     for name, value in WORKER_PRE_SPAWN_ENVIRON.items():
         if value is None:
@@ -205,25 +204,26 @@ def shared() -> Zygote:
     """
     global _zygote, _zygote_pid
     with _lock:
-        if _zygote is None or _zygote_pid != os.getpid() or _zygote.proc.poll() is not None:
+        if _running() is None:
             _zygote, _zygote_pid = Zygote(), os.getpid()
+        assert _zygote is not None
         return _zygote
 
 
 def current() -> Zygote | None:
     """This process's zygote if it has one running (none is started)."""
     with _lock:
-        if _zygote is None or _zygote_pid != os.getpid() or _zygote.proc.poll() is not None:
-            return None
-        return _zygote
+        return _running()
+
+
+def _running() -> Zygote | None:
+    # A forked owner (a process that forked this one) has no zygote of its own yet.
+    if _zygote is None or _zygote_pid != os.getpid() or _zygote.proc.poll() is not None:
+        return None
+    return _zygote
 
 
 # -- the zygote's side --------------------------------------------------------------------------
-
-
-def _die_with_parent() -> None:
-    with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def _become_vm(request: dict[str, Any], keep_closed: Sequence[socket.socket]) -> None:
@@ -233,7 +233,7 @@ def _become_vm(request: dict[str, Any], keep_closed: Sequence[socket.socket]) ->
         for s in keep_closed:
             s.close()
         os.setsid()  # the VM's own session and process group
-        _die_with_parent()  # the zygote is single-threaded: its death, not a thread's, kills us
+        die_with_parent()  # the zygote is single-threaded: its death, not a thread's, kills us
         import gc
 
         gc.enable()
@@ -350,12 +350,12 @@ def serve(address: str, owner: int) -> None:
                 break
             if pid == 0:
                 break
-            conn = children.pop(pid, None)  # type: ignore[arg-type]
-            if conn is not None:
+            answer = children.pop(pid, None)
+            if answer is not None:
                 with contextlib.suppress(OSError):
-                    conn.sendall(json.dumps({"exit": os.waitstatus_to_exitcode(status)}).encode())
-                    conn.sendall(b"\n")
-                conn.close()
+                    exit_code = os.waitstatus_to_exitcode(status)
+                    answer.sendall(json.dumps({"exit": exit_code}).encode() + b"\n")
+                answer.close()
     # The owner is gone: so are the VMs (each dies with the zygote, PR_SET_PDEATHSIG).
 
 
