@@ -229,11 +229,14 @@ def _running() -> Zygote | None:
 def _become_vm(request: dict[str, Any], keep_closed: Sequence[socket.socket]) -> None:
     """In the forked child: become the VM ``request`` describes, run it, and exit."""
     code = 1
+    zygote = os.getppid()
     try:
         for s in keep_closed:
             s.close()
         os.setsid()  # the VM's own session and process group
         die_with_parent()  # the zygote is single-threaded: its death, not a thread's, kills us
+        if os.getppid() != zygote:  # it died before prctl armed the signal: none will come
+            os.kill(os.getpid(), signal.SIGKILL)
         import gc
 
         gc.enable()
