@@ -439,6 +439,11 @@ def host_local(url: str) -> str | None:
     >>> host_local("local:///tmp/x"), host_local("memory://x"), host_local("gs://bucket/runs")
     ('LocalFileSystem', 'MemoryFileSystem', None)
     """
+    # No link of the chain names a local or memory file system: shared, without making one (a
+    # cloud file system looks for credentials as it is made: 15 s off a cloud VM, for gcsfs).
+    chain = {fsspec.core.split_protocol(part)[0] or "file" for part in url.split("::")}
+    if not _HOST_LOCAL & chain:
+        return None
     try:
         fs: Any = fsspec.core.url_to_fs(url)[0]
     except Exception:
