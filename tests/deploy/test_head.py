@@ -29,6 +29,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 FAST = {"preemption": "none", "provisioning_delay": "1s"}
 TINY_RUN = {"model": "resnet8", "data": "digits", "eval_images": 200}
+#: A run that trains until something stops it, paced at 20 steps/s a worker (T4, the default
+#: type): it waits for events, not for the host's cores, and leaves them to the tests beside it.
+PACED = "t4=20"
 
 
 def _gone(pids: list[int]) -> bool:
@@ -89,7 +92,7 @@ def test_a_detached_run_outlives_the_kernel_and_down_leaves_nothing(
             "preemption='none', provisioning_delay='1s')\n"
             "cluster.wait_for_workers(2, timeout=180)\n"
             "run = train(cluster, model='resnet8', data='digits', steps=100000, "
-            "eval_images=200, checkpoint_every=500)\n"
+            f"eval_images=200, checkpoint_every=500, emulate={PACED!r})\n"
             "print('KERNEL', os.getpid())\n"
             "print('RUN', run.id)\n",
         )
@@ -221,7 +224,7 @@ def test_a_killed_head_leaves_its_record_and_resume_goes_on(tmp_path: Path) -> N
 
 def test_a_deadline_stops_a_detached_run_with_no_client(tmp_path: Path) -> None:
     cluster = TransientCluster(workers=1, detached=True, deadline="40s", **FAST)
-    run = train(cluster, steps=1_000_000, **TINY_RUN)
+    run = train(cluster, steps=1_000_000, emulate=PACED, **TINY_RUN)
     wait_for_sync(lambda: run.step > 0, 120, "the run never started")
     head = psutil.Process(int(cluster.entry["pid"]))
     record_path = cluster.entry["run_record"]
