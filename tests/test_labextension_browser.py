@@ -32,6 +32,7 @@ import psutil
 import pytest
 
 from tests.conftest import (
+    PACED,
     end_processes,
     require,
     require_module,
@@ -320,14 +321,14 @@ def test_panel_shows_preempts_connects_stops_and_creates(lab: Lab, kernel_cluste
             # A run on it that no kernel owns (started through the head, from this process):
             # the panel shows it and stops it with its cluster.
             remote = connect("panel-demo")
-            # Paced (20 steps/s, see tests/deploy/test_head.py::PACED): the cores go to the browser.
+            # Paced (tests/conftest.py::PACED): the cores go to the browser.
             run = train(
                 remote,
                 model="resnet8",
                 data="digits",
                 steps=1_000_000,
                 eval_images=200,
-                emulate="t4=20",
+                emulate=PACED,
             )
             expect(created.locator(".tnb-Training")).to_contain_text("Training", timeout=SLOW_MS)
             page.screenshot(path=ARTIFACTS / "6-created-from-panel.png")

@@ -18,7 +18,7 @@ import psutil
 import pytest
 from jupyter_client.manager import KernelManager
 
-from tests.conftest import wait_for_sync
+from tests.conftest import PACED, wait_for_sync
 from transient_nb import TransientCluster, connect, train
 from transient_nb.catalog.prices import PriceCatalog
 from transient_nb.deploy import registry
@@ -29,9 +29,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 FAST = {"preemption": "none", "provisioning_delay": "1s"}
 TINY_RUN = {"model": "resnet8", "data": "digits", "eval_images": 200}
-#: A run that trains until something stops it, paced at 20 steps/s a worker (T4, the default
-#: type): it waits for events, not for the host's cores, and leaves them to the tests beside it.
-PACED = "t4=20"
 
 
 def _gone(pids: list[int]) -> bool:
