@@ -42,7 +42,6 @@ from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
 from transient_nb import config
-from transient_nb.training.optim import META_KEY, STATE_PREFIX
 
 #: Bumped when the layout changes; 1 was a pickle per shard (refused now).
 FORMAT = 2
@@ -70,6 +69,13 @@ class Checkpoint:
     meta: dict[str, Any]
     shards: list[dict[str, np.ndarray]] = field(default_factory=list)
     url: str = ""
+
+
+#: Key prefix of a torch optimizer's per-parameter state in a checkpoint's shard file, and the
+#: key of its JSON (param groups, base learning rates, scalar state): written here, not in
+#: :mod:`~transient_nb.training.optim`, so that reading a checkpoint never imports torch.
+STATE_PREFIX = "opt."
+META_KEY = "opt_meta"
 
 
 class NotOwned(ValueError):

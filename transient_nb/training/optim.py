@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from transient_nb.training.checkpoint import META_KEY, STATE_PREFIX
+
 #: Each thread's float32 buffer for gradients that arrive in float16 or bfloat16.
 _scratch = threading.local()
 
@@ -71,12 +73,6 @@ def lr_scale(active_workers: int, scale_by_active: bool = True) -> float:
     if scale_by_active and active_workers > 1:
         return 1.0 / math.sqrt(active_workers)
     return 1.0
-
-
-#: Key prefix of a torch optimizer's per-parameter state in a checkpoint's shard file, and the
-#: key of its JSON (param groups, base learning rates, scalar state).
-STATE_PREFIX = "opt."
-META_KEY = "opt_meta"
 
 
 class ShardOptimizer:

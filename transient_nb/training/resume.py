@@ -27,8 +27,6 @@ from transient_nb.eventlog.folds import Event, summarize, training_curve
 from transient_nb.eventlog.records import read_run_record
 from transient_nb.training import checkpoint
 from transient_nb.training.hparams import HParams
-from transient_nb.training.models import MODELS
-from transient_nb.training.workload import is_builtin_data
 
 #: What a run id looks like (``TrainingRun.id``).
 RUN_ID = checkpoint.RUN_ID
@@ -308,6 +306,10 @@ def settings(
         if k in HParams.__dataclass_fields__ and k != "steps"
     }
     merged.update(hparams)
+    # Here, not at the top: a client that only reads a run (the CLI, connect()) never imports torch.
+    from transient_nb.training.models import MODELS
+    from transient_nb.training.workload import is_builtin_data
+
     if model is None:
         model = earlier.get("model_ref") or earlier.get("model") or "resnet32"
         if not earlier.get("model_ref") and ":" not in str(model) and model not in MODELS:
