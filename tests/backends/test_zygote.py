@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,20 @@ def test_a_vm_whose_zygote_is_gone_counts_as_killed(own_zygote: Zygote, tmp_path
     assert proc.returncode == -9
     # The VM died with its parent (PR_SET_PDEATHSIG), not left running.
     wait_for_sync(lambda: not alive({proc.pid}), timeout=30)
+
+
+def test_a_vm_is_its_own_process_group_by_the_time_its_pid_comes_back(
+    own_zygote: Zygote, tmp_path: Path
+) -> None:
+    # A preemption right after the start kills the VM's group: one that does not exist yet (the
+    # child had not reached its setsid()) was ProcessLookupError, and the VM lived on.
+    cmd = [sys.executable, "-m", "dask", "worker", "tcp://127.0.0.1:9", "--death-timeout", "600"]
+    for i in range(4):
+        proc = own_zygote.spawn(cmd, dict(os.environ), str(tmp_path / f"w{i}.log"))
+        assert os.getpgid(proc.pid) == proc.pid
+        os.killpg(proc.pid, signal.SIGKILL)
+        wait_for_sync(lambda proc=proc: proc.poll() is not None, timeout=30)
+        assert proc.returncode == -signal.SIGKILL
 
 
 @pytest.mark.parametrize("warm", [True, False])

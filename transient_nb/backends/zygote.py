@@ -226,14 +226,16 @@ def _running() -> Zygote | None:
 # -- the zygote's side --------------------------------------------------------------------------
 
 
-def _become_vm(request: dict[str, Any], keep_closed: Sequence[socket.socket]) -> None:
-    """In the forked child: become the VM ``request`` describes, run it, and exit."""
+def _become_vm(request: dict[str, Any], keep_closed: Sequence[socket.socket], grouped: int) -> None:
+    """In the forked child: become the VM ``request`` describes, run it, and exit. ``grouped``:
+    the pipe's end on which it tells the zygote that its process group exists."""
     code = 1
     zygote = os.getppid()
     try:
         for s in keep_closed:
             s.close()
         os.setsid()  # the VM's own session and process group
+        os.close(grouped)  # the owner may killpg() it from now on
         die_with_parent()  # the zygote is single-threaded: its death, not a thread's, kills us
         if os.getppid() != zygote:  # it died before prctl armed the signal: none will come
             os.kill(os.getpid(), signal.SIGKILL)
@@ -335,6 +337,7 @@ def serve(address: str, owner: int) -> None:
             conn, _ = listener.accept()
             try:
                 request = _read_request(conn)
+                waiting, grouped = os.pipe()
                 pid = os.fork()
             except Exception as e:  # the owner falls back to a cold start
                 logger.warning("The zygote could not fork a VM: %r", e)
@@ -342,7 +345,14 @@ def serve(address: str, owner: int) -> None:
                 continue
             if pid == 0:
                 selector.close()
-                _become_vm(request, [listener, conn, *children.values()])
+                os.close(waiting)
+                _become_vm(request, [listener, conn, *children.values()], grouped)
+            # The PID goes to the owner once the child's setsid() is done (it closes its end of
+            # the pipe, or dies): a killpg() of the VM sooner would find no group, and miss it.
+            os.close(grouped)
+            with contextlib.suppress(OSError):
+                os.read(waiting, 1)
+            os.close(waiting)
             children[pid] = conn
             with contextlib.suppress(OSError):
                 conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
