@@ -39,7 +39,11 @@ def test_paper_emulation():
     base, two = table
     if base["behind"] == two["behind"] == "0":  # the host kept the pace
         assert float(base["ours h"]) == pytest.approx(3.9, rel=0.1)  # 64K / 4.56 steps/s
-        assert 1.6 <= float(two["ours speedup"]) <= 2.05  # two workers, one PS, async
+        assert float(two["ours speedup"]) >= 1.6  # two workers, one PS, async
+        # Never faster than two paced K80s (what the pacing guarantees). No bound on the ratio
+        # above: a busy host's PS replies lengthen the baseline's steps without counting as
+        # behind (its trainer's own work kept the pace), and it read 2.08 once.
+        assert float(two["ours h"]) >= 0.95 * 3.9 / 2
     assert [(r["gpu"], r["workers"], r["PS"]) for r in curve] == [("v100", "4", "1")]
     assert float(curve[0]["ours"]) <= 45 * 1.05  # the PS's emulated capacity holds
     assert "NOT rescaled" in out
