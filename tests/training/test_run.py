@@ -365,7 +365,7 @@ def test_stop_conditions_and_the_run_record_alone_rebuild_the_summary():
             data="digits",
             steps=100_000,
             eval_every=100_000,
-            budget=spent + 0.0005,  # about 3 s of two K80 workers and a PS
+            budget=spent + 0.0005,  # about 3 s of two T4 workers and a PS ($0.63/h)
         ).wait(timeout=300)
         record = cluster.run_record
     assert by_accuracy.reason == "accuracy" and by_accuracy.accuracy >= 0.6
