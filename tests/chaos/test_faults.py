@@ -1,5 +1,6 @@
-"""The fault matrix: real training runs (resnet8 on digits) on the local backend, one fault or
-fault sequence per test, each checking the outcome, the accounting, the story and the clean-up."""
+"""The fault matrix: real training runs (a small model on digits, ``conftest.small_model``) on the
+local backend, one fault or fault sequence per test, each checking the outcome, the accounting,
+the story and the clean-up."""
 
 from __future__ import annotations
 
