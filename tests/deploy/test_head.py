@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import dask.config
 import psutil
 import pytest
 from jupyter_client.manager import KernelManager
@@ -244,6 +245,10 @@ def test_bad_input_to_a_detached_cluster_starts_nothing(kwargs: dict[str, Any], 
     with pytest.raises(ValueError, match=word):
         TransientCluster(detached=True, **kwargs)
     assert registry.entries() == []
+    # Refused by the client itself: no head process was started to refuse it (none wrote its
+    # spec or its log).
+    heads = Path(dask.config.get("transient.run-dir")) / "heads"
+    assert not heads.exists() or not list(heads.iterdir())
 
 
 def test_train_on_a_detached_cluster_checks_its_input_before_the_head_starts_anything(

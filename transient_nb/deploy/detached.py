@@ -115,9 +115,13 @@ def launch(
     """
     name = check_name(name or f"transient-{uuid.uuid4().hex[:6]}")
     registry.check_free(name)
+    cluster_json = json_ready(cluster_kwargs)
+    # The settings' own checks here, as the head will make them: a mistake is answered at once
+    # (the panel's form, `transient-nb up`) instead of by a head process started to refuse it.
+    ClusterSettings.from_arguments(name=name, **cluster_kwargs)
     spec = {
         "name": name,
-        "cluster": json_ready(cluster_kwargs),
+        "cluster": cluster_json,
         # The client's transient settings (registry and run folders included) hold in the head.
         "config": dask.config.get("transient"),
     }
