@@ -12,7 +12,8 @@
 - The fast tests check the pages' blocks (each runs or says why; each compiles) and the pieces of
   the docs' own Sphinx extension.
 
-Run a page's examples by hand with ``python -m tests.test_docs docs/how-to/cli.md``.
+Run a page's examples by hand with ``python -m tests.doc_pages docs/how-to/cli.md``
+(:mod:`tests.doc_pages` reads the pages and runs their blocks).
 """
 
 from __future__ import annotations
@@ -24,86 +25,28 @@ import re
 import signal
 import subprocess
 import sys
-import textwrap
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
 import pytest
 import sphobjinv as soi
 from IPython.core.inputtransformer2 import TransformerManager
-from IPython.core.interactiveshell import InteractiveShell
-from markdown_it.renderer import RendererHTML
-from myst_parser.config.main import MdParserConfig
-from myst_parser.parsers.mdit import create_md_parser
 
 import transient_nb
 import transient_nb.eventlog.vocabulary as vocabulary
 from tests.conftest import end_processes
+from tests.doc_pages import DOCS, NOT_CODE, RUN, Page, pages, read_page, runnable_pages
 from transient_nb import config
 from transient_nb.cli.parser import _parser
 from transient_nb.notebook.magic_parsers import SUBCOMMANDS
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = ROOT / "docs"
 sys.path.insert(0, str(DOCS / "_ext"))  # the docs' own Sphinx extension
 
 from transient_docs import config_keys, events, inventories, magic, public_api  # noqa: E402
 
-#: Languages of the blocks that run: Python and IPython in one shell, shell blocks with bash.
-RUN = {"python": "python", "ipython": "ipython", "bash": "bash"}
-#: Languages of blocks that are not code to run (files, outputs, diagrams).
-NOT_CODE = {"", "yaml", "text", "json", "toml"}
 #: Seconds a page's examples may take (a few tiny clusters on two busy cores).
 PAGE_TIMEOUT_S = 420
-
-
-@dataclass
-class Block:
-    page: Path
-    line: int
-    language: str
-    code: str
-    reason: str | None = None  # why it does not run; None: it runs
-
-
-@dataclass
-class Page:
-    path: Path
-    blocks: list[Block] = field(default_factory=list)
-
-    @property
-    def name(self) -> str:
-        return self.path.relative_to(DOCS).as_posix()
-
-
-def read_page(path: Path) -> Page:
-    """The page's fenced blocks, parsed as the docs' own MyST parser parses them."""
-
-    config = MdParserConfig(enable_extensions={"attrs_block", "colon_fence", "deflist"})
-    md = create_md_parser(config, RendererHTML)
-    page = Page(path)
-    for token in md.parse(path.read_text()):
-        if token.type != "fence" or token.info.startswith("{"):
-            continue
-        language = token.info.split()[0] if token.info.strip() else ""
-        classes = str(token.attrs.get("class", "")).split()
-        reason = str(token.attrs.get("reason", "")) if "no-run" in classes else None
-        line = (token.map[0] + 1) if token.map else 0
-        page.blocks.append(Block(path, line, language, token.content, reason))
-    return page
-
-
-def pages() -> list[Page]:
-    return [
-        read_page(p)
-        for p in sorted(DOCS.rglob("*.md"))
-        if not any(part.startswith("_") for part in p.relative_to(DOCS).parts)
-    ]
-
-
-def runnable_pages() -> list[Page]:
-    return [p for p in pages() if any(b.language in RUN and b.reason is None for b in p.blocks)]
 
 
 # -- the pages' blocks: each runs or says why, and each compiles ------------------------------------
@@ -327,7 +270,9 @@ def test_page_examples(page: Page, tmp_path: Path) -> None:
         }
     )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.test_docs", str(page.path)],
+        # A module of its own, light to import: this one's imports (sphobjinv, the suite's
+        # conftest, Sphinx's) cost a page 2 s of a core before its first block.
+        [sys.executable, "-m", "tests.doc_pages", str(page.path)],
         cwd=tmp_path,
         env=env,
         stdout=subprocess.PIPE,
@@ -369,30 +314,3 @@ def _end_heads(registry: Path) -> None:
         if "transient_nb" not in " ".join(head.cmdline()):
             continue  # not a head this test started
         end_processes([head, *head.children(recursive=True)])
-
-
-def run_page(path: Path) -> None:
-    """Run a page's blocks in order: Python and IPython in one shell, shell blocks with bash."""
-
-    page = read_page(path)
-    shell = InteractiveShell.instance()
-    for b in page.blocks:
-        if b.language not in RUN or b.reason is not None:
-            continue
-        where = f"{page.name}:{b.line}"
-        print(f"--- {where} ({b.language})", flush=True)
-        if b.language == "bash":
-            done = subprocess.run(["bash", "-euo", "pipefail", "-c", b.code], check=False)
-            if done.returncode:
-                raise SystemExit(f"{where}: the shell block exited with {done.returncode}")
-            continue
-        result = shell.run_cell(textwrap.dedent(b.code), store_history=False)
-        if not result.success:
-            raise SystemExit(
-                f"{where}: the block failed: {result.error_in_exec or result.error_before_exec!r}"
-            )
-    print(f"{page.name}: every example ran", flush=True)
-
-
-if __name__ == "__main__":
-    run_page(Path(sys.argv[1]).resolve())
