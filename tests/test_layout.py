@@ -84,9 +84,12 @@ def test_a_workers_preload_and_the_root_import_neither_pandas_nor_the_cluster(co
 
 
 def test_a_client_that_only_reads_runs_does_not_import_torch() -> None:
-    """``transient-nb status``, ``list``, ``down`` and ``connect()`` read clusters and run records:
-    torch (a second of a core at every start) is for the processes that train or load weights."""
-    loaded = _imported_by("import transient_nb.cli.commands, transient_nb.deploy.connect")
+    """``transient-nb status``, ``list``, ``down`` and ``connect()`` read clusters and run records,
+    and a detached cluster's head serves one: torch (a second of a core at every start) is for
+    the processes that train or load weights."""
+    loaded = _imported_by(
+        "import transient_nb.cli.commands, transient_nb.deploy.connect, transient_nb.deploy.head"
+    )
     assert "torch" not in loaded, sorted(m for m in loaded if m.startswith("transient_nb.training"))
 
 

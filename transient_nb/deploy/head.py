@@ -40,7 +40,6 @@ from distributed import Scheduler
 
 from transient_nb.deploy.detached import ERROR_PREFIX
 from transient_nb.eventlog.vocabulary import EXPORT_RPC
-from transient_nb.training.export import state_bytes
 from transient_nb.worker.peers import ROLE_CLIENT, peer_of
 
 logger = logging.getLogger(__name__)
@@ -104,6 +103,10 @@ class Head:
             raise ValueError(f"No run {run!r} on this cluster (runs: {known}).")
         if what == "model":
             return {"run": found.id, "model": cloudpickle.dumps(found.model())}
+        # Here, not at the top: a head imports torch (a second of a core) once it trains, and
+        # one that only hosts a cluster never does.
+        from transient_nb.training.export import state_bytes
+
         return {"run": found.id, "state": state_bytes(found.state_dict())}
 
     def _stop_runs(self) -> None:
