@@ -36,7 +36,8 @@ if [ "$tiny" = "--tiny" ]; then
     step scaling gpu_scaling.py --tiny
     step devices gpu_devices.py --tiny
     step dataplane ps_throughput.py --tiny
-    step dataplane-cross-host ps_throughput.py --tiny --path cross-host
+    # The torch.rpc peer is the same on either path (--path is ours): measured once, above.
+    step dataplane-cross-host ps_throughput.py --tiny --path cross-host --systems dask
     step carriers dataplane_candidates.py --tiny
 else
     for model in resnet32 resnet32-t2t; do
