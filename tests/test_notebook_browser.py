@@ -256,7 +256,7 @@ def test_quickstart_in_jupyterlab(lab: dict[str, Any]) -> None:
             )
 
             # The live figures gain points: the run's loss, and the cost while the cluster runs
-            # (read twice, see it grow; the run itself may be over by now on a fast host).
+            # (read twice, see it grow; the run may be over by the time a slow browser looks).
             page.wait_for_function(f"({SOURCE_LENGTH})('loss') > 0", timeout=5 * minute)
             page.wait_for_function(f"({SOURCE_LENGTH})('cost') > 0", timeout=minute)
             first = page.evaluate(SOURCE_LENGTH, "cost")

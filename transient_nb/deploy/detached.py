@@ -113,12 +113,11 @@ def launch(
     RuntimeError
         The head exited while starting (the message quotes its log).
     """
-    name = check_name(name or f"transient-{uuid.uuid4().hex[:6]}")
-    registry.check_free(name)
     cluster_json = json_ready(cluster_kwargs)
-    # The settings' own checks here, as the head will make them: a mistake is answered at once
-    # (the panel's form, `transient-nb up`) instead of by a head process started to refuse it.
-    ClusterSettings.from_arguments(name=name, **cluster_kwargs)
+    # The settings' own checks here (the name's and its freedom in the registry too), as the head
+    # will make them: a mistake is answered at once (the panel's form, `transient-nb up`) instead
+    # of by a head process started to refuse it.
+    name = ClusterSettings.from_arguments(name=name, **cluster_kwargs).name
     spec = {
         "name": name,
         "cluster": cluster_json,
