@@ -257,6 +257,17 @@ def vm_pids(cluster: Any) -> set[int]:
     return pids
 
 
+@pytest.fixture(scope="session")
+def warm_python() -> Iterator[Any]:
+    """Warm interpreters for the doc pages' and the benchmarks' processes (:mod:`tests.warm`):
+    one server per test process that needs them, started on first use."""
+    from tests.warm import WarmPython
+
+    server = WarmPython()
+    yield server
+    server.close()
+
+
 @pytest.fixture
 def kernel_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     """A kernel's environment: everything it writes goes under ``tmp_path``, and its registry
@@ -306,7 +317,19 @@ SLOW_SOURCE = (
 )
 #: Fixtures that start real processes.
 SLOW_FIXTURES = frozenset(
-    {"cluster", "client", "c", "s", "a", "b", "lab", "kernel_env", "server", "ps_process"}
+    {
+        "cluster",
+        "client",
+        "c",
+        "s",
+        "a",
+        "b",
+        "lab",
+        "kernel_env",
+        "server",
+        "ps_process",
+        "warm_python",
+    }
 )
 
 

@@ -6,23 +6,25 @@ themselves are recorded in ``benchmarks/NOTES.md`` and are never asserted here.
 
 from __future__ import annotations
 
-import subprocess
-import sys
+import os
 
 import pytest
 
 from tests.conftest import BENCHMARKS, benchmark
+from tests.warm import WarmPython
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
-def tiny(script: str, timeout: float = 240) -> str:
-    """Run ``benchmarks/SCRIPT --tiny``; what it printed (it must exit 0)."""
-    proc = subprocess.run(
-        [sys.executable, str(BENCHMARKS / script), "--tiny"],
-        capture_output=True,
-        text=True,
+def tiny(warm: WarmPython, script: str, timeout: float = 240) -> str:
+    """Run ``benchmarks/SCRIPT --tiny`` (warm: :mod:`tests.warm`); what it printed on stdout (it
+    must exit 0)."""
+    proc = warm.run(
+        [str(BENCHMARKS / script), "--tiny"],
+        env=os.environ,
+        cwd=os.getcwd(),
         timeout=timeout,
+        merged=False,
     )
     assert proc.returncode == 0, f"{script} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc.stdout
@@ -41,9 +43,9 @@ def first_table(out: str, script: str) -> tuple[list[str], list[dict[str, str]]]
     return header, rows
 
 
-def run_tiny(script: str) -> tuple[list[str], list[dict[str, str]]]:
+def run_tiny(warm: WarmPython, script: str) -> tuple[list[str], list[dict[str, str]]]:
     """Run ``benchmarks/SCRIPT --tiny``; the header and rows of the table it prints."""
-    return first_table(tiny(script), script)
+    return first_table(tiny(warm, script), script)
 
 
 def assert_positive(rows: list[dict[str, str]], *columns: str) -> None:
@@ -52,9 +54,9 @@ def assert_positive(rows: list[dict[str, str]], *columns: str) -> None:
             assert float(row[c]) > 0, f"{c} = {row[c]!r} in {row}"
 
 
-def test_dataplane_tls():
+def test_dataplane_tls(warm_python: WarmPython) -> None:
     """``dataplane_tls.py --tiny``: the cross-host wire alone, TLS records and the sealed stream."""
-    header, rows = run_tiny("dataplane_tls.py")
+    header, rows = run_tiny(warm_python, "dataplane_tls.py")
     assert header == [
         "stream",
         "round trips/s",
@@ -65,8 +67,8 @@ def test_dataplane_tls():
     assert_positive(rows, *header[1:])
 
 
-def test_worker_efficiency():
-    header, rows = run_tiny("worker_efficiency.py")
+def test_worker_efficiency(warm_python: WarmPython) -> None:
+    header, rows = run_tiny(warm_python, "worker_efficiency.py")
     assert header[:5] == ["device", "model", "batch", "threads", "pipeline"]
     assert len(rows) == 1 and rows[0]["device"] == "cpu" and rows[0]["pipeline"] == "off"
     assert_positive(rows, "plain steps/s", "ps steps/s", "efficiency")
@@ -87,8 +89,8 @@ def test_a_plain_loop_takes_its_steps_past_the_warm_up_however_long_they_take(
     assert times == sorted(times)
 
 
-def test_recovery():
-    header, rows = run_tiny("recovery.py")
+def test_recovery(warm_python: WarmPython) -> None:
+    header, rows = run_tiny(warm_python, "recovery.py")
     assert header == benchmark("recovery").COLUMNS
     assert [r["scenario"] for r in rows] == ["worker, notice", "worker, no notice", "ps"]
     assert_positive(
@@ -97,8 +99,8 @@ def test_recovery():
     assert_positive(rows[:1], "drain s")
 
 
-def test_ps_micro():
-    header, rows = run_tiny("ps_micro.py")
+def test_ps_micro(warm_python: WarmPython) -> None:
+    header, rows = run_tiny(warm_python, "ps_micro.py")
     assert header == ["model", "operation", "wire / data", "cpu ms"]
     ops = {r["operation"] for r in rows}
     assert {
@@ -110,15 +112,15 @@ def test_ps_micro():
     assert_positive(rows, "cpu ms")
 
 
-def test_pipeline_accuracy():
-    header, rows = run_tiny("pipeline_accuracy.py")
+def test_pipeline_accuracy(warm_python: WarmPython) -> None:
+    header, rows = run_tiny(warm_python, "pipeline_accuracy.py")
     assert header == ["data", "pipeline", "steps", "accuracy", "accuracy range", "wall s"]
     assert [(r["data"], r["pipeline"]) for r in rows] == [("digits", "off"), ("digits", "on")]
     assert_positive(rows, "steps", "accuracy", "wall s")
 
 
-def test_estimate_cpu():
-    out = tiny("estimate_cpu.py")
+def test_estimate_cpu(warm_python: WarmPython) -> None:
+    out = tiny(warm_python, "estimate_cpu.py")
     measured, calibration = out.split("\n\n", 1)  # two tables
     header, rows = first_table(measured, "estimate_cpu.py")
     assert header[:3] == ["model", "GFLOP/sample", "operators"]
@@ -132,7 +134,7 @@ def test_estimate_cpu():
     ]
 
 
-def test_reference_identity():
-    header, rows = run_tiny("reference_identity.py")
+def test_reference_identity(warm_python: WarmPython) -> None:
+    header, rows = run_tiny(warm_python, "reference_identity.py")
     assert header == ["model", "data", "steps", "sha256 of w, v, bn"]
     assert [len(r["sha256 of w, v, bn"]) for r in rows] == [16, 16]

@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -36,6 +35,7 @@ import transient_nb
 import transient_nb.eventlog.vocabulary as vocabulary
 from tests.conftest import end_processes
 from tests.doc_pages import DOCS, NOT_CODE, RUN, Page, pages, read_page, runnable_pages
+from tests.warm import WarmPython
 from transient_nb import config
 from transient_nb.cli.parser import _parser
 from transient_nb.notebook.magic_parsers import SUBCOMMANDS
@@ -256,7 +256,7 @@ def test_the_site_builds(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(PAGE_TIMEOUT_S + 60)
 @pytest.mark.parametrize("page", runnable_pages(), ids=lambda p: p.name)
-def test_page_examples(page: Page, tmp_path: Path) -> None:
+def test_page_examples(page: Page, tmp_path: Path, warm_python: WarmPython) -> None:
     env = dict(os.environ)
     env.update(
         {
@@ -269,38 +269,21 @@ def test_page_examples(page: Page, tmp_path: Path) -> None:
             "TRANSIENT_NB_STRICT_EVENTS": "1",
         }
     )
-    proc = subprocess.Popen(
-        # A module of its own, light to import: this one's imports (sphobjinv, the suite's
-        # conftest, Sphinx's) cost a page 2 s of a core before its first block.
-        [sys.executable, "-m", "tests.doc_pages", str(page.path)],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
     try:
-        output, _ = proc.communicate(timeout=PAGE_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        _end_group(proc.pid)
-        output, _ = proc.communicate()
+        # A module of its own, light to import, run warm (tests/warm.py): torch, Dask, Bokeh and
+        # the package imported once for every page, not once a page (3-4 s of a core each).
+        proc = warm_python.run(
+            ["-m", "tests.doc_pages", str(page.path)], env=env, cwd=tmp_path, timeout=PAGE_TIMEOUT_S
+        )
+    except subprocess.TimeoutExpired as e:
         pytest.fail(
-            f"{page.name}: examples still running after {PAGE_TIMEOUT_S} s\n{output[-6000:]}"
+            f"{page.name}: examples still running after {PAGE_TIMEOUT_S} s\n{e.output[-6000:]}"
         )
     finally:
-        _end_group(proc.pid)
         _end_heads(tmp_path / "clusters")
+    output = proc.stdout
     assert proc.returncode == 0, output[-8000:]
     assert "every example ran" in output, output[-8000:]
-
-
-def _end_group(pid: int) -> None:
-    """The page's process group (its workers): started here, ended here."""
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _end_heads(registry: Path) -> None:

@@ -9,29 +9,30 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from typing import Any
 
 import pytest
 
 from tests.conftest import BENCHMARKS, benchmark
 from tests.test_benchmarks import assert_positive, first_table
+from tests.warm import WarmPython
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 @pytest.fixture(scope="module")
-def gpu_suite(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def gpu_suite(tmp_path_factory: pytest.TempPathFactory, warm_python: WarmPython) -> dict[str, Any]:
     """The GPU suite's --tiny form, run once for the module: its steps run the data plane's
     benchmarks (``ps_throughput.py`` on both paths, ``dataplane_candidates.py``) in their tiny
-    configuration, so their own tests read its tables rather than run them a second time."""
+    configuration, so their own tests read its tables rather than run them a second time. Its
+    ``$PYTHON`` runs each step warm (:mod:`tests.warm`)."""
     out = tmp_path_factory.mktemp("gpu-suite")
     proc = subprocess.run(
         ["bash", str(BENCHMARKS / "gpu_suite.sh"), str(out), "--tiny"],
         capture_output=True,
         text=True,
         timeout=840,
-        env={**os.environ, "PYTHON": sys.executable},
+        env={**os.environ, "PYTHON": warm_python.shim(tmp_path_factory.mktemp("bin"))},
     )
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     steps: dict[str, Any] = json.loads((out / "suite.json").read_text())["steps"]

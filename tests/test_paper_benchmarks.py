@@ -8,16 +8,17 @@ from __future__ import annotations
 import pytest
 
 from tests.test_benchmarks import assert_positive, first_table, tiny
+from tests.warm import WarmPython
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 @pytest.mark.timeout(420)
-def test_paper_emulation():
+def test_paper_emulation(warm_python: WarmPython) -> None:
     """The paced reproduction of the paper's Table I/III, speed curve, mixed GPU types and
     growing cluster, its --tiny form: four tables; the baseline is the paper's by construction,
     the PS cap holds at 4 V100s, the mixed cluster runs every type, the growing one grows."""
-    out = tiny("paper_emulation.py", timeout=400)
+    out = tiny(warm_python, "paper_emulation.py", timeout=400)
     blocks = [
         [ln.strip() for ln in b.splitlines() if ln.strip().startswith("|")]
         for b in out.split("\n\n")
@@ -63,11 +64,11 @@ def test_paper_emulation():
 
 
 @pytest.mark.timeout(400)
-def test_policy_evaluation():
+def test_policy_evaluation(warm_python: WarmPython) -> None:
     """The policy against a static cluster on the paper emulation, its --tiny form: one static
     run, a budget policy and a cost-per-step policy, each a real paced run that finishes; the
     policies start from their planner's choice and report the verdicts."""
-    out = tiny("policy_evaluation.py", timeout=380)
+    out = tiny(warm_python, "policy_evaluation.py", timeout=380)
     _, rows = first_table(out, "policy_evaluation.py")
     assert [r["run"] for r in rows] == ["static 4 P100", "policy budget", "policy cost-per-step"]
     for r in rows:
