@@ -27,7 +27,7 @@ from distributed import utils_test
 # Dask's own fixture for the tests that want its leak checks.
 from distributed.utils_test import cleanup  # noqa: F401
 
-import transient_nb  # noqa: F401  (registers the ``transient`` config defaults)
+import transient_nb  # registers the ``transient`` config defaults
 
 # Posting an event kind that transient_nb.eventlog.vocabulary does not declare raises, in this process and in
 # the worker processes it starts (they inherit the environment): a test then fails.
@@ -287,6 +287,23 @@ def kernel_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str
     # The default data path (the venv's share/jupyter) stays: the python3 kernel spec is there.
     monkeypatch.delenv("JUPYTER_PATH", raising=False)
     return dict(os.environ)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Compile the package's and the benchmarks' bytecode once, before any test starts a process.
+
+    The package is installed editable, so no installer compiled it; where the environment says
+    ``PYTHONDONTWRITEBYTECODE`` (CI's does) no interpreter writes it either, and each of the
+    suite's hundreds of processes (kernels, heads, CLIs, zygotes) compiled what it imported
+    again, about 0.1 s each. Bytecode that exists is still read. Under pytest-xdist the
+    controller does it, before its workers start.
+    """
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    import compileall
+
+    for folder in (Path(transient_nb.__file__).parent, BENCHMARKS):
+        compileall.compile_dir(folder, quiet=1)
 
 
 def pytest_make_parametrize_id(config: pytest.Config, val: object, argname: str) -> str | None:
