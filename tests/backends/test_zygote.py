@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,28 @@ def test_a_vm_whose_zygote_is_gone_counts_as_killed(own_zygote: Zygote, tmp_path
     assert proc.returncode == -9
     # The VM died with its parent (PR_SET_PDEATHSIG), not left running.
     wait_for_sync(lambda: not alive({proc.pid}), timeout=30)
+
+
+def test_an_owner_killed_outright_leaves_no_zygote_and_no_folder(tmp_path: Path) -> None:
+    owner = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time; from transient_nb.backends.zygote import Zygote; z = Zygote(); "
+            "z._wait_ready(); print(z.proc.pid, z.address, flush=True); time.sleep(600)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert owner.stdout is not None
+        pid, address = owner.stdout.readline().split()
+        assert os.path.exists(address)
+    finally:
+        owner.kill()  # no close(), no atexit
+        owner.wait()
+    wait_for_sync(lambda: not alive({int(pid)}), timeout=30)
+    assert not os.path.exists(os.path.dirname(address))
 
 
 def test_a_vm_is_its_own_process_group_by_the_time_its_pid_comes_back(

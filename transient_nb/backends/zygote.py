@@ -294,6 +294,7 @@ def _fresh_state() -> None:
     import dask.config
 
     dask.config.refresh()
+    tempfile.tempdir = None  # the VM's own TMPDIR, not one a module found in the zygote
     seed = int.from_bytes(os.urandom(4), "little")
     with contextlib.suppress(ImportError):
         import numpy as np
@@ -369,7 +370,11 @@ def serve(address: str, owner: int) -> None:
                     exit_code = os.waitstatus_to_exitcode(status)
                     answer.sendall(json.dumps({"exit": exit_code}).encode() + b"\n")
                 answer.close()
-    # The owner is gone: so are the VMs (each dies with the zygote, PR_SET_PDEATHSIG).
+    # The owner is gone: so are the VMs (each dies with the zygote, PR_SET_PDEATHSIG), and so is
+    # the zygote's folder (an owner killed outright never ran its close()).
+    for remove, path in ((os.unlink, address), (os.rmdir, os.path.dirname(address))):
+        with contextlib.suppress(OSError):
+            remove(path)
 
 
 def _read_request(conn: socket.socket) -> dict[str, Any]:
