@@ -101,7 +101,6 @@ class LocalVM(TransientVM):
         self._watch_task: asyncio.Future[None] | None = None
         self._exited = asyncio.Event()
         self._log: IO[bytes] | None = None
-        self._tmp: str | None = None
 
     @property
     def pid(self) -> int | None:
@@ -118,20 +117,6 @@ class LocalVM(TransientVM):
         cmd, env = self.backend.command(self.spec, self.scheduler_address)
         os.makedirs(self.backend.log_dir, exist_ok=True)
         log_path = os.path.join(self.backend.log_dir, f"{self.name}.log")
-        # The VM's own temporary folder, as a VM has a disk of its own: what its processes leave
-        # there (a PS's data-plane socket, Dask's scratch space) goes with it, even when it is
-        # killed outright.
-        self._tmp = tempfile.mkdtemp(prefix="transient-nb-vm-")
-        env = {**env, "TMPDIR": self._tmp}
-        try:
-            await self._spawn(cmd, env, log_path)
-        except BaseException:
-            if self.proc is None:  # no process: nothing will watch the folder
-                self._remove_tmp()
-            raise
-        await self.running()
-
-    async def _spawn(self, cmd: list[str], env: dict[str, str], log_path: str) -> None:
         zygote = self.backend.zygote(cmd, env)
         if zygote is not None:
             # A warm VM's nanny forks its worker from itself, which has everything imported.
@@ -149,11 +134,7 @@ class LocalVM(TransientVM):
         if self.proc is None:
             proc, self._log = start_process(cmd, env, log_path, new_session=True)
             self._track(proc)
-
-    def _remove_tmp(self) -> None:
-        if self._tmp is not None:
-            shutil.rmtree(self._tmp, ignore_errors=True)
-            self._tmp = None
+        await self.running()
 
     def _track(self, proc: subprocess.Popen[bytes] | ZygoteProcess) -> None:
         """The VM's top process is ``proc``: watch it until it exits."""
@@ -169,7 +150,6 @@ class LocalVM(TransientVM):
         while proc.poll() is None:
             await asyncio.sleep(POLL_S)
         self.backend.live_pids.discard(proc.pid)
-        self._remove_tmp()
         self._exited.set()
         if self._log is not None:
             self._log.close()

@@ -294,7 +294,6 @@ def _fresh_state() -> None:
     import dask.config
 
     dask.config.refresh()
-    tempfile.tempdir = None  # the VM's own TMPDIR, not one a module found in the zygote
     seed = int.from_bytes(os.urandom(4), "little")
     with contextlib.suppress(ImportError):
         import numpy as np
