@@ -313,7 +313,13 @@ class TransientCluster(Control):
                 **self._head_info,
             },
         )
-        await self.backend.start(self.scheduler_address)  # e.g. GCE's firewall rule
+        try:
+            await self.backend.start(self.scheduler_address)  # e.g. GCE's firewall rule
+        except BaseException:
+            # Refused (another's firewall rule of this name): the scheduler and the registry
+            # entry go too, as for a PS host that cannot be placed below.
+            await self._close()
+            raise
         self._spawn(self._guard_limits())
         placed = await asyncio.gather(*(self._provision("ps") for _ in range(self.ps_hosts)))
         if any(p is None for p in placed):

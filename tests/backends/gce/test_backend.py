@@ -21,6 +21,7 @@ from typing import Any
 import dask.config
 import psutil
 import pytest
+from distributed.core import Status
 
 from tests.backends.gce.fake_gce import DEFAULT_ZONES, FakeGCE
 from tests.backends.gce.gce_helpers import (
@@ -499,6 +500,11 @@ def test_a_name_clash_never_deletes_someone_elses_vm_or_firewall(fake: FakeGCE) 
     with pytest.raises(RuntimeError, match=r"Firewall rule other-dask already exists"):
         TransientCluster(**options(fake), name="other")
     assert "other-dask" in fake.firewalls
+    # Nothing of the refused cluster is left: no scheduler running here, no registry entry.
+    assert [e["name"] for e in registry.entries()] == []
+    assert not [
+        c for c in TransientCluster._instances if c.name == "other" and c.status == Status.running
+    ]
     assert not fake.calls("/global/firewalls/other-dask") or all(
         not c.startswith("DELETE") for c in fake.calls("/global/firewalls/other-dask")
     )
