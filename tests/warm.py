@@ -5,7 +5,7 @@ Each of those is a fresh ``python`` that spends 2.5-4 s of a core importing torc
 Bokeh and the package before its first line of work: a minute of the suite's CPU in all, spent
 on the same imports again and again. A :class:`WarmPython` starts one server per test module that
 imports them once, single-threaded, then forks each run from itself, as the local backend's
-zygote forks VMs (``transient_nb/backends/zygote.py``, whose recipe this follows: ``gc.freeze``
+zygote forks VMs (``transient_nb/backends/zygote.py``, whose recipe and helpers this uses: ``gc.freeze``
 after the imports, a session of its own per run, the run's environment, folder and configuration,
 fresh random seeds). What a run is does not change: it is ``python -m MODULE ARGS`` or
 ``python SCRIPT ARGS`` in its own process, with its own file descriptors (passed over the
@@ -266,13 +266,13 @@ def _become_run(request: dict, fds: list[int], keep_closed: Sequence[socket.sock
             s.close()
         os.setsid()  # its own process group: a timeout kills the run and what it started
         from transient_nb.backends.base import die_with_parent
+        from transient_nb.backends.zygote import _fresh_state, _plain_signals
 
         die_with_parent()
         import gc
 
         gc.enable()
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        _plain_signals()
         for target, fd in enumerate(fds):  # stdin, stdout, stderr
             os.dup2(fd, target)
         for fd in set(fds) - {0, 1, 2}:
@@ -318,23 +318,6 @@ def _run(argv: list[str]) -> int:
         print(e.code, file=sys.stderr)
         return 1
     return 0
-
-
-def _fresh_state() -> None:
-    """What a new interpreter would have had: the configuration read from this run's
-    environment, and random generators of its own (a fork shares its parent's state)."""
-    import dask.config
-
-    dask.config.refresh()
-    seed = int.from_bytes(os.urandom(4), "little")
-    with contextlib.suppress(ImportError):
-        import numpy as np
-
-        np.random.seed(seed)
-    with contextlib.suppress(ImportError):
-        import torch
-
-        torch.manual_seed(seed)
 
 
 if __name__ == "__main__":
