@@ -15,6 +15,7 @@ from typing import Any
 import dask.config
 import psutil
 import pytest
+from distributed import Client
 from distributed.utils_test import gen_cluster
 
 from tests.conftest import alive, wait_for, wait_for_sync
@@ -85,6 +86,15 @@ def test_command_line_and_environment(tmp_path: Path, monkeypatch: pytest.Monkey
     assert env["CUDA_VISIBLE_DEVICES"] == ""  # the PS host never takes a GPU
     # One host: the PS's data plane is a Unix socket (a run's data_plane may say otherwise).
     assert env["TRANSIENT_NB_DATA_PLANE"] == "unix"
+    # transient.worker-dask: no profiler, rarer event-loop checks; this process's own DASK_*
+    # variable wins over it (as it did before the setting existed).
+    assert env["DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED"] == "False"
+    assert env["DASK_DISTRIBUTED__ADMIN__TICK__INTERVAL"] == "500ms"
+    monkeypatch.setenv("DASK_DISTRIBUTED__ADMIN__TICK__INTERVAL", "30ms")
+    with dask.config.set({"transient.worker-dask.distributed.worker.profile.enabled": True}):
+        _, env = backend.command(spec("w-4"), "tcp://127.0.0.1:8786")
+    assert env["DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED"] == "True"
+    assert env["DASK_DISTRIBUTED__ADMIN__TICK__INTERVAL"] == "30ms"
 
 
 @pytest.mark.parametrize("warm_up", [True, False])
@@ -102,6 +112,17 @@ def test_warm_up_follows_the_setting(tmp_path: Path, warm_up: bool) -> None:
 
 
 # -- one VM, real processes, against a real scheduler -------------------------------------------
+def _worker_dask_settings() -> tuple[bool, float, float]:
+    from dask.utils import parse_timedelta
+
+    get = dask.config.get
+    return (
+        bool(get("distributed.worker.profile.enabled")),
+        float(parse_timedelta(get("distributed.admin.tick.interval"))),
+        float(parse_timedelta(get("distributed.admin.system-monitor.interval"))),
+    )
+
+
 class Recorder:
     def __init__(self) -> None:
         self.events: list[tuple[str, dict[str, Any]]] = []
@@ -149,6 +170,11 @@ async def test_vm_lifecycle_with_real_processes(s: Any, tmp_path: Path) -> None:
     assert (tmp_path / "logs" / "w-0.log").exists()
     pids_a = {a.pid} | {p.pid for p in psutil.Process(a.pid).children(recursive=True)}
     assert len(pids_a) >= 2  # the nanny and its worker
+    # Both run with transient.worker-dask's settings (a forked VM reads its own environment).
+    async with Client(s.address, asynchronous=True) as client:
+        for nanny in (False, True):
+            seen = await client.run(_worker_dask_settings, nanny=nanny)
+            assert set(seen.values()) == {(False, 0.5, 2.0)}, (nanny, seen)
 
     # Preemption without notice: the whole process group is killed, the VM does not call it a
     # crash.

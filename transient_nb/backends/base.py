@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+import dask.config
 from distributed.core import Status, rpc
 from distributed.deploy.spec import ProcessInterface
 
@@ -36,6 +37,42 @@ WORKER_PRE_SPAWN_ENVIRON = {
     "OMP_NUM_THREADS": 1,
     "MKL_NUM_THREADS": 1,
 }
+
+
+def worker_dask_environ(settings: Mapping[str, Any] | None = None) -> dict[str, str]:
+    """The ``DASK_*`` variables that give every VM's nanny and worker (local and GCE alike) the
+    Dask settings of ``transient.worker-dask``.
+
+    Its defaults turn off what an idle VM spends most on (benchmarks/idle_vm.py): the worker's
+    statistical profiler (a walk of every thread's stack each 10 ms, which nothing here reads),
+    and Dask's event-loop check (each 20 ms) and system monitor (each 0.5 s) made rarer.
+
+    Parameters
+    ----------
+    settings
+        Nested Dask settings; None reads ``transient.worker-dask``.
+
+    Examples
+    --------
+    >>> worker_dask_environ({"distributed": {"admin": {"system-monitor": {"interval": "2s"}}}})
+    {'DASK_DISTRIBUTED__ADMIN__SYSTEM_MONITOR__INTERVAL': '2s'}
+    >>> worker_dask_environ({"distributed": {"worker": {"profile": {"enabled": False}}}})
+    {'DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED': 'False'}
+    """
+    if settings is None:
+        settings = dask.config.get("transient.worker-dask") or {}
+    environ: dict[str, str] = {}
+
+    def flatten(path: tuple[str, ...], node: Mapping[str, Any]) -> None:
+        for key, value in node.items():
+            here = (*path, str(key).upper().replace("-", "_"))
+            if isinstance(value, Mapping):
+                flatten(here, value)
+            else:  # read back by dask.config.collect_env: ast.literal_eval, else the string
+                environ["DASK_" + "__".join(here)] = str(value)
+
+    flatten((), settings)
+    return environ
 
 
 @dataclass(frozen=True)
