@@ -1,6 +1,7 @@
-"""What an idle VM costs: the CPU of a local cluster's VMs (nanny and worker) while nothing runs,
-with Dask's own settings against ``transient.worker-dask``'s (no worker profiler, the event-loop
-check each 500 ms instead of 20 ms, the system monitor each 2 s instead of 0.5 s).
+"""What an idle cluster costs: the CPU of a local cluster's VMs (nanny and worker) and of the
+process that owns it (its scheduler) while nothing runs, with Dask's own settings against
+``transient.cluster-dask``'s (no worker profiler, the event-loop check each 500 ms instead of
+20 ms, the system monitor each 2 s instead of 0.5 s).
 
 A VM spends this for as long as it lives: on a cloud cluster beside the trainer, on this machine
 (where every VM shares the host's cores) beside every other VM. Each row is one cluster of
@@ -21,8 +22,8 @@ from typing import Any
 import psutil
 from _common import log, md_table, quiet, transient_cluster
 
-#: The settings compared: Dask's own (an empty ``transient.worker-dask``) and this package's.
-SETTINGS = ("dask defaults", "transient.worker-dask")
+#: The settings compared: Dask's own (an empty ``transient.cluster-dask``) and this package's.
+SETTINGS = ("dask defaults", "transient.cluster-dask")
 
 
 def vm_seconds(owner: psutil.Process) -> dict[int, float]:
@@ -44,7 +45,7 @@ def idle_cost(workers: int, seconds: float, settings: str) -> dict[str, Any]:
 
     import transient_nb  # noqa: F401  (its defaults first: set() would insert, then drop, them)
 
-    extra = {"transient.worker-dask": {}} if settings == "dask defaults" else {}
+    extra = {"transient.cluster-dask": {}} if settings == "dask defaults" else {}
     owner = psutil.Process()
     with dask.config.set(extra), transient_cluster(workers) as cluster:
         vms = workers + 1  # and the PS host
@@ -95,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(
         f"Idle clusters of {args.workers} workers and a PS host, {args.seconds:g} s windows, "
-        f"{args.repeats} repeat(s) each; the owner (client and scheduler) keeps Dask's settings."
+        f"{args.repeats} repeat(s) each. 'owner %': the process that owns the cluster (its "
+        "scheduler, built under the same settings, and the cluster's own bookkeeping)."
     )
     return 0
 

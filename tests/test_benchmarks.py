@@ -69,12 +69,12 @@ def test_dataplane_tls(warm_python: WarmPython) -> None:
 
 def test_idle_vm(warm_python: WarmPython) -> None:
     """``idle_vm.py --tiny``: an idle cluster's VMs with Dask's settings and with
-    ``transient.worker-dask``'s, one row each."""
+    ``transient.cluster-dask``'s, one row each."""
     header, rows = run_tiny(warm_python, "idle_vm.py")
     assert header == ["settings", "VMs", "% of a core per VM", "range", "owner %"]
     assert [(r["settings"], r["VMs"]) for r in rows] == [
         ("dask defaults", "2"),
-        ("transient.worker-dask", "2"),
+        ("transient.cluster-dask", "2"),
     ]
     assert_positive(rows, "% of a core per VM", "owner %")
 

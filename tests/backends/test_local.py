@@ -86,12 +86,12 @@ def test_command_line_and_environment(tmp_path: Path, monkeypatch: pytest.Monkey
     assert env["CUDA_VISIBLE_DEVICES"] == ""  # the PS host never takes a GPU
     # One host: the PS's data plane is a Unix socket (a run's data_plane may say otherwise).
     assert env["TRANSIENT_NB_DATA_PLANE"] == "unix"
-    # transient.worker-dask: no profiler, rarer event-loop checks; this process's own DASK_*
+    # transient.cluster-dask: no profiler, rarer event-loop checks; this process's own DASK_*
     # variable wins over it (as it did before the setting existed).
     assert env["DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED"] == "False"
     assert env["DASK_DISTRIBUTED__ADMIN__TICK__INTERVAL"] == "500ms"
     monkeypatch.setenv("DASK_DISTRIBUTED__ADMIN__TICK__INTERVAL", "30ms")
-    with dask.config.set({"transient.worker-dask.distributed.worker.profile.enabled": True}):
+    with dask.config.set({"transient.cluster-dask.distributed.worker.profile.enabled": True}):
         _, env = backend.command(spec("w-4"), "tcp://127.0.0.1:8786")
     assert env["DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED"] == "True"
     assert env["DASK_DISTRIBUTED__ADMIN__TICK__INTERVAL"] == "30ms"
@@ -170,7 +170,7 @@ async def test_vm_lifecycle_with_real_processes(s: Any, tmp_path: Path) -> None:
     assert (tmp_path / "logs" / "w-0.log").exists()
     pids_a = {a.pid} | {p.pid for p in psutil.Process(a.pid).children(recursive=True)}
     assert len(pids_a) >= 2  # the nanny and its worker
-    # Both run with transient.worker-dask's settings (a forked VM reads its own environment).
+    # Both run with transient.cluster-dask's settings (a forked VM reads its own environment).
     async with Client(s.address, asynchronous=True) as client:
         for nanny in (False, True):
             seen = await client.run(_worker_dask_settings, nanny=nanny)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import dask.config
 import pytest
 import yaml
 
@@ -136,3 +137,16 @@ def test_name_of_a_running_cluster_is_taken(tmp_path: Path) -> None:
     assert child_pids() - before == set()
     assert registry.lookup("taken")["scheduler_address"] == "tcp://127.0.0.1:1"
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_scheduler_runs_with_cluster_dask_and_the_kernel_keeps_its_own_settings() -> None:
+    """transient.cluster-dask reaches the scheduler this process builds (rarer event-loop checks
+    and system samples), and nothing else of this process: the user's own settings stay."""
+    with TransientCluster(workers=1, provisioning_delay=0) as cluster:
+        callbacks = cluster.scheduler.periodic_callbacks
+        assert callbacks["tick"].callback_time == 500 and callbacks["monitor"].callback_time == 2000
+        assert dask.config.get("distributed.admin.tick.interval") == "20ms"
+        assert dask.config.get("distributed.admin.system-monitor.interval") == "500ms"
+    faster = {"transient.cluster-dask.distributed.admin.tick.interval": "50ms"}
+    with dask.config.set(faster), TransientCluster(workers=1, provisioning_delay=0) as cluster:
+        assert cluster.scheduler.periodic_callbacks["tick"].callback_time == 50

@@ -39,40 +39,54 @@ WORKER_PRE_SPAWN_ENVIRON = {
 }
 
 
-def worker_dask_environ(settings: Mapping[str, Any] | None = None) -> dict[str, str]:
-    """The ``DASK_*`` variables that give every VM's nanny and worker (local and GCE alike) the
-    Dask settings of ``transient.worker-dask``.
+def dask_settings(settings: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``transient.cluster-dask`` as dotted Dask keys: the settings of the cluster's scheduler and
+    of every VM's nanny and worker.
 
-    Its defaults turn off what an idle VM spends most on (benchmarks/idle_vm.py): the worker's
-    statistical profiler (a walk of every thread's stack each 10 ms, which nothing here reads),
-    and Dask's event-loop check (each 20 ms) and system monitor (each 0.5 s) made rarer.
+    Its defaults cut what an idle cluster spends (benchmarks/idle_vm.py) on parts nothing here
+    reads: the worker's statistical profiler (a walk of every thread's stack each 10 ms) is off,
+    and Dask's event-loop check (each 20 ms) and system monitor (each 0.5 s) run less often.
 
     Parameters
     ----------
     settings
-        Nested Dask settings; None reads ``transient.worker-dask``.
+        Nested Dask settings; None reads ``transient.cluster-dask``.
 
     Examples
     --------
-    >>> worker_dask_environ({"distributed": {"admin": {"system-monitor": {"interval": "2s"}}}})
-    {'DASK_DISTRIBUTED__ADMIN__SYSTEM_MONITOR__INTERVAL': '2s'}
-    >>> worker_dask_environ({"distributed": {"worker": {"profile": {"enabled": False}}}})
-    {'DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED': 'False'}
+    >>> dask_settings({"distributed": {"admin": {"tick": {"interval": "500ms"}}}})
+    {'distributed.admin.tick.interval': '500ms'}
     """
     if settings is None:
-        settings = dask.config.get("transient.worker-dask") or {}
-    environ: dict[str, str] = {}
+        settings = dask.config.get("transient.cluster-dask") or {}
+    flat: dict[str, Any] = {}
 
-    def flatten(path: tuple[str, ...], node: Mapping[str, Any]) -> None:
+    def walk(path: tuple[str, ...], node: Mapping[str, Any]) -> None:
         for key, value in node.items():
-            here = (*path, str(key).upper().replace("-", "_"))
             if isinstance(value, Mapping):
-                flatten(here, value)
-            else:  # read back by dask.config.collect_env: ast.literal_eval, else the string
-                environ["DASK_" + "__".join(here)] = str(value)
+                walk((*path, str(key)), value)
+            else:
+                flat[".".join((*path, str(key)))] = value
 
-    flatten((), settings)
-    return environ
+    walk((), settings)
+    return flat
+
+
+def dask_environ(settings: Mapping[str, Any] | None = None) -> dict[str, str]:
+    """:func:`dask_settings` as the ``DASK_*`` variables a VM's nanny and worker read.
+
+    Examples
+    --------
+    >>> dask_environ({"distributed": {"admin": {"system-monitor": {"interval": "2s"}}}})
+    {'DASK_DISTRIBUTED__ADMIN__SYSTEM_MONITOR__INTERVAL': '2s'}
+    >>> dask_environ({"distributed": {"worker": {"profile": {"enabled": False}}}})
+    {'DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED': 'False'}
+    """
+    # Read back by dask.config.collect_env: ast.literal_eval ("False" -> False), else the string.
+    return {
+        "DASK_" + key.upper().replace("-", "_").replace(".", "__"): str(value)
+        for key, value in dask_settings(settings).items()
+    }
 
 
 @dataclass(frozen=True)

@@ -42,8 +42,8 @@ from transient_nb.backends.base import (
     CapacityError,
     TransientVM,
     VMSpec,
+    dask_environ,
     start_process,
-    worker_dask_environ,
 )
 from transient_nb.backends.tls import CLIENT_CN, ClusterCA, tls_lifetime_s
 from transient_nb.backends.zygote import Zygote, ZygoteProcess, shared
@@ -370,7 +370,7 @@ class LocalBackend(Backend):
             cmd += ["--tls-ca-file", tls["ca"], "--tls-cert", tls["cert"], "--tls-key", tls["key"]]
         env = dict(os.environ)
         env["DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON"] = repr(WORKER_PRE_SPAWN_ENVIRON)
-        for name, value in worker_dask_environ().items():
+        for name, value in dask_environ().items():
             env.setdefault(name, value)  # one set in this process's own environment wins
         env["TRANSIENT_NB_VM"] = json.dumps(
             {

@@ -15,11 +15,13 @@ import random
 import uuid
 from typing import Any
 
+import dask.config
 from dask.utils import parse_timedelta
 from distributed import Scheduler
 from distributed.core import Status
 
 from transient_nb import config
+from transient_nb.backends.base import dask_settings
 from transient_nb.backends.simulator import PreemptionSimulator
 from transient_nb.catalog.mix import Mix, format_mix
 from transient_nb.deploy import registry
@@ -32,6 +34,14 @@ from transient_nb.deploy.settings import (
 )
 
 logger = logging.getLogger(__name__)
+
+
+def _scheduler(**options: Any) -> Scheduler:
+    """The cluster's scheduler, built under ``transient.cluster-dask`` (a server reads its
+    event-loop check and system monitor intervals when it is built); the settings of the rest of
+    this process (the user's kernel) stay as they are."""
+    with dask.config.set(dask_settings()):
+        return Scheduler(**options)
 
 
 class TransientCluster(Control):
@@ -252,7 +262,7 @@ class TransientCluster(Control):
 
     def _scheduler_spec(self) -> dict[str, Any]:
         return {
-            "cls": Scheduler,
+            "cls": _scheduler,
             "options": {
                 "host": "127.0.0.1",
                 "port": 0,

@@ -27,7 +27,7 @@ def test_the_startup_script_powers_off_on_any_failure(tmp_path: Path) -> None:
         notice_s=2,
     )
     assert "trap " in script and "EXIT" in script
-    # transient.worker-dask reaches the cloud VM's nanny and worker as it does a local one's.
+    # transient.cluster-dask reaches the cloud VM's nanny and worker as it does a local one's.
     assert "export DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False\n" in script
     assert "export DASK_DISTRIBUTED__ADMIN__SYSTEM_MONITOR__INTERVAL=2s\n" in script
     path = tmp_path / "startup.sh"

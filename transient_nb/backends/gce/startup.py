@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from transient_nb._version import __version__
-from transient_nb.backends.base import WORKER_PRE_SPAWN_ENVIRON, worker_dask_environ
+from transient_nb.backends.base import WORKER_PRE_SPAWN_ENVIRON, dask_environ
 from transient_nb.worker.preload import NANNY_PRELOADS, worker_preloads
 
 #: Seconds a booting VM waits for the cluster to sign its certificate request.
@@ -92,7 +92,7 @@ def worker_env(
         "DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION": "True",
         "TRANSIENT_NB_DATA_PLANE": "tls",
         "TRANSIENT_NB_DATA_PORTS": data_ports,
-        **worker_dask_environ(),
+        **dask_environ(),
     }
 
 
