@@ -54,6 +54,12 @@ def _plain(value: Any) -> bool:
 
 logger = logging.getLogger(__name__)
 
+
+def _not_a_cancel(record: logging.LogRecord) -> bool:
+    """A logging filter: False for a record of a cancelled task (a cancel is not an error)."""
+    return not (record.exc_info and isinstance(record.exc_info[1], asyncio.CancelledError))
+
+
 #: Failed reads of the event log in a row after which a remote cluster counts as gone.
 MAX_FAILURES = 8
 
@@ -452,6 +458,11 @@ class RemoteCluster:
         waits up to ``timeout`` seconds for that, then forgets the cluster's local entry and
         client certificate. The answer's ``closed`` says whether the owner is gone.
         """
+        # The owner closes its scheduler on "stop": the client's report stream sees it go and
+        # tries to reconnect, and closing the client cancels that attempt, which distributed
+        # logs as an ERROR with a traceback (`transient-nb down NAME` printed it).
+        client_log = logging.getLogger("distributed.client")
+        client_log.addFilter(_not_a_cancel)
         try:
             if self.status == Status.running:
                 answer = self._request(messages.stop_message())
@@ -460,7 +471,10 @@ class RemoteCluster:
                 # may well be alive, and "stop" must still reach it rather than leave it running.
                 answer = self.client.sync(self._control, {"action": "stop"}, None)
         finally:
-            self.close()
+            try:
+                self.close()
+            finally:
+                client_log.removeFilter(_not_a_cancel)
         if self.entry.get("head_vm"):
             from transient_nb.backends.gce.head import wait_gone
 
