@@ -10,6 +10,17 @@ import pytest
 from transient_nb.cli.commands import main
 
 
+class _Errors(logging.Handler):
+    """The ERROR records a logger handles (after its filters)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
 @pytest.mark.slow
 def test_run_writes_summary_record_and_inline_report(tmp_path):
     out = tmp_path / "out"
@@ -118,15 +129,13 @@ def test_detached_run_status_attach_and_down(tmp_path, capsys):
     status = capsys.readouterr().out
     assert f"head pid {head}" in status and f"step {steps}/150" in status and ", steps" in status
     # The client's cancelled reconnect to the head it just stopped is not an error to show.
-    seen: list[logging.LogRecord] = []
-    handler = logging.Handler(logging.ERROR)
-    handler.emit = seen.append  # type: ignore[method-assign]
-    logging.getLogger("distributed.client").addHandler(handler)
+    errors = _Errors()
+    logging.getLogger("distributed.client").addHandler(errors)
     try:
         assert main(["down", "cli-det"]) == 0
     finally:
-        logging.getLogger("distributed.client").removeHandler(handler)
-    assert seen == []
+        logging.getLogger("distributed.client").removeHandler(errors)
+    assert errors.records == []
     assert not psutil.pid_exists(head) or psutil.Process(head).status() == psutil.STATUS_ZOMBIE
     assert registry.entries() == []
     assert main(["status", "cli-det"]) == 2  # gone: a clear error, not a traceback
