@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import dask.config
+
 from transient_nb.backends.gce import startup as gce_startup
 
 
@@ -42,3 +44,12 @@ def test_the_startup_script_powers_off_on_any_failure(tmp_path: Path) -> None:
     out = subprocess.run(["bash", str(path)], env=env, capture_output=True, timeout=60)
     assert out.returncode != 0
     assert marker.exists(), out.stderr.decode()[-2000:]
+
+
+def test_cluster_dask_never_overrides_what_a_cloud_vm_must_have() -> None:
+    """A key of transient.cluster-dask joins a cloud VM's environment but cannot turn its TLS off."""
+    off = {"transient.cluster-dask.distributed.comm.require-encryption": False}
+    with dask.config.set(off):
+        env = gce_startup.worker_env({"name": "w-0"}, notice_s=30)
+    assert env["DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION"] == "True"
+    assert env["DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED"] == "False"

@@ -86,13 +86,14 @@ def worker_env(
     plane too: TLS with the worker's certificates, on ``data_ports``, which the firewall opens).
     """
     return {
+        # First: a key of transient.cluster-dask never overrides the ones below (TLS required).
+        **dask_environ(),
         "TRANSIENT_NB_VM": json.dumps(vm, sort_keys=True),
         "TRANSIENT_NB_NOTICE_S": f"{notice_s:g}",
         "DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON": repr(WORKER_PRE_SPAWN_ENVIRON),
         "DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION": "True",
         "TRANSIENT_NB_DATA_PLANE": "tls",
         "TRANSIENT_NB_DATA_PORTS": data_ports,
-        **dask_environ(),
     }
 
 
