@@ -10,11 +10,11 @@ import pytest
 from transient_nb.cli.commands import main
 
 
-class _Errors(logging.Handler):
-    """The ERROR records a logger handles (after its filters)."""
+class _Records(logging.Handler):
+    """The records a logger handles (after its level and filters)."""
 
     def __init__(self) -> None:
-        super().__init__(logging.ERROR)
+        super().__init__(logging.INFO)
         self.records: list[logging.LogRecord] = []
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -128,14 +128,21 @@ def test_detached_run_status_attach_and_down(tmp_path, capsys):
     assert main(["status", "cli-det"]) == 0
     status = capsys.readouterr().out
     assert f"head pid {head}" in status and f"step {steps}/150" in status and ", steps" in status
-    # The client's cancelled reconnect to the head it just stopped is not an error to show.
-    errors = _Errors()
-    logging.getLogger("distributed.client").addHandler(errors)
+    # The head ends the client's stream before its scheduler goes: the client never tries to
+    # reconnect to it (a reconnect that raced the closing listener failed `down` in CI), and
+    # nothing is logged as an error.
+    client_log = logging.getLogger("distributed.client")
+    seen, level = _Records(), client_log.level
+    client_log.addHandler(seen)
+    client_log.setLevel(logging.INFO)  # distributed's default for it is WARNING
     try:
         assert main(["down", "cli-det"]) == 0
     finally:
-        logging.getLogger("distributed.client").removeHandler(errors)
-    assert errors.records == []
+        client_log.removeHandler(seen)
+        client_log.setLevel(level)
+    said = [r.getMessage() for r in seen.records]
+    assert not [m for m in said if "Reconnecting" in m or "report stream closed" in m], said
+    assert [r for r in seen.records if r.levelno >= logging.ERROR] == []
     assert not psutil.pid_exists(head) or psutil.Process(head).status() == psutil.STATUS_ZOMBIE
     assert registry.entries() == []
     assert main(["status", "cli-det"]) == 2  # gone: a clear error, not a traceback

@@ -44,6 +44,27 @@ def _scheduler(**options: Any) -> Scheduler:
         return Scheduler(**options)
 
 
+async def _dismiss_clients(scheduler: Scheduler, timeout: float = 5.0) -> None:
+    """Tell every client of ``scheduler`` that the cluster is closing, before it closes.
+
+    A closing scheduler aborts its clients' streams, and each client then tries to reconnect.
+    One that dials while the listener goes can fail with an error distributed does not retry
+    (tornado's "IOStream is not idle; cannot convert to SSL", a ``ValueError``): the client's
+    ``close()`` raised it, and ``transient-nb down`` failed in CI. A ``close`` message ends a
+    client's report stream the way the scheduler ends it for a client that leaves: no reconnect.
+    """
+    comms = [c for c in list(scheduler.client_comms.values()) if not c.closed()]
+    for comm in comms:
+        comm.send({"op": "close", "reason": "cluster-closed"})
+    try:
+        # Flushed, then closed; a client that does not read in time is aborted by the close.
+        await asyncio.wait_for(
+            asyncio.gather(*(c.close() for c in comms), return_exceptions=True), timeout
+        )
+    except asyncio.TimeoutError:
+        logger.debug("%d client(s) did not take the cluster's goodbye in %g s", len(comms), timeout)
+
+
 class TransientCluster(Control):
     """A Dask cluster of preemptible (Spot) GPU workers plus a never-preemptible PS host.
 
@@ -369,6 +390,7 @@ class TransientCluster(Control):
             if self.scheduler is not None and self.scheduler.status == Status.running:
                 await self._correct_state()
                 await self._post("closed", cluster=self.name)
+                await _dismiss_clients(self.scheduler)
         finally:
             registry.unregister(self.name)
             try:

@@ -55,11 +55,6 @@ def _plain(value: Any) -> bool:
 logger = logging.getLogger(__name__)
 
 
-def _not_a_cancel(record: logging.LogRecord) -> bool:
-    """A logging filter: False for a record of a cancelled task (a cancel is not an error)."""
-    return not (record.exc_info and isinstance(record.exc_info[1], asyncio.CancelledError))
-
-
 #: Failed reads of the event log in a row after which a remote cluster counts as gone.
 MAX_FAILURES = 8
 
@@ -458,11 +453,8 @@ class RemoteCluster:
         waits up to ``timeout`` seconds for that, then forgets the cluster's local entry and
         client certificate. The answer's ``closed`` says whether the owner is gone.
         """
-        # The owner closes its scheduler on "stop": the client's report stream sees it go and
-        # tries to reconnect, and closing the client cancels that attempt, which distributed
-        # logs as an ERROR with a traceback (`transient-nb down NAME` printed it).
-        client_log = logging.getLogger("distributed.client")
-        client_log.addFilter(_not_a_cancel)
+        # The owner ends this client's report stream before its scheduler closes
+        # (deploy.cluster._dismiss_clients), so the client does not try to reconnect to it.
         try:
             if self.status == Status.running:
                 answer = self._request(messages.stop_message())
@@ -471,10 +463,7 @@ class RemoteCluster:
                 # may well be alive, and "stop" must still reach it rather than leave it running.
                 answer = self.client.sync(self._control, {"action": "stop"}, None)
         finally:
-            try:
-                self.close()
-            finally:
-                client_log.removeFilter(_not_a_cancel)
+            self.close()
         if self.entry.get("head_vm"):
             from transient_nb.backends.gce.head import wait_gone
 
