@@ -4,9 +4,12 @@ certificates only), which one a trainer takes, and the settings a backend passes
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import ssl
 import stat
+import subprocess
+import sys
 
 import pytest
 
@@ -23,6 +26,7 @@ from transient_nb.training.wire.transport import (
     port_range,
     remove_unix,
     resolve_mode,
+    sweep_unix,
     tls_contexts,
 )
 
@@ -61,6 +65,79 @@ def test_a_unix_listener_is_this_users_only_and_goes_without_a_trace():
         s.close()
     remove_unix(path)
     assert not os.path.exists(folder)
+
+
+_LISTENER = (
+    "import sys\n"
+    "from transient_nb.training.wire.transport import listen_unix\n"
+    "sock, path = listen_unix('ps-0')\n"
+    "print(path, flush=True)\n"
+    "sys.stdin.read()\n"  # held open until the test closes stdin (or kills it)
+)
+
+
+def _listener(tmp: str) -> tuple[subprocess.Popen[str], str]:
+    """A process that listens on a data-plane socket in ``tmp``; returns it and the path."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _LISTENER],
+        env={**os.environ, "TMPDIR": tmp},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    return proc, proc.stdout.readline().strip()
+
+
+def test_a_sweep_removes_the_folders_of_killed_listeners_only(tmp_path):
+    tmp = str(tmp_path)
+    killed, dead = _listener(tmp)
+    alive, live = _listener(tmp)
+    try:
+        killed.send_signal(signal.SIGKILL)
+        killed.wait(30)
+        assert os.path.exists(dead)  # a killed PS leaves its folder behind
+        # A folder between mkdtemp and bind, another user's dead socket, something else.
+        empty = tmp_path / "transient-nb-data-empty"
+        empty.mkdir(mode=0o700)
+        theirs = tmp_path / "transient-nb-data-theirs"
+        theirs.mkdir(mode=0o700)
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(str(theirs / "ps-0.sock"))
+        sock.close()  # dead: bound by nobody now
+        os.chown(theirs, os.getuid() + 4242, -1)
+        other = tmp_path / "transient-nb-data-notes"
+        other.mkdir()
+        (other / "notes.txt").write_text("not a socket")
+
+        assert sweep_unix(tmp) == [os.path.dirname(dead)]
+        assert not os.path.exists(os.path.dirname(dead))
+        assert os.path.exists(live) and empty.exists() and other.exists()
+        assert (theirs / "ps-0.sock").exists()
+        # The live one still serves.
+        peer = socket.socket(socket.AF_UNIX)
+        peer.connect(live)
+        peer.close()
+        assert sweep_unix(tmp) == []
+    finally:
+        assert alive.stdin is not None
+        alive.stdin.close()
+        alive.wait(30)
+
+
+def test_a_new_listener_sweeps_first(tmp_path, monkeypatch):
+    tmp = str(tmp_path)
+    killed, dead = _listener(tmp)
+    killed.send_signal(signal.SIGKILL)
+    killed.wait(30)
+    monkeypatch.setattr(transport.tempfile, "tempdir", tmp)
+    sock, path = listen_unix("ps-1")
+    try:
+        assert not os.path.exists(os.path.dirname(dead))
+        assert os.path.dirname(os.path.dirname(path)) == tmp
+    finally:
+        sock.close()
+        remove_unix(path)
 
 
 def test_a_tcp_listener_takes_the_next_free_port_of_its_range():

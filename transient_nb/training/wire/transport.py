@@ -109,9 +109,17 @@ def tune(sock: socket.socket) -> None:
 
 
 # -- the two listeners ------------------------------------------------------------------------------
+#: The prefix of a Unix socket's folder (in the temporary folder).
+UNIX_PREFIX = "transient-nb-data-"
+
+
 def listen_unix(name: str) -> tuple[socket.socket, str]:
-    """A Unix socket ``name`` in a new 0700 folder, mode 0600; returns it and its path."""
-    folder = tempfile.mkdtemp(prefix="transient-nb-data-")  # mkdtemp: 0700, this user's
+    """A Unix socket ``name`` in a new 0700 folder, mode 0600; returns it and its path.
+
+    The folders of this user's sockets whose PS is gone go first (:func:`sweep_unix`).
+    """
+    sweep_unix()
+    folder = tempfile.mkdtemp(prefix=UNIX_PREFIX)  # mkdtemp: 0700, this user's
     path = os.path.join(folder, f"{name}.sock")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old = os.umask(0o177)  # the socket is never, even for a moment, open to others
@@ -132,6 +140,63 @@ def remove_unix(path: str) -> None:
         except OSError:
             pass
         path = os.path.dirname(path)
+
+
+def _bound_unix_paths() -> set[str]:
+    """The paths of every Unix socket bound on this host (Linux: ``/proc/net/unix``)."""
+    with open("/proc/net/unix") as table:
+        next(table)  # "Num RefCount Protocol Flags Type St Inode Path"
+        return {f[7] for f in (line.split(maxsplit=7) for line in table) if len(f) == 8}
+
+
+def _refused(path: str) -> bool:
+    """Whether nothing listens on the Unix socket at ``path`` (connecting is refused)."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(path)
+    except (ConnectionRefusedError, FileNotFoundError):
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return False
+
+
+def sweep_unix(root: str | None = None) -> list[str]:
+    """Remove the folders of this user's data-plane sockets whose PS is gone; returns them.
+
+    A PS killed outright (SIGKILL, the OOM killer, a preempted local VM) cannot remove its
+    socket's folder, and a long-lived machine gathered hundreds of them. A folder goes only when
+    it is this user's and every socket in it is provably dead: bound by no process on this host
+    (``/proc/net/unix``) and refusing a connection. An empty folder is a PS between ``mkdtemp``
+    and ``bind``, and stays. Without ``/proc/net/unix`` (not Linux) nothing is removed.
+    """
+    root = root or tempfile.gettempdir()
+    try:
+        bound = _bound_unix_paths()
+        entries = [e for e in os.scandir(root) if e.name.startswith(UNIX_PREFIX)]
+    except OSError:
+        return []
+    gone = []
+    for entry in entries:
+        try:
+            if not entry.is_dir(follow_symlinks=False):
+                continue
+            if entry.stat(follow_symlinks=False).st_uid != os.getuid():
+                continue
+            paths = [os.path.join(entry.path, n) for n in os.listdir(entry.path)]
+        except OSError:
+            continue  # removed meanwhile, or not ours to read
+        dead = [p for p in paths if p.endswith(".sock") and p not in bound and _refused(p)]
+        if not paths or len(dead) != len(paths):
+            continue
+        for path in dead:
+            remove_unix(path)
+        if not os.path.exists(entry.path):
+            gone.append(entry.path)
+    return gone
 
 
 def listen_tcp(host: str, ports: list[int]) -> socket.socket:
