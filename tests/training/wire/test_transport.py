@@ -4,12 +4,15 @@ certificates only), which one a trainer takes, and the settings a backend passes
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import ssl
 import stat
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -89,7 +92,17 @@ def _listener(tmp: str) -> tuple[subprocess.Popen[str], str]:
     return proc, proc.stdout.readline().strip()
 
 
-def test_a_sweep_removes_the_folders_of_killed_listeners_only(tmp_path):
+@pytest.fixture
+def short_tmp():
+    """A temporary folder with a short path (a Unix socket's path is at most 107 bytes, and
+    pytest's ``tmp_path`` under xdist is longer than that leaves room for)."""
+    folder = tempfile.mkdtemp(prefix="tnb-")
+    yield Path(folder)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_sweep_removes_the_folders_of_killed_listeners_only(short_tmp):
+    tmp_path = short_tmp
     tmp = str(tmp_path)
     killed, dead = _listener(tmp)
     alive, live = _listener(tmp)
@@ -106,6 +119,11 @@ def test_a_sweep_removes_the_folders_of_killed_listeners_only(tmp_path):
         sock.bind(str(theirs / "ps-0.sock"))
         sock.close()  # dead: bound by nobody now
         os.chown(theirs, os.getuid() + 4242, -1)
+        # A PS between bind() and listen(): refused, but bound, so alive.
+        binding = tmp_path / "transient-nb-data-binding"
+        binding.mkdir(mode=0o700)
+        half = socket.socket(socket.AF_UNIX)
+        half.bind(str(binding / "ps-0.sock"))
         other = tmp_path / "transient-nb-data-notes"
         other.mkdir()
         (other / "notes.txt").write_text("not a socket")
@@ -113,20 +131,21 @@ def test_a_sweep_removes_the_folders_of_killed_listeners_only(tmp_path):
         assert sweep_unix(tmp) == [os.path.dirname(dead)]
         assert not os.path.exists(os.path.dirname(dead))
         assert os.path.exists(live) and empty.exists() and other.exists()
-        assert (theirs / "ps-0.sock").exists()
+        assert (theirs / "ps-0.sock").exists() and (binding / "ps-0.sock").exists()
+        half.close()
         # The live one still serves.
         peer = socket.socket(socket.AF_UNIX)
         peer.connect(live)
         peer.close()
-        assert sweep_unix(tmp) == []
+        assert sweep_unix(tmp) == [str(binding)]  # closed since: dead now
     finally:
         assert alive.stdin is not None
         alive.stdin.close()
         alive.wait(30)
 
 
-def test_a_new_listener_sweeps_first(tmp_path, monkeypatch):
-    tmp = str(tmp_path)
+def test_a_new_listener_sweeps_first(short_tmp, monkeypatch):
+    tmp = str(short_tmp)
     killed, dead = _listener(tmp)
     killed.send_signal(signal.SIGKILL)
     killed.wait(30)

@@ -146,7 +146,8 @@ def _bound_unix_paths() -> set[str]:
     """The paths of every Unix socket bound on this host (Linux: ``/proc/net/unix``)."""
     with open("/proc/net/unix") as table:
         next(table)  # "Num RefCount Protocol Flags Type St Inode Path"
-        return {f[7] for f in (line.split(maxsplit=7) for line in table) if len(f) == 8}
+        rows = (line.rstrip("\n").split(maxsplit=7) for line in table)
+        return {f[7] for f in rows if len(f) == 8}
 
 
 def _refused(path: str) -> bool:
@@ -170,32 +171,40 @@ def sweep_unix(root: str | None = None) -> list[str]:
     A PS killed outright (SIGKILL, the OOM killer, a preempted local VM) cannot remove its
     socket's folder, and a long-lived machine gathered hundreds of them. A folder goes only when
     it is this user's and every socket in it is provably dead: bound by no process on this host
-    (``/proc/net/unix``) and refusing a connection. An empty folder is a PS between ``mkdtemp``
-    and ``bind``, and stays. Without ``/proc/net/unix`` (not Linux) nothing is removed.
+    (``/proc/net/unix``, read after the folders are listed: a socket's file exists only once it
+    is bound, so a live PS's socket is always in the table) and refusing a connection. An empty
+    folder is a PS between ``mkdtemp`` and ``bind``, and stays. Without ``/proc/net/unix`` (not
+    Linux) nothing is removed.
     """
     root = root or tempfile.gettempdir()
+    found: dict[str, list[str]] = {}
     try:
-        bound = _bound_unix_paths()
         entries = [e for e in os.scandir(root) if e.name.startswith(UNIX_PREFIX)]
     except OSError:
         return []
-    gone = []
     for entry in entries:
         try:
-            if not entry.is_dir(follow_symlinks=False):
-                continue
-            if entry.stat(follow_symlinks=False).st_uid != os.getuid():
-                continue
-            paths = [os.path.join(entry.path, n) for n in os.listdir(entry.path)]
+            if entry.is_dir(follow_symlinks=False) and (
+                entry.stat(follow_symlinks=False).st_uid == os.getuid()
+            ):
+                found[entry.path] = [os.path.join(entry.path, n) for n in os.listdir(entry.path)]
         except OSError:
             continue  # removed meanwhile, or not ours to read
+    if not any(found.values()):
+        return []
+    try:
+        bound = _bound_unix_paths()
+    except OSError:
+        return []
+    gone = []
+    for folder, paths in found.items():
         dead = [p for p in paths if p.endswith(".sock") and p not in bound and _refused(p)]
         if not paths or len(dead) != len(paths):
             continue
         for path in dead:
             remove_unix(path)
-        if not os.path.exists(entry.path):
-            gone.append(entry.path)
+        if not os.path.exists(folder):
+            gone.append(folder)
     return gone
 
 
