@@ -12,6 +12,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -113,6 +114,11 @@ def test_a_sweep_removes_the_folders_of_killed_listeners_only(short_tmp):
         # A folder between mkdtemp and bind, another user's dead socket, something else.
         empty = tmp_path / "transient-nb-data-empty"
         empty.mkdir(mode=0o700)
+        # An empty folder older than any PS could be before it binds: it died there.
+        stale = tmp_path / "transient-nb-data-stale"
+        stale.mkdir(mode=0o700)
+        old = time.time() - transport.EMPTY_GRACE_S - 60
+        os.utime(stale, (old, old))
         theirs = tmp_path / "transient-nb-data-theirs"
         theirs.mkdir(mode=0o700)
         sock = socket.socket(socket.AF_UNIX)
@@ -128,7 +134,7 @@ def test_a_sweep_removes_the_folders_of_killed_listeners_only(short_tmp):
         other.mkdir()
         (other / "notes.txt").write_text("not a socket")
 
-        assert sweep_unix(tmp) == [os.path.dirname(dead)]
+        assert sorted(sweep_unix(tmp)) == sorted([os.path.dirname(dead), str(stale)])
         assert not os.path.exists(os.path.dirname(dead))
         assert os.path.exists(live) and empty.exists() and other.exists()
         assert (theirs / "ps-0.sock").exists() and (binding / "ps-0.sock").exists()

@@ -25,6 +25,7 @@ import socket
 import ssl
 import struct
 import tempfile
+import time
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -111,6 +112,9 @@ def tune(sock: socket.socket) -> None:
 # -- the two listeners ------------------------------------------------------------------------------
 #: The prefix of a Unix socket's folder (in the temporary folder).
 UNIX_PREFIX = "transient-nb-data-"
+#: Seconds after which an empty socket folder is a PS that died before it bound its socket (or
+#: between removing its socket and its folder): a live PS binds within microseconds.
+EMPTY_GRACE_S = 600.0
 
 
 def listen_unix(name: str) -> tuple[socket.socket, str]:
@@ -173,8 +177,8 @@ def sweep_unix(root: str | None = None) -> list[str]:
     it is this user's and every socket in it is provably dead: bound by no process on this host
     (``/proc/net/unix``, read after the folders are listed: a socket's file exists only once it
     is bound, so a live PS's socket is always in the table) and refusing a connection. An empty
-    folder is a PS between ``mkdtemp`` and ``bind``, and stays. Without ``/proc/net/unix`` (not
-    Linux) nothing is removed.
+    folder goes once it is :data:`EMPTY_GRACE_S` old: a live PS binds within microseconds of
+    making it. Without ``/proc/net/unix`` (not Linux) no socket is removed.
     """
     root = root or tempfile.gettempdir()
     found: dict[str, list[str]] = {}
@@ -182,27 +186,35 @@ def sweep_unix(root: str | None = None) -> list[str]:
         entries = [e for e in os.scandir(root) if e.name.startswith(UNIX_PREFIX)]
     except OSError:
         return []
+    now = time.time()
     for entry in entries:
         try:
-            if entry.is_dir(follow_symlinks=False) and (
-                entry.stat(follow_symlinks=False).st_uid == os.getuid()
-            ):
-                found[entry.path] = [os.path.join(entry.path, n) for n in os.listdir(entry.path)]
+            info = entry.stat(follow_symlinks=False)
+            if not entry.is_dir(follow_symlinks=False) or info.st_uid != os.getuid():
+                continue
+            paths = [os.path.join(entry.path, n) for n in os.listdir(entry.path)]
         except OSError:
             continue  # removed meanwhile, or not ours to read
-    if not any(found.values()):
-        return []
-    try:
-        bound = _bound_unix_paths()
-    except OSError:
-        return []
+        if paths or now - info.st_mtime > EMPTY_GRACE_S:
+            found[entry.path] = paths
+    bound: set[str] = set()
+    if any(found.values()):
+        try:
+            bound = _bound_unix_paths()
+        except OSError:
+            found = {folder: paths for folder, paths in found.items() if not paths}
     gone = []
     for folder, paths in found.items():
         dead = [p for p in paths if p.endswith(".sock") and p not in bound and _refused(p)]
-        if not paths or len(dead) != len(paths):
+        if len(dead) != len(paths):
             continue
         for path in dead:
             remove_unix(path)
+        if not paths:
+            try:
+                os.rmdir(folder)
+            except OSError:
+                continue
         if not os.path.exists(folder):
             gone.append(folder)
     return gone
