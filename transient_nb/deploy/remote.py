@@ -54,7 +54,6 @@ def _plain(value: Any) -> bool:
 
 logger = logging.getLogger(__name__)
 
-
 #: Failed reads of the event log in a row after which a remote cluster counts as gone.
 MAX_FAILURES = 8
 
